@@ -1,0 +1,84 @@
+"""Flower ClientApp: a node's role -> the silo logic in ``clients/``.
+
+Node config (set per SuperNode with ``--node-config``; simulation sets the first two):
+``partition-id`` (this silo's index), ``num-partitions`` (must equal num-silos),
+``state-dir`` (where the privacy ledger lives; default ``$FLWR_HOME/silofl-state``),
+``ledger-scope`` (``run``: one budget per Flower run, the default; ``node``: one budget for
+everything this node ever releases), ``data-dir`` (overrides the run's data-dir).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from app import wire
+from app.config import Settings, parse_settings
+from app.data.federated import build_federated_data
+from clients.silo import Silo
+
+app = ClientApp()
+
+_SILOS: dict[tuple, Silo] = {}
+
+
+def _settings(context: Context) -> Settings:
+    s = parse_settings(context.run_config)
+    data_dir = context.node_config.get("data-dir")
+    return replace(s, data_dir=str(data_dir)) if data_dir else s
+
+
+def _silo(context: Context) -> Silo:
+    """The silo of this node and run (built once per process and reused across rounds)."""
+    s = _settings(context)
+    node = context.node_config
+    if "partition-id" not in node:
+        raise ValueError("node config must set partition-id (this silo's index) and num-partitions")
+    index = int(node["partition-id"])
+    num = int(node.get("num-partitions", s.num_silos))
+    if num != s.num_silos or not 0 <= index < s.num_silos:
+        raise ValueError(
+            f"node config partition-id={index}, num-partitions={num} does not fit num-silos = {s.num_silos}; "
+            f"start the federation with {s.num_silos} silo nodes"
+        )
+    scope = str(node.get("ledger-scope", "run"))
+    if scope not in ("run", "node"):
+        raise ValueError(f"node config ledger-scope = {scope!r}; allowed: run, node")
+    ledger_key = f"run{context.run_id}" if scope == "run" else "node"
+    flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+    state_dir = Path(str(node.get("state-dir", flwr_home / "silofl-state")))
+    key = (context.run_id, index, state_dir, ledger_key)
+    if key not in _SILOS:
+        fed = build_federated_data(s)
+        _SILOS[key] = Silo(s, fed.silos[index], fed.num_classes, fed.feature_shape, state_dir, ledger_key)
+    return _SILOS[key]
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    silo = _silo(context)
+    try:
+        content = silo.train(msg.content)
+    except wire.ReplyError as exc:  # a malformed instruction is refused, not a crash
+        content = wire.refusal_reply(wire.REFUSED_CONFIG, str(exc), {"eps-spent": silo.ledger.spent()})
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    silo = _silo(context)
+    try:
+        content = silo.evaluate(msg.content)
+    except wire.ReplyError as exc:
+        content = wire.refusal_reply(wire.REFUSED_CONFIG, str(exc), {"eps-spent": silo.ledger.spent()})
+    return Message(content, reply_to=msg)
+
+
+@app.query("ledger")
+def ledger(msg: Message, context: Context) -> Message:
+    """The silo's public privacy record: n, K, budget, releases, epsilon spent."""
+    return Message(wire.ledger_reply(_silo(context).ledger_report()), reply_to=msg)

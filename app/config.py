@@ -1,0 +1,241 @@
+"""Typed, validated settings: the ONLY place the run config is parsed.
+
+The run config is flat with dotted keys, the same names in ``pyproject.toml``
+(``[tool.flwr.app.config]``), ``flwr run --run-config`` and Hydra's ``conf/``. A bad value
+raises :class:`ConfigError` with one line naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ALGORITHMS = ("mbsgd", "localsgd")
+PLANNED_ALGORITHMS = ("proxsgd", "svrg", "plsvrg", "spider", "spider-alt", "gradbant")
+DATASETS = ("wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic")
+PARTITIONS = ("label", "even-odd-pairs", "dirichlet", "iid", "mixing")
+MODELS = ("logistic", "mlp", "lenet5")
+STANDARDIZE = ("pooled", "local", "none")
+PRIVACY_MODES = ("off", "isrl")
+PLANNED_PRIVACY_MODES = ("shuffle",)
+NOISE_SEEDS = ("run", "os")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+class ConfigError(ValueError):
+    """A run-config value is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    mode: str = "isrl"
+    epsilon: float = 3.0
+    #: delta in (0, 1), or None for the paper's 1/n^2 with each silo's own n.
+    delta: float | None = None
+    clip: float = 1.0
+    #: rounds each silo plans its noise for; 0 means num-rounds (every round, worst case).
+    planned_rounds: int = 0
+    #: "run": noise and batch sampling seeded from the run seed (reproducible research runs,
+    #: NOT secret from the server); "os": from the operating system's CSPRNG (deployments).
+    noise_seed: str = "run"
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" and not math.isinf(self.epsilon)
+
+
+@dataclass(frozen=True)
+class Settings:
+    algorithm: str = "mbsgd"
+    dataset: str = "wbcd"
+    data_dir: str = ""
+    partition: str = "label"
+    partition_alpha: float = 0.5
+    partition_p: float = 0.0
+    standardize: str = "pooled"
+    test_fraction: float = 0.2
+    num_silos: int = 2
+    silos_per_round: int = 2
+    model: str = "mlp"
+    model_hidden: tuple[int, ...] = (5,)
+    num_rounds: int = 25
+    lr: float = 0.5
+    batch_size: int = 0
+    local_steps: int = 1
+    seed: int = 0
+    eval_every: int = 1
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    outputs_dir: str = "outputs"
+    run_name: str = ""
+    fail_on_client_error: bool = True
+    round_timeout: float = 600.0
+    device: str = "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, for summary.json."""
+        d = asdict(self)
+        d["model_hidden"] = list(self.model_hidden)
+        return d
+
+    def delta_for(self, n: int) -> float:
+        """The silo's delta: the configured one, or 1/n^2 (the paper's choice)."""
+        return self.privacy.delta if self.privacy.delta is not None else 1.0 / (n * n)
+
+    def batch_for(self, n: int) -> int:
+        """K for a silo with n training records (batch-size 0 means full batch, K = n)."""
+        return n if self.batch_size == 0 else self.batch_size
+
+    def planned_rounds(self) -> int:
+        return self.privacy.planned_rounds or self.num_rounds
+
+
+# (key, attribute path, parser) -- the run-config schema.
+def _str(choices: tuple[str, ...] | None = None, planned: tuple[str, ...] = ()) -> Any:
+    def parse(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} must be a string")
+        if choices is not None and value not in choices:
+            if value in planned:
+                raise ConfigError(f"{key} = {value!r} is not implemented yet; allowed: {', '.join(choices)}")
+            raise ConfigError(f"{key} = {value!r} is not allowed; allowed: {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _num(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
+         integer: bool = False, allow_inf: bool = False) -> Any:
+    def parse(key: str, value: Any) -> float | int:
+        if isinstance(value, str) and allow_inf and value.strip().lower() in ("inf", "infinity"):
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} = {value!r} must be a number; allowed: {_range(lo, hi, lo_open, hi_open)}")
+        if integer and (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{key} = {value!r} must be an integer; allowed: {_range(lo, hi, lo_open, hi_open)}")
+        v = float(value)
+        bad = math.isnan(v) or (math.isinf(v) and not allow_inf)
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            bad = True
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            bad = True
+        if bad:
+            raise ConfigError(f"{key} = {value!r} is out of range; allowed: {_range(lo, hi, lo_open, hi_open)}")
+        return int(v) if integer else v
+
+    return parse
+
+
+def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
+    lo_s = "-inf" if lo is None else f"{lo:g}"
+    hi_s = "inf" if hi is None else f"{hi:g}"
+    return f"{left}{lo_s}, {hi_s}{right}"
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ConfigError(f"{key} = {value!r} must be true or false")
+
+
+def _hidden(key: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of layer widths, e.g. \"64\" or \"128,64\"")
+    try:
+        widths = tuple(int(w) for w in value.split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of positive integers") from None
+    if any(w < 1 for w in widths):
+        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of positive integers")
+    return widths
+
+
+def _delta(key: str, value: Any) -> float | None:
+    if isinstance(value, str) and value.strip().lower() in ("auto", "1/n^2", "1/n2"):
+        return None
+    v = _num(0.0, 1.0, lo_open=True, hi_open=True)(key, value)
+    return float(v)
+
+
+SCHEMA: dict[str, tuple[str, Any]] = {
+    "algorithm": ("algorithm", _str(ALGORITHMS, PLANNED_ALGORITHMS)),
+    "dataset": ("dataset", _str(DATASETS)),
+    "data-dir": ("data_dir", _str()),
+    "partition": ("partition", _str(PARTITIONS)),
+    "dirichlet-alpha": ("partition_alpha", _num(0, None, lo_open=True)),
+    "mixing-p": ("partition_p", _num(0, 1)),
+    "standardize": ("standardize", _str(STANDARDIZE)),
+    "test-fraction": ("test_fraction", _num(0, 1, lo_open=True, hi_open=True)),
+    "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
+    "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
+    "model": ("model", _str(MODELS)),
+    "mlp-hidden": ("model_hidden", _hidden),
+    "num-rounds": ("num_rounds", _num(1, 1_000_000, integer=True)),
+    "lr": ("lr", _num(0, None, lo_open=True)),
+    "batch-size": ("batch_size", _num(0, None, integer=True)),
+    "local-steps": ("local_steps", _num(1, 100_000, integer=True)),
+    "seed": ("seed", _num(0, 2**62, integer=True)),
+    "eval-every": ("eval_every", _num(0, None, integer=True)),
+    "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
+    "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
+    "privacy.delta": ("privacy.delta", _delta),
+    "privacy.clip": ("privacy.clip", _num(0, None, lo_open=True)),
+    "privacy.planned-rounds": ("privacy.planned_rounds", _num(0, 1_000_000, integer=True)),
+    "privacy.noise-seed": ("privacy.noise_seed", _str(NOISE_SEEDS)),
+    "outputs-dir": ("outputs_dir", _str()),
+    "run-name": ("run_name", _str()),
+    "fail-on-client-error": ("fail_on_client_error", _bool),
+    "round-timeout": ("round_timeout", _num(1, None)),
+    "device": ("device", _str(DEVICES)),
+}
+
+
+def parse_settings(run_config: Mapping[str, Any]) -> Settings:
+    """Parse and validate a flat run config. Keys that are absent take the defaults above;
+    unknown keys are an error (a typo must not silently fall back to a default)."""
+    unknown = sorted(set(run_config) - set(SCHEMA))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(SCHEMA)}")
+    top: dict[str, Any] = {}
+    priv: dict[str, Any] = {}
+    for key, value in run_config.items():
+        attr, parser = SCHEMA[key]
+        parsed = parser(key, value)
+        if attr.startswith("privacy."):
+            priv[attr.split(".", 1)[1]] = parsed
+        else:
+            top[attr] = parsed
+    settings = Settings(**top, privacy=PrivacySettings(**priv))
+    _check_relations(settings)
+    return settings
+
+
+def _check_relations(s: Settings) -> None:
+    if s.silos_per_round > s.num_silos:
+        raise ConfigError(
+            f"silos-per-round = {s.silos_per_round} is out of range; allowed: [1, num-silos = {s.num_silos}]"
+        )
+    if s.privacy.planned_rounds and s.privacy.planned_rounds > s.num_rounds:
+        raise ConfigError(
+            f"privacy.planned-rounds = {s.privacy.planned_rounds} is out of range; allowed: [0, num-rounds = {s.num_rounds}]"
+        )
+    if s.partition == "even-odd-pairs" and s.num_silos > 25:
+        raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
+
+
+def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
+    """Checks that need the data: K <= n for every silo."""
+    if s.batch_size > 0:
+        smallest = min(train_sizes)
+        if s.batch_size > smallest:
+            raise ConfigError(
+                f"batch-size = {s.batch_size} is out of range; allowed: [0, {smallest}] "
+                f"(the smallest silo has n = {smallest} training records; 0 means K = n)"
+            )

@@ -1,0 +1,114 @@
+"""The federation's data: each silo's train/test split, built reproducibly from the settings.
+
+Every process (each silo, and the launcher's pre-flight check) builds the same split from
+(dataset, partition, seed); a silo keeps only its own part in memory. Pre-processing with
+``standardize=pooled`` uses all silos' training data (non-private pre-processing, as the
+paper's Appendix I admits); ``local`` uses only the silo's own data.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from app.config import Settings
+from app.data.partition import even_odd_labels, make_partition
+from app.data.preprocess import standardize_silos
+from app.data.sources import load_source
+from app.data.split import train_test_split_indices
+from app.seeding import np_rng
+
+
+@dataclass(frozen=True)
+class SiloData:
+    """One silo's records as CPU tensors (x float32, y int64)."""
+
+    index: int
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return int(self.train_y.shape[0])
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    silos: tuple[SiloData, ...]
+    num_classes: int
+    feature_shape: tuple[int, ...]
+
+    def train_sizes(self) -> list[int]:
+        return [s.n for s in self.silos]
+
+    def majority_error(self) -> float:
+        """Test error of always predicting the pooled training set's majority class: the
+        bar any useful model must beat."""
+        train_y = torch.cat([s.train_y for s in self.silos])
+        test_y = torch.cat([s.test_y for s in self.silos])
+        majority = int(torch.bincount(train_y, minlength=self.num_classes).argmax())
+        return float((test_y != majority).float().mean())
+
+
+def data_key(s: Settings) -> tuple:
+    """The settings that determine the data (used for caching)."""
+    return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
+            s.test_fraction, s.num_silos, s.seed)
+
+
+def build_federated_data(s: Settings) -> FederatedData:
+    """Load, partition, split and standardise; cached per process by :func:`data_key`."""
+    return _build(data_key(s))
+
+
+@functools.lru_cache(maxsize=4)
+def _build(key: tuple) -> FederatedData:
+    dataset, data_dir, partition, alpha, p, standardize, test_fraction, num_silos, seed = key
+    source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
+    labels = source.y
+    num_classes = source.num_classes
+    if partition == "even-odd-pairs":
+        parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"))
+        labels = even_odd_labels(labels)
+        num_classes = 2
+    else:
+        parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"), alpha=alpha, p=p)
+    splits = [train_test_split_indices(idx, test_fraction, np_rng(seed, "split", i)) for i, idx in enumerate(parts)]
+    x = source.x
+    scalers = standardize_silos(x[np.concatenate([tr for tr, _ in splits])], [x[tr] for tr, _ in splits], standardize)
+    silos = []
+    for i, ((tr, te), scaler) in enumerate(zip(splits, scalers, strict=True)):
+        silos.append(SiloData(
+            index=i,
+            train_x=torch.from_numpy(np.ascontiguousarray(scaler.apply(x[tr]), dtype=np.float32)),
+            train_y=torch.from_numpy(labels[tr].astype(np.int64)),
+            test_x=torch.from_numpy(np.ascontiguousarray(scaler.apply(x[te]), dtype=np.float32)),
+            test_y=torch.from_numpy(labels[te].astype(np.int64)),
+        ))
+    return FederatedData(tuple(silos), num_classes, tuple(source.x.shape[1:]))
+
+
+#: Public metadata of each source: (feature shape, number of classes). The server builds the
+#: model from this without touching any silo's data.
+SOURCE_META: dict[str, tuple[tuple[int, ...], int]] = {
+    "wbcd": ((30,), 2),
+    "digits": ((64,), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "tv-fashion-mnist": ((1, 28, 28), 10),
+    "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "synthetic": ((20,), 2),
+}
+
+
+def dataset_meta(s: Settings) -> tuple[tuple[int, ...], int]:
+    """(feature shape, number of classes) of the task the settings describe."""
+    shape, classes = SOURCE_META[s.dataset]
+    if s.partition == "even-odd-pairs":
+        classes = 2
+    return shape, classes

@@ -1,0 +1,167 @@
+"""Run a federation with ``flwr run`` and exit non-zero when anything failed.
+
+``flwr run`` exits 0 even when the ServerApp or a ClientApp fails, so this launcher:
+1. validates the run config (pyproject defaults + ``--run-config`` overrides) and the data
+   (K <= n for every silo) before any Flower process starts, with a one-line error;
+2. sets a project-local ``FLWR_HOME``, disables telemetry and runtime dependency installation,
+   and ``OMP_NUM_THREADS=1``;
+3. runs ``flwr run . --stream`` with ``num-supernodes = num-silos`` and an absolute outputs dir;
+4. reads the run's final status with ``flwr ls --run-id`` and checks that summary.json exists.
+
+Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight]``
+Exit codes: 0 success, 1 the run failed, 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def flower_env(root: Path = ROOT) -> dict[str, str]:
+    """Environment for every Flower process started from here (inherited by the local SuperLink)."""
+    env = dict(os.environ)
+    env.setdefault("FLWR_HOME", str(root / ".flwr"))
+    env |= {
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def default_run_config(root: Path = ROOT) -> dict[str, Any]:
+    from flwr.common.config import flatten_dict
+
+    with (root / "pyproject.toml").open("rb") as fh:
+        return flatten_dict(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
+
+
+def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]:
+    from flwr.common.config import parse_config_args
+
+    cfg = default_run_config(root)
+    cfg.update(parse_config_args(overrides))
+    return cfg
+
+
+def preflight(cfg: dict[str, Any]) -> Any:
+    """Validate settings and data; returns Settings or raises ConfigError."""
+    from app.config import check_silo_sizes, parse_settings
+    from app.data.federated import build_federated_data
+
+    settings = parse_settings(cfg)
+    fed = build_federated_data(settings)
+    check_silo_sizes(settings, fed.train_sizes())
+    return settings
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def run_status(run_id: str, env: dict[str, str], superlink: str | None) -> str:
+    cmd = ["flwr", "ls", *( [superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        runs = json.loads(out.stdout)["runs"]
+        return str(runs[0]["status"])
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({out.stdout.strip()[:200]} {out.stderr.strip()[:200]})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.launch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run-config", "-c", action="append", default=[], help='e.g. "privacy.epsilon=0.75 seed=1"')
+    ap.add_argument("--superlink", default=None, help="SuperLink connection name (default: the local simulation one)")
+    ap.add_argument("--federation-config", action="append", default=[], help="extra simulation settings")
+    ap.add_argument("--no-preflight", action="store_true", help="skip the data check (config is still validated)")
+    args = ap.parse_args(argv)
+
+    from app.config import ConfigError, parse_settings
+
+    try:
+        cfg = merged_run_config(args.run_config)
+        settings = parse_settings(cfg) if args.no_preflight else preflight(cfg)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # e.g. data missing
+        print(f"config error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+    outputs = Path(settings.outputs_dir)
+    outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
+    name = settings.run_name or (
+        f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{settings.algorithm}-{settings.dataset}"
+        f"-eps{settings.privacy.epsilon:g}-seed{settings.seed}"
+    )
+    overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
+    overrides |= {"outputs-dir": str(outputs), "run-name": name}
+    run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())
+    fed_cfg = [f"num-supernodes={settings.num_silos}", *args.federation_config]
+    env = flower_env()
+    cmd = ["flwr", "run", ".", *([args.superlink] if args.superlink else []), "--stream", "--run-config", run_config]
+    if not args.superlink:
+        cmd += ["--federation-config", " ".join(fed_cfg)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_id = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        m = re.search(r"Successfully started run (\d+)", line)
+        if m:
+            run_id = m.group(1)
+    rc = proc.wait()
+    wall = time.perf_counter() - t0
+    if rc != 0 or run_id is None:
+        print(f"[silofl] flwr run failed (exit code {rc}, run id {run_id})", file=sys.stderr)
+        return 1
+    status = run_status(run_id, env, args.superlink)
+    for _ in range(20):  # the status can trail the end of the log stream briefly
+        if status.startswith("finished"):
+            break
+        time.sleep(0.5)
+        status = run_status(run_id, env, args.superlink)
+    summary = outputs / name / "summary.json"
+    print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary}")
+    if status != "finished:completed":
+        print(f"[silofl] FAILED: run {run_id} ended with status {status}; see `flwr log {run_id}`", file=sys.stderr)
+        return 1
+    if not summary.exists():
+        print(f"[silofl] FAILED: {summary} was not written", file=sys.stderr)
+        return 1
+    return 0
+
+
+def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args(overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The silo's privacy ledger: a file on the silo's own disk recording every release.
+
+The ledger is the silo's source of truth for what it has spent. Before a release the silo
+asks :meth:`PrivacyLedger.check`; a release that would take epsilon above the budget is
+refused with :class:`BudgetExceededError`. The release is written to disk (atomically)
+*before* the message leaves the silo, so a crash can only over-count, never under-count.
+A silo that restarts reloads the file and continues from what it has already spent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.privacy.accounting import Release, epsilon_spent
+
+LEDGER_VERSION = 1
+#: Relative slack for floating-point noise when comparing epsilon with the budget.
+BUDGET_RTOL = 1e-9
+
+
+class BudgetExceededError(RuntimeError):
+    """A requested release would exceed the silo's privacy budget."""
+
+
+class LedgerError(RuntimeError):
+    """The ledger file is unreadable or belongs to a different budget."""
+
+
+@dataclass
+class PrivacyLedger:
+    """Budget (epsilon, delta), the calibrated noise plan, and every release made."""
+
+    path: Path
+    epsilon_budget: float
+    delta: float
+    releases: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: str | Path, epsilon_budget: float, delta: float) -> PrivacyLedger:
+        """Load the ledger at ``path`` or create an empty one. An existing ledger written for a
+        different budget is an error: a silo's budget cannot be changed after spending."""
+        path = Path(path)
+        if not path.exists():
+            ledger = cls(path, float(epsilon_budget), float(delta))
+            ledger._save()
+            return ledger
+        try:
+            data = json.loads(path.read_text())
+            stored_eps = _decode_float(data["epsilon_budget"])
+            stored_delta = float(data["delta"])
+            releases = list(data["releases"])
+            calibration = dict(data.get("calibration", {}))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+        if not (math.isclose(stored_eps, epsilon_budget) or stored_eps == epsilon_budget) or not math.isclose(
+            stored_delta, delta
+        ):
+            raise LedgerError(
+                f"privacy ledger {path} was written for budget (epsilon={stored_eps}, delta={stored_delta}) "
+                f"but this run asks for (epsilon={epsilon_budget}, delta={delta}); use a new state dir or ledger scope"
+            )
+        return cls(path, stored_eps, stored_delta, releases, calibration)
+
+    # -- accounting ---------------------------------------------------------------------
+    def recorded(self) -> list[Release]:
+        """The recorded releases as accountant events."""
+        return [Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)))
+                for r in self.releases]
+
+    def spent(self) -> float:
+        """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
+        return epsilon_spent(self.recorded(), self.delta)
+
+    def check(self, new: list[Release]) -> float:
+        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget."""
+        after = epsilon_spent(self.recorded() + list(new), self.delta)
+        if not math.isinf(self.epsilon_budget) and after > self.epsilon_budget * (1 + BUDGET_RTOL):
+            kinds = ", ".join(f"{r.count}x {r.kind} (K={r.batch} of n={r.n}, z={r.noise_multiplier:.4g})" for r in new)
+            raise BudgetExceededError(
+                f"privacy budget exceeded: budget epsilon={self.epsilon_budget:g} at delta={self.delta:.3g}, "
+                f"spent {self.spent():.4f}, this request ({kinds}) would bring it to {after:.4f}"
+            )
+        return after
+
+    def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None) -> float:
+        """Check, then append ``new`` to the file (atomically). Returns epsilon spent after."""
+        after = self.check(new)
+        stamp = time.time()
+        for r in new:
+            row = asdict(r) | {"round": int(round_), "time": stamp}
+            if extra:
+                row |= extra
+            self.releases.append(row)
+        self._save()
+        return after
+
+    def set_calibration(self, calibration: dict[str, Any]) -> None:
+        """Store the noise plan so a restarted silo keeps the same noise multiplier."""
+        self.calibration = dict(calibration)
+        self._save()
+
+    # -- persistence --------------------------------------------------------------------
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "version": LEDGER_VERSION,
+            "epsilon_budget": _encode_float(self.epsilon_budget),
+            "delta": self.delta,
+            "calibration": self.calibration,
+            "releases": self.releases,
+        }
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ledger-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+def _encode_float(x: float) -> float | str:
+    return "inf" if math.isinf(x) else x
+
+
+def _decode_float(x: float | str) -> float:
+    return math.inf if x == "inf" else float(x)

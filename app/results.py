@@ -1,0 +1,53 @@
+"""Run outputs: ``outputs/<run>/rounds.jsonl`` (one object per round) and ``summary.json``.
+
+Non-finite floats are written as the strings "inf", "-inf", "nan" so that every file is
+strict JSON (e.g. eps_spent = "inf" for a non-private run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def jsonable(obj: Any) -> Any:
+    """Replace non-finite floats by strings, recursively."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def read_float(value: Any) -> float:
+    """Inverse of :func:`jsonable` for one number ("inf" -> math.inf)."""
+    return float(value)
+
+
+class RunRecorder:
+    """Appends round rows and writes the summary of one run."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rounds_path = self.out_dir / "rounds.jsonl"
+        self.summary_path = self.out_dir / "summary.json"
+        self.rounds_path.write_text("")
+
+    def round(self, row: dict[str, Any]) -> None:
+        with self.rounds_path.open("a") as fh:
+            fh.write(json.dumps(jsonable(row), allow_nan=False) + "\n")
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.summary_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(jsonable(summary), indent=2, allow_nan=False))
+        tmp.replace(self.summary_path)
+
+
+def load_rounds(path: str | Path) -> list[dict[str, Any]]:
+    """Read rounds.jsonl back."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

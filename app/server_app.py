@@ -1,0 +1,123 @@
+"""Flower ServerApp: run config -> strategy -> rounds -> results.
+
+Writes ``<outputs-dir>/<run>/rounds.jsonl`` (one object per round) and ``summary.json``
+(DESIGN.md section 5), prints one progress line per round, and fails the run (so
+``flwr ls`` shows ``finished:failed``) when a ClientApp crashed and fail-on-client-error is set.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timezone
+from logging import ERROR, INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid, ServerApp
+
+from app import wire
+from app.config import ConfigError, Settings, parse_settings
+from app.data.federated import dataset_meta
+from app.models import build_model
+from app.results import RunRecorder
+from app.seeding import torch_gen
+from strategies import STRATEGIES
+
+app = ServerApp()
+
+
+class ClientAppFailure(RuntimeError):
+    """At least one ClientApp raised; the run is marked failed after its outputs are written."""
+
+
+def run_name(s: Settings, run_id: int) -> str:
+    if s.run_name:
+        return s.run_name
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    eps = "inf" if not s.privacy.enabled else f"{s.privacy.epsilon:g}"
+    return f"{stamp}-{s.algorithm}-{s.dataset}-eps{eps}-seed{s.seed}-{run_id % 100000:05d}"
+
+
+def progress_line(row: dict[str, Any], num_rounds: int) -> str:
+    def f(key: str, fmt: str) -> str:
+        v = row.get(key)
+        return "   -  " if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    drops = row["refused"] + row["malformed"] + row["failed"] + row["missing"]
+    return (f"[silofl] round {row['round']:>3}/{num_rounds}  train loss {f('train_loss', '.4f')}  "
+            f"test error {f('test_error', '.2%')}  max eps spent {f('eps_max', '.3f')}  "
+            f"silos {row['answered']}/{row['sampled']}" + (f" ({drops} dropped)" if drops else "")
+            + f"  {row['wall_s']:.2f}s")
+
+
+def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
+    """Ask every silo for its public privacy record (for summary.json)."""
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.ledger")
+            for n in sorted(grid.get_node_ids())]
+    silos = []
+    for reply in grid.send_and_receive(msgs, timeout=timeout):
+        if reply.has_error():
+            log(WARNING, "ledger query to node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
+            continue
+        try:
+            silos.append(wire.read_ledger(reply.content))
+        except wire.ReplyError as exc:
+            log(WARNING, "ledger reply of node %d dropped: %s", reply.metadata.src_node_id, exc)
+    return sorted(silos, key=lambda d: d.get("silo", 0))
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    t_start = time.perf_counter()
+    try:
+        s = parse_settings(context.run_config)
+    except ConfigError as exc:
+        log(ERROR, "config error: %s", exc)
+        raise
+    name = run_name(s, context.run_id)
+    out = Path(s.outputs_dir) / name
+    recorder = RunRecorder(out)
+    feature_shape, num_classes = dataset_meta(s)
+    model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
+    layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
+    initial = wire.params_to_record({k: v.detach().numpy() for k, v in model.named_parameters()})
+
+    def on_round(row: dict[str, Any]) -> None:
+        recorder.round(row)
+        print(progress_line(row, s.num_rounds), flush=True)
+
+    strategy = STRATEGIES[s.algorithm](s, layout, on_round)
+    print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
+          f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
+          f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
+    strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
+    silos = query_ledgers(grid, s.round_timeout)
+    last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
+    failed = bool(strategy.client_errors) and s.fail_on_client_error
+    summary = {
+        "status": "failed" if failed else "completed",
+        "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
+        "test_error": last_eval.get("test_error"),
+        "test_accuracy": None if last_eval.get("test_error") is None else 1.0 - last_eval["test_error"],
+        "train_loss": last_eval.get("train_loss"),
+        "evaluation_note": "test error and train loss are evaluation-only statistics the silos report on the "
+                           "final model; they are not covered by the DP guarantee of the training releases",
+        "wall_s": time.perf_counter() - t_start,
+        "run_id": context.run_id, "run_name": name,
+        "eps_max_spent": max((d.get("eps_spent", 0.0) for d in silos), default=None),
+        "client_errors": strategy.client_errors,
+        "dropped": {k: sum(r[k] for r in strategy.rows) for k in ("refused", "malformed", "failed", "missing")},
+        "config": s.to_dict() | {"run_config": dict(context.run_config)},
+        "silos": silos,
+    }
+    recorder.summary(summary)
+    te = summary["test_error"]
+    print(f"[silofl] done in {summary['wall_s']:.1f}s: test error {'-' if te is None else f'{te:.2%}'}, "
+          f"max eps spent {summary['eps_max_spent']}, dropped replies {summary['dropped']}; "
+          f"summary -> {recorder.summary_path}", flush=True)
+    if failed:
+        raise ClientAppFailure(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
+    log(INFO, "silofl run %s completed", name)

@@ -1,0 +1,223 @@
+"""The honest silo: ISRL-DP gradient releases computed and noised on the silo's own side.
+
+A silo never trusts the server with privacy: it calibrates its noise multiplier for its own
+(epsilon, delta), its own n and K and the number of releases it plans, records each release in
+its own ledger before answering, and refuses a request that would exceed its budget.
+
+Releases (one Gaussian mechanism each, see app/privacy/accounting.py):
+* ``grad`` (MB-SGD): g = (1/K) sum_{i in B} clip_L(grad f0(w, x_i)) + N(0, sigma^2 I),
+  |B| = K drawn without replacement, sigma = z * 2L/K.
+* ``local`` (Local SGD): Q such noisy steps w <- w - eta_local * g on the silo's copy of w;
+  the message is w_Q - w_0 (post-processing of Q releases).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+
+from app import wire
+from app.config import Settings
+from app.data.federated import SiloData
+from app.data.split import fixed_size_batch
+from app.models import build_model
+from app.privacy.accounting import Release, calibrate_noise_multiplier, group_releases
+from app.privacy.clipping import clip_rows, mean_sensitivity
+from app.privacy.ledger import BudgetExceededError, PrivacyLedger
+from app.privacy.mechanism import add_gaussian_noise
+from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
+from app.seeding import np_rng, torch_gen
+
+PHASES = ("grad", "local")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the silo will release over the run, with its calibrated noise."""
+
+    kind: str
+    n: int
+    batch: int
+    releases: int
+    noise_multiplier: float
+    sigma: float
+    delta: float
+
+
+class Silo:
+    """One silo's state: data, model template, ledger and noise calibration."""
+
+    def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
+                 state_dir: str | Path, ledger_key: str) -> None:
+        self.s = settings
+        self.data = data
+        self.device = torch.device(_pick_device(settings.device))
+        self.model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden).to(self.device)
+        self.train_x = data.train_x.to(self.device)
+        self.train_y = data.train_y.to(self.device)
+        self.test_x = data.test_x.to(self.device)
+        self.test_y = data.test_y.to(self.device)
+        self.n = data.n
+        self.batch = settings.batch_for(self.n)
+        priv = settings.privacy
+        self.private = priv.enabled
+        self.delta = settings.delta_for(self.n)
+        self.clip = priv.clip if self.private else math.inf
+        budget = priv.epsilon if self.private else math.inf
+        path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
+        self.ledger = PrivacyLedger.open(path, budget, self.delta)
+        self.plan = self._calibrate()
+
+    # -- calibration ----------------------------------------------------------------------
+    def _planned_release(self) -> tuple[str, int]:
+        per_round = self.s.local_steps if self.s.algorithm == "localsgd" else 1
+        kind = "local" if self.s.algorithm == "localsgd" else "grad"
+        return kind, self.s.planned_rounds() * per_round
+
+    def _calibrate(self) -> Plan:
+        kind, count = self._planned_release()
+        key = {"kind": kind, "n": self.n, "batch": self.batch, "releases": count,
+               "epsilon": str(self.ledger.epsilon_budget), "delta": self.delta}
+        cal = self.ledger.calibration
+        if cal.get("plan") == key:  # a restarted silo keeps the noise it started with
+            z = float(cal["noise_multiplier"])
+        elif not self.private:
+            z = 0.0
+        else:
+            z = calibrate_noise_multiplier([Release(kind, self.n, self.batch, 1.0, count)],
+                                           self.ledger.epsilon_budget, self.delta)
+        if cal.get("plan") != key:
+            self.ledger.set_calibration({"plan": key, "noise_multiplier": z})
+        sigma = z * mean_sensitivity(self.clip, self.batch) if self.private else 0.0
+        return Plan(kind, self.n, self.batch, count, z, sigma, self.delta)
+
+    # -- messages -------------------------------------------------------------------------
+    def train(self, content: RecordDict) -> RecordDict:
+        """Answer a training instruction with an update, or a refusal."""
+        params, config, _ = wire.read_instruction(content)
+        rnd = int(config.get("round", 0))
+        phase = str(config.get("phase", ""))
+        expected = self.plan.kind
+        if phase != expected:
+            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {expected!r}")
+        steps = int(config.get("local-steps", 1)) if phase == "local" else 1
+        if phase == "local" and steps != self.s.local_steps:
+            return self._refuse(wire.REFUSED_CONFIG,
+                                f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
+        releases = [Release(phase, self.n, self.batch, self.plan.noise_multiplier, steps)]
+        try:
+            self.ledger.check(releases)
+        except BudgetExceededError as exc:
+            return self._refuse(wire.REFUSED_BUDGET, str(exc))
+
+        t0 = time.perf_counter()
+        w0 = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
+        self._check_layout(w0)
+        if phase == "grad":
+            update, loss = self._noisy_gradient(w0, rnd, 0)
+        else:
+            w = dict(w0)
+            loss = 0.0
+            lr = float(config.get("lr", self.s.lr))
+            for q in range(steps):
+                g, step_loss = self._noisy_gradient(w, rnd, q)
+                loss += step_loss / steps
+                w = {k: w[k] - lr * g[k] for k in w}
+            update = {k: w[k] - w0[k] for k in w}
+        spent = self.ledger.record(releases, round_=rnd)
+        metrics = {
+            "num-examples": float(self.batch),
+            "eps-spent": spent,
+            "sigma": self.plan.sigma,
+            "noise-multiplier": self.plan.noise_multiplier,
+            "train-seconds": time.perf_counter() - t0,
+        }
+        if not self.private:  # a loss computed on private records is itself a release
+            metrics["loss"] = loss
+        return wire.update_reply({k: v.detach().cpu().numpy() for k, v in update.items()}, metrics)
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        """Evaluation-only statistics of the current model (NOT covered by the DP guarantee):
+        test errors on the silo's held-out split and the mean loss on its training split."""
+        params, _, _ = wire.read_instruction(content)
+        w = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
+        self._check_layout(w)
+        with torch.no_grad():
+            logits = torch.func.functional_call(self.model, w, (self.test_x,))
+            test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
+            errors = (logits.argmax(1) != self.test_y).sum().item()
+        train_loss = batch_loss(self.model, w, self.train_x, self.train_y) * self.n
+        return wire.metrics_reply({
+            "test-errors": float(errors), "test-count": float(len(self.test_y)), "test-loss-sum": test_loss,
+            "train-loss-sum": train_loss, "train-count": float(self.n), "eps-spent": self.ledger.spent(),
+        })
+
+    def ledger_report(self) -> dict[str, Any]:
+        """What anyone needs to recompute this silo's epsilon: n, K, delta, budget and every
+        kind of release with its count, noise multiplier and sampling scheme."""
+        releases = [
+            {"kind": r.kind, "count": r.count, "noise_multiplier": r.noise_multiplier, "n": r.n, "batch": r.batch,
+             "sampling": "fixed-size without replacement" if r.sampled else "none (full batch)"}
+            for r in group_releases(self.ledger.recorded())
+        ]
+        return {
+            "silo": self.data.index, "n": self.n, "batch": self.batch, "delta": self.delta,
+            "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
+            "sigma": self.plan.sigma, "planned_releases": self.plan.releases, "releases": releases,
+            "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
+        }
+
+    # -- internals ------------------------------------------------------------------------
+    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], rnd: int, step: int) -> tuple[dict[str, torch.Tensor], float]:
+        """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I)."""
+        idx = torch.as_tensor(fixed_size_batch(self.n, self.batch, self._np_rng("batch", rnd, step)), device=self.device)
+        x, y = self.train_x[idx], self.train_y[idx]
+        grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
+        mean = grads.mean(dim=0)
+        noisy = add_gaussian_noise(mean, self.plan.sigma, self._torch_gen("noise", rnd, step))
+        loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
+        return _unflatten(noisy, w), loss
+
+    def _np_rng(self, *parts: Any) -> np.random.Generator:
+        if self.s.privacy.noise_seed == "os":
+            return np.random.default_rng(secrets.randbits(128))
+        return np_rng(self.s.seed, "silo", self.data.index, *parts)
+
+    def _torch_gen(self, *parts: Any) -> torch.Generator:
+        if self.s.privacy.noise_seed == "os":
+            return torch.Generator().manual_seed(secrets.randbits(63))
+        return torch_gen(self.s.seed, "silo", self.data.index, *parts)
+
+    def _check_layout(self, w: Mapping[str, torch.Tensor]) -> None:
+        expected = {k: tuple(v.shape) for k, v in self.model.named_parameters()}
+        got = {k: tuple(v.shape) for k, v in w.items()}
+        if got != expected:
+            raise wire.ReplyError(f"model arrays {got} do not match this silo's model {expected}")
+
+    def _refuse(self, code: str, reason: str) -> RecordDict:
+        return wire.refusal_reply(code, reason, {"eps-spent": self.ledger.spent()})
+
+
+def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out, offset = {}, 0
+    for k, v in like.items():
+        out[k] = vec[offset: offset + v.numel()].reshape(v.shape)
+        offset += v.numel()
+    return out
+
+
+def _pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device = 'cuda' but no CUDA device is available on this node")
+    return device

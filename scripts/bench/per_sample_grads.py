@@ -1,0 +1,200 @@
+"""Benchmark (and cross-check) three ways to compute per-sample gradients.
+
+Computes the [B, d] matrix of per-sample gradients of the cross-entropy loss with
+
+1. ``torch.func`` (the project default, ``app.privacy.per_sample.per_sample_grads``),
+2. Opacus ``GradSampleModule`` (forward, sum-reduced loss, backward, concatenated
+   ``p.grad_sample``),
+3. the per-record Python loop (``per_sample_grads_loop``),
+
+for the paper's models (MLP 30-5-2, MLP 50-64-2, LeNet-5 on 3x32x32) and several batch
+sizes. Before timing, every configuration asserts that the three results agree.
+
+Usage (from the repository root)::
+
+    python scripts/bench/per_sample_grads.py [--repeats N] [--batches 32,128,512] [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from app.models.zoo import build_model, num_params  # noqa: E402
+from app.privacy.per_sample import (  # noqa: E402
+    model_params,
+    per_sample_grads,
+    per_sample_grads_loop,
+)
+
+# Skip the per-record loop for a configuration when a single call is estimated to take
+# longer than this (only relevant for LeNet-5 at large batches).
+LOOP_BUDGET_S = 30.0
+
+# (label, build_model args, build_model kwargs)
+MODELS: list[tuple[str, tuple, dict]] = [
+    ("MLP 30-5-2", ("mlp", (30,), 2), {"hidden": (5,)}),
+    ("MLP 50-64-2", ("mlp", (50,), 2), {"hidden": (64,)}),
+    ("LeNet-5 3x32x32", ("lenet5", (3, 32, 32), 10), {}),
+]
+
+
+def opacus_per_sample_grads(gsm: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample gradients via an Opacus GradSampleModule (built with loss_reduction="sum").
+
+    With a sum-reduced loss, p.grad_sample[i] is the gradient of record i's own loss.
+    """
+    gsm.zero_grad(set_to_none=True)  # also clears grad_sample
+    loss = nn.functional.cross_entropy(gsm(x), y, reduction="sum")
+    loss.backward()
+    params = [p for p in gsm.parameters() if p.requires_grad]
+    out = torch.cat([p.grad_sample.reshape(x.shape[0], -1) for p in params], dim=1)
+    gsm.zero_grad(set_to_none=True)
+    return out
+
+
+def make_opacus(model: nn.Module) -> nn.Module:
+    from opacus import GradSampleModule
+
+    gsm = GradSampleModule(copy.deepcopy(model), batch_first=True, loss_reduction="sum")
+    gsm.train()  # Opacus only records activations in training mode (no dropout/BN here)
+    return gsm
+
+
+def time_it(fn: Callable[[], torch.Tensor], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` in milliseconds after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def assert_agree(name: str, a: torch.Tensor, ref: torch.Tensor) -> None:
+    """allclose with an absolute tolerance of 1e-5 relative to the scale of ``ref``."""
+    assert a.shape == ref.shape, f"{name}: shape {tuple(a.shape)} != {tuple(ref.shape)}"
+    scale = float(ref.abs().max().clamp_min(1e-12))
+    ok = torch.allclose(a, ref, rtol=1e-4, atol=1e-5 * scale)
+    err = float((a - ref).abs().max())
+    assert ok, f"{name}: max abs diff {err:.3e} (scale {scale:.3e})"
+
+
+def fmt(ms: float | None) -> str:
+    if ms is None:
+        return "skipped"
+    return f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per method (median)")
+    ap.add_argument("--batches", default="32,128,512", help="comma-separated batch sizes")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: batches 32 only, 2 repeats (unless given explicitly)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    repeats = args.repeats
+    if args.quick:
+        if "--batches" not in (argv if argv is not None else sys.argv[1:]):
+            batches = [32]
+        if "--repeats" not in (argv if argv is not None else sys.argv[1:]):
+            repeats = 2
+    if repeats < 1:
+        ap.error("--repeats must be >= 1")
+
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message=".*full_backward_hook.*")
+
+    import opacus
+
+    print(f"torch {torch.__version__}, opacus {opacus.__version__}, python {platform.python_version()}")
+    print(f"torch.get_num_threads() = {torch.get_num_threads()}; repeats = {repeats} "
+          f"(median after 1 warm-up); batches = {batches}")
+    print()
+
+    rows: list[tuple[str, int, int, float, float, float | None, str]] = []
+    for label, margs, mkw in MODELS:
+        gen = torch.Generator().manual_seed(args.seed)
+        model = build_model(*margs, **mkw, generator=gen)
+        params = model_params(model)
+        d = num_params(model)
+        gsm = make_opacus(model)
+        feature_shape, num_classes = margs[1], margs[2]
+        loop_ms_per_record: float | None = None
+
+        for b in batches:
+            dgen = torch.Generator().manual_seed(args.seed * 1000 + b)
+            x = torch.randn((b, *feature_shape), generator=dgen)
+            y = torch.randint(0, num_classes, (b,), generator=dgen)
+
+            f_func = lambda: per_sample_grads(model, params, x, y)  # noqa: E731
+            f_opac = lambda: opacus_per_sample_grads(gsm, x, y)  # noqa: E731
+            f_loop = lambda: per_sample_grads_loop(model, params, x, y)  # noqa: E731
+
+            # --- correctness (the loop is the reference; estimate the loop's cost) -----
+            g_func, g_opac = f_func(), f_opac()
+            run_loop = True
+            if loop_ms_per_record is not None and loop_ms_per_record * b / 1e3 > LOOP_BUDGET_S:
+                run_loop = False
+            if run_loop:
+                t0 = time.perf_counter()
+                g_loop = f_loop()
+                elapsed = time.perf_counter() - t0
+                loop_ms_per_record = 1e3 * elapsed / b
+                if elapsed > LOOP_BUDGET_S:
+                    run_loop = False
+                assert_agree(f"{label} B={b} torch.func vs loop", g_func, g_loop)
+                assert_agree(f"{label} B={b} opacus vs loop", g_opac, g_loop)
+            assert_agree(f"{label} B={b} opacus vs torch.func", g_opac, g_func)
+            assert g_func.shape == (b, d)
+
+            # --- timing --------------------------------------------------------------
+            t_func = time_it(f_func, repeats)
+            t_opac = time_it(f_opac, repeats)
+            t_loop = time_it(f_loop, repeats) if run_loop else None
+            cands = {"torch.func": t_func, "opacus": t_opac}
+            if t_loop is not None:
+                cands["loop"] = t_loop
+            fastest = min(cands, key=cands.get)
+            rows.append((label, d, b, t_func, t_opac, t_loop, fastest))
+            print(f"  [ok] {label:16s} B={b:4d}: results agree; "
+                  f"func {fmt(t_func)} ms, opacus {fmt(t_opac)} ms, loop {fmt(t_loop)} ms",
+                  flush=True)
+
+    print()
+    print("| model | d | batch | torch.func ms | opacus ms | loop ms | fastest |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for label, d, b, tf, to, tl, fastest in rows:
+        print(f"| {label} | {d} | {b} | {fmt(tf)} | {fmt(to)} | {fmt(tl)} | {fastest} |")
+    print()
+    all_func = all(r[6] == "torch.func" for r in rows)
+    if all_func:
+        print("torch.func is the fastest for every row: YES")
+    else:
+        losers = [f"{r[0]} B={r[2]} (fastest: {r[6]})" for r in rows if r[6] != "torch.func"]
+        print("torch.func is the fastest for every row: NO -> " + "; ".join(losers))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

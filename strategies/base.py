@@ -1,0 +1,214 @@
+"""Common server loop of every silofl optimiser.
+
+A :class:`FederatedOptimizer` is a ``flwr.serverapp.strategy.Strategy``. Each round it samples
+M of the N silo nodes uniformly at random (the paper's Assumption 3), sends them w_r, validates
+every reply (an invalid, refused or failed reply counts as a dropped silo and never stops the
+round), applies its server step to the valid updates, optionally evaluates, and records the round.
+Subclasses define the phase silos run and the server step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from app import wire
+from app.config import Settings
+from app.seeding import np_rng
+
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class ReplyTally:
+    """How the replies of one round were classified."""
+
+    valid: list[tuple[int, dict[str, np.ndarray], dict[str, float]]] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    malformed: dict[int, str] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    missing: int = 0
+
+    def eps_max(self) -> float:
+        values = [m["eps-spent"] for _, _, m in self.valid]
+        return max(values) if values else math.nan
+
+
+class NoSiloAnswered(RuntimeError):
+    pass
+
+
+class FederatedOptimizer(Strategy):
+    """Sampling, messaging, validation and bookkeeping shared by all optimisers."""
+
+    #: the phase silos run for this optimiser ("grad" or "local").
+    phase: str = ""
+
+    def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
+                 node_wait_s: float = 120.0) -> None:
+        self.s = settings
+        self.layout = layout
+        self.on_round = on_round or (lambda row: None)
+        self.node_wait_s = node_wait_s
+        self.client_errors: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self._last_tally = ReplyTally()
+
+    # -- the server step (subclasses) ------------------------------------------------------
+    def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        """What a silo needs besides w_r (DESIGN.md section 3)."""
+        return {"round": server_round, "phase": self.phase, "batch-size": self.s.batch_size,
+                "clip": self.s.privacy.clip}
+
+    # -- Strategy interface ---------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        nodes = self.sample_nodes(grid, server_round)
+        cfg = dict(config) | self.round_config(server_round)
+        return [Message(wire.instruction(arrays, cfg), dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        raise NotImplementedError("FederatedOptimizer runs its own loop; use step()")
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        nodes = sorted(grid.get_node_ids())
+        cfg = dict(config) | {"round": server_round}
+        return [Message(wire.instruction(arrays, cfg), dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        sums: dict[str, float] = {}
+        for msg in replies:
+            if msg.has_error():
+                self._client_error(msg, "evaluate")
+                continue
+            try:
+                m = wire.read_metrics(msg.content, ("test-errors", "test-count", "train-loss-sum", "train-count"),
+                                      what="evaluate metrics")
+            except wire.ReplyError as exc:
+                log(WARNING, "round %d: dropped evaluation reply of node %d: %s", server_round, msg.metadata.src_node_id, exc)
+                continue
+            for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count"):
+                sums[k] = sums.get(k, 0.0) + m.get(k, 0.0)
+        if not sums or sums.get("test-count", 0) <= 0:
+            return None
+        return MetricRecord({
+            "test-error": sums["test-errors"] / sums["test-count"],
+            "test-loss": sums["test-loss-sum"] / sums["test-count"],
+            "train-loss": sums["train-loss-sum"] / max(sums["train-count"], 1.0),
+        })
+
+    def summary(self) -> None:
+        log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
+            type(self).__name__, self.s.num_rounds, self.s.silos_per_round, self.s.num_silos, self.s.lr,
+            self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
+
+    # -- the loop -------------------------------------------------------------------------
+    def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """M of the connected silo nodes, uniformly without replacement, from (seed, round)."""
+        nodes = sorted(self.wait_for_nodes(grid))
+        rng = np_rng(self.s.seed, "server-sampling", server_round)
+        chosen = rng.choice(len(nodes), size=self.s.silos_per_round, replace=False)
+        return [nodes[i] for i in sorted(chosen)]
+
+    def wait_for_nodes(self, grid: Grid) -> list[int]:
+        """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start)."""
+        deadline = time.monotonic() + self.node_wait_s
+        while True:
+            nodes = list(grid.get_node_ids())
+            if len(nodes) >= self.s.num_silos:
+                return nodes
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(nodes)} silo nodes connected after {self.node_wait_s:.0f} s; num-silos = {self.s.num_silos}"
+                )
+            time.sleep(0.2)
+
+    def classify(self, server_round: int, replies: Iterable[Message], sent: int) -> ReplyTally:
+        """Sort replies into valid / refused / malformed / failed; nothing here raises."""
+        tally = ReplyTally()
+        seen = 0
+        for msg in replies:
+            seen += 1
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                tally.errors[node] = self._client_error(msg, "train")
+                continue
+            refusal = wire.refusal_of(msg.content)
+            if refusal is not None:
+                tally.refused[node] = f"{refusal[0]}: {refusal[1]}"
+                log(WARNING, "round %d: silo node %d refused: %s", server_round, node, tally.refused[node])
+                continue
+            try:
+                update, metrics = wire.read_update(msg.content, self.layout)
+            except wire.ReplyError as exc:
+                tally.malformed[node] = str(exc)
+                log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
+                continue
+            tally.valid.append((node, update, metrics))
+        tally.missing = max(sent - seen, 0)
+        return tally
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run ``num_rounds`` rounds; returns Flower's Result with the final arrays."""
+        self.summary()
+        result = Result()
+        w = wire.record_to_params(initial_arrays, self.layout, what="initial arrays")
+        self.wait_for_nodes(grid)
+        for rnd in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            messages = list(self.configure_train(rnd, wire.params_to_record(w), train_config or ConfigRecord(), grid))
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            tally = self.classify(rnd, replies, len(messages))
+            if tally.valid:
+                w = self.server_step(w, [u for _, u, _ in tally.valid])
+            else:
+                log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
+            row: dict[str, Any] = {
+                "round": rnd, "sampled": len(messages), "answered": len(tally.valid),
+                "refused": len(tally.refused), "malformed": len(tally.malformed), "failed": len(tally.errors),
+                "missing": tally.missing, "eps_max": tally.eps_max(),
+                "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
+            }
+            if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
+                ev_msgs = list(self.configure_evaluate(rnd, wire.params_to_record(w), evaluate_config or ConfigRecord(), grid))
+                ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
+                if ev is not None:
+                    row |= {"test_error": ev["test-error"], "test_loss": ev["test-loss"], "train_loss": ev["train-loss"]}
+                    result.evaluate_metrics_clientapp[rnd] = ev
+            row["wall_s"] = time.perf_counter() - t0
+            self.rows.append(row)
+            self.on_round(row)
+        result.arrays = wire.params_to_record(w)
+        return result
+
+    def _client_error(self, msg: Message, what: str) -> str:
+        reason = (msg.error.reason or "").strip().splitlines()
+        short = reason[-1] if reason else f"error code {msg.error.code}"
+        text = f"node {msg.metadata.src_node_id} ({what}): {short}"
+        self.client_errors.append(text)
+        log(WARNING, "ClientApp failure: %s", text)
+        return text
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def mean_update(updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Uniform average (1/M) sum_i u_i over the silos that answered (the paper's aggregation)."""
+    return {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in updates[0]}

@@ -1,0 +1,48 @@
+"""An in-process Grid that delivers messages straight to the ClientApp (no Flower runtime):
+lets tests drive the real strategy and silo code quickly and inject faulty replies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from app.client_app import app as client_app
+
+ReplyHook = Callable[[int, Message, Message], Message]
+
+
+class InProcessGrid:
+    """Implements what FederatedOptimizer uses of flwr.serverapp.Grid."""
+
+    def __init__(self, run_config: dict[str, Any], num_nodes: int, state_dir: str, run_id: int = 1,
+                 hook: ReplyHook | None = None) -> None:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
+        self.node_ids = [1000 + i for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(run_id=run_id, node_id=nid,
+                         node_config={"partition-id": i, "num-partitions": num_nodes, "state-dir": state_dir},
+                         state=RecordDict(), run_config=dict(run_config))
+            for i, nid in enumerate(self.node_ids)
+        }
+        self.hook = hook
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        replies = []
+        for i, msg in enumerate(messages):
+            self.sent.append(msg)
+            nid = msg.metadata.dst_node_id
+            try:
+                reply = client_app(msg, self.contexts[nid])
+            except Exception as exc:  # what the Flower runtime does with a crashing ClientApp
+                reply = Message(Error(code=0, reason=f"ClientApp exception: {exc!r}"), reply_to=msg)
+            if self.hook is not None:
+                reply = self.hook(nid, msg, reply)
+            replies.append(reply)
+        return replies
