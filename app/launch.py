@@ -65,11 +65,11 @@ def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]
 def preflight(cfg: dict[str, Any]) -> Any:
     """Validate settings and data; returns Settings or raises ConfigError."""
     from app.config import check_silo_sizes, parse_settings
-    from app.data.federated import build_federated_data
+    from app.data.federated import silo_splits
 
     settings = parse_settings(cfg)
-    fed = build_federated_data(settings)
-    check_silo_sizes(settings, fed.train_sizes())
+    _, splits, _, _ = silo_splits(settings)
+    check_silo_sizes(settings, [len(train) for train, _ in splits])
     return settings
 
 

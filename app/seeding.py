@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def derive_seed(*parts: object) -> int:
@@ -24,6 +28,8 @@ def np_rng(*parts: object) -> np.random.Generator:
     return np.random.default_rng(derive_seed(*parts))
 
 
-def torch_gen(*parts: object) -> torch.Generator:
+def torch_gen(*parts: object) -> "torch.Generator":
     """A CPU torch.Generator for ``parts`` (draws are moved to the device afterwards)."""
+    import torch
+
     return torch.Generator(device="cpu").manual_seed(derive_seed(*parts))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from app.config import Settings
 from app.data.partition import even_odd_labels, make_partition
@@ -21,16 +22,19 @@ from app.data.sources import load_source
 from app.data.split import train_test_split_indices
 from app.seeding import np_rng
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass(frozen=True)
 class SiloData:
     """One silo's records as CPU tensors (x float32, y int64)."""
 
     index: int
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
+    train_x: "torch.Tensor"
+    train_y: "torch.Tensor"
+    test_x: "torch.Tensor"
+    test_y: "torch.Tensor"
 
     @property
     def n(self) -> int:
@@ -49,10 +53,10 @@ class FederatedData:
     def majority_error(self) -> float:
         """Test error of always predicting the pooled training set's majority class: the
         bar any useful model must beat."""
-        train_y = torch.cat([s.train_y for s in self.silos])
-        test_y = torch.cat([s.test_y for s in self.silos])
-        majority = int(torch.bincount(train_y, minlength=self.num_classes).argmax())
-        return float((test_y != majority).float().mean())
+        train_y = np.concatenate([s.train_y.numpy() for s in self.silos])
+        test_y = np.concatenate([s.test_y.numpy() for s in self.silos])
+        majority = int(np.bincount(train_y, minlength=self.num_classes).argmax())
+        return float(np.mean(test_y != majority))
 
 
 def data_key(s: Settings) -> tuple:
@@ -66,9 +70,15 @@ def build_federated_data(s: Settings) -> FederatedData:
     return _build(data_key(s))
 
 
+def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
+    """(source, [(train indices, test indices) per silo], task labels, num classes), numpy only
+    (the launcher's pre-flight check uses this without importing torch)."""
+    return _splits(data_key(s))
+
+
 @functools.lru_cache(maxsize=4)
-def _build(key: tuple) -> FederatedData:
-    dataset, data_dir, partition, alpha, p, standardize, test_fraction, num_silos, seed = key
+def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
+    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed = key
     source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
     labels = source.y
     num_classes = source.num_classes
@@ -79,8 +89,17 @@ def _build(key: tuple) -> FederatedData:
     else:
         parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"), alpha=alpha, p=p)
     splits = [train_test_split_indices(idx, test_fraction, np_rng(seed, "split", i)) for i, idx in enumerate(parts)]
+    return source, splits, labels, num_classes
+
+
+@functools.lru_cache(maxsize=4)
+def _build(key: tuple) -> FederatedData:
+    import torch
+
+    source, splits, labels, num_classes = _splits(key)
+    standardize = key[5]
     x = source.x
-    scalers = standardize_silos(x[np.concatenate([tr for tr, _ in splits])], [x[tr] for tr, _ in splits], standardize)
+    scalers = standardize_silos(None, [x[tr] for tr, _ in splits], standardize)
     silos = []
     for i, ((tr, te), scaler) in enumerate(zip(splits, scalers, strict=True)):
         silos.append(SiloData(
@@ -91,7 +110,6 @@ def _build(key: tuple) -> FederatedData:
             test_y=torch.from_numpy(labels[te].astype(np.int64)),
         ))
     return FederatedData(tuple(silos), num_classes, tuple(source.x.shape[1:]))
-
 
 #: Public metadata of each source: (feature shape, number of classes). The server builds the
 #: model from this without touching any silo's data.

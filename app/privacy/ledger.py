@@ -1,6 +1,9 @@
 """The silo's privacy ledger: a file on the silo's own disk recording every release.
 
-The ledger is the silo's source of truth for what it has spent. Before a release the silo
+The ledger is the silo's source of truth for what it has spent. Several processes may serve
+the same silo (a simulation engine runs silos in a pool of workers; a restarted SuperNode), so
+every read-check-write happens under an exclusive file lock on ``<ledger>.lock`` and starts by
+re-reading the file: an in-memory copy is never trusted. Before a release the silo
 asks :meth:`PrivacyLedger.check`; a release that would take epsilon above the budget is
 refused with :class:`BudgetExceededError`. The release is written to disk (atomically)
 *before* the message leaves the silo, so a crash can only over-count, never under-count.
@@ -9,11 +12,14 @@ A silo that restarts reloads the file and continues from what it has already spe
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,27 +53,42 @@ class PrivacyLedger:
     def open(cls, path: str | Path, epsilon_budget: float, delta: float) -> PrivacyLedger:
         """Load the ledger at ``path`` or create an empty one. An existing ledger written for a
         different budget is an error: a silo's budget cannot be changed after spending."""
-        path = Path(path)
-        if not path.exists():
-            ledger = cls(path, float(epsilon_budget), float(delta))
-            ledger._save()
-            return ledger
+        ledger = cls(Path(path), float(epsilon_budget), float(delta))
+        with ledger._locked():
+            if ledger.path.exists():
+                ledger._reload()
+            else:
+                ledger._save()
+        return ledger
+
+    def _reload(self) -> None:
+        """Re-read the file (caller holds the lock) and check it is for this budget."""
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(self.path.read_text())
             stored_eps = _decode_float(data["epsilon_budget"])
             stored_delta = float(data["delta"])
             releases = list(data["releases"])
             calibration = dict(data.get("calibration", {}))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
-        if not (math.isclose(stored_eps, epsilon_budget) or stored_eps == epsilon_budget) or not math.isclose(
-            stored_delta, delta
-        ):
+            raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
+        same_eps = stored_eps == self.epsilon_budget or math.isclose(stored_eps, self.epsilon_budget)
+        if not same_eps or not math.isclose(stored_delta, self.delta):
             raise LedgerError(
-                f"privacy ledger {path} was written for budget (epsilon={stored_eps}, delta={stored_delta}) "
-                f"but this run asks for (epsilon={epsilon_budget}, delta={delta}); use a new state dir or ledger scope"
+                f"privacy ledger {self.path} was written for budget (epsilon={stored_eps}, delta={stored_delta}) "
+                f"but this run asks for (epsilon={self.epsilon_budget}, delta={self.delta}); "
+                "use a new state dir or ledger scope"
             )
-        return cls(path, stored_eps, stored_delta, releases, calibration)
+        self.releases, self.calibration = releases, calibration
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
@@ -77,35 +98,47 @@ class PrivacyLedger:
 
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
+        with self._locked():
+            self._reload()
         return epsilon_spent(self.recorded(), self.delta)
 
     def check(self, new: list[Release]) -> float:
         """Epsilon after adding ``new``; raises BudgetExceededError when above the budget."""
+        with self._locked():
+            self._reload()
+            return self._check_loaded(new)
+
+    def _check_loaded(self, new: list[Release]) -> float:
         after = epsilon_spent(self.recorded() + list(new), self.delta)
         if not math.isinf(self.epsilon_budget) and after > self.epsilon_budget * (1 + BUDGET_RTOL):
             kinds = ", ".join(f"{r.count}x {r.kind} (K={r.batch} of n={r.n}, z={r.noise_multiplier:.4g})" for r in new)
             raise BudgetExceededError(
                 f"privacy budget exceeded: budget epsilon={self.epsilon_budget:g} at delta={self.delta:.3g}, "
-                f"spent {self.spent():.4f}, this request ({kinds}) would bring it to {after:.4f}"
+                f"spent {epsilon_spent(self.recorded(), self.delta):.4f}, this request ({kinds}) would bring it to {after:.4f}"
             )
         return after
 
     def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None) -> float:
-        """Check, then append ``new`` to the file (atomically). Returns epsilon spent after."""
-        after = self.check(new)
-        stamp = time.time()
-        for r in new:
-            row = asdict(r) | {"round": int(round_), "time": stamp}
-            if extra:
-                row |= extra
-            self.releases.append(row)
-        self._save()
+        """Check, then append ``new`` to the file (atomically, under the lock). Returns epsilon
+        spent after."""
+        with self._locked():
+            self._reload()
+            after = self._check_loaded(new)
+            stamp = time.time()
+            for r in new:
+                row = asdict(r) | {"round": int(round_), "time": stamp}
+                if extra:
+                    row |= extra
+                self.releases.append(row)
+            self._save()
         return after
 
     def set_calibration(self, calibration: dict[str, Any]) -> None:
         """Store the noise plan so a restarted silo keeps the same noise multiplier."""
-        self.calibration = dict(calibration)
-        self._save()
+        with self._locked():
+            self._reload()
+            self.calibration = dict(calibration)
+            self._save()
 
     # -- persistence --------------------------------------------------------------------
     def _save(self) -> None:

@@ -1,0 +1,120 @@
+"""The real strategy and silo code driven in-process (no Flower runtime): learning, dropped
+replies, refusals, failures. The same code runs under `flwr run` in test_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+
+import app.server_app as server_app
+from app import wire
+from app.launch import merged_run_config
+from tests.inprocess import InProcessGrid
+
+
+def run(tmp_path: Path, overrides: dict[str, Any], hook=None) -> tuple[dict, list[dict], InProcessGrid]:
+    cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": "t"} | overrides
+    grid = InProcessGrid(cfg, cfg["num-silos"], str(tmp_path / "state"), hook=hook)
+    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    out = tmp_path / "out" / "t"
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    return json.loads((out / "summary.json").read_text()), rows, grid
+
+
+def test_isrl_mbsgd_learns_and_reports_budget(tmp_path: Path) -> None:
+    summary, rows, _ = run(tmp_path, {"num-rounds": 8})
+    assert summary["status"] == "completed" and len(rows) == 8
+    majority = 114 - 72  # WBCD test split: 72 benign of 114 -> predicting "benign" errs on 42
+    assert summary["test_error"] < 0.5 * majority / 114
+    for silo in summary["silos"]:
+        assert silo["eps_spent"] <= silo["eps_budget"] == 3.0
+        assert silo["releases"][0]["count"] == 8 and silo["delta"] == pytest.approx(1 / silo["n"] ** 2)
+    assert {s["n"] for s in summary["silos"]} == {170, 286}
+
+
+def test_privacy_off_is_the_same_code_without_noise(tmp_path: Path) -> None:
+    summary, rows, _ = run(tmp_path, {"num-rounds": 5, "privacy.mode": "off"})
+    assert all(s["sigma"] == 0 and s["eps_spent"] == "inf" for s in summary["silos"])
+    assert not math.isnan(rows[-1]["train_loss_private_batch"])
+
+
+def test_localsgd_runs_q_steps_per_round(tmp_path: Path) -> None:
+    summary, _, _ = run(tmp_path, {"algorithm": "localsgd", "num-rounds": 4, "local-steps": 3, "lr": 0.3})
+    assert summary["status"] == "completed"
+    assert all(s["releases"][0]["count"] == 12 and s["releases"][0]["kind"] == "local" for s in summary["silos"])
+    assert summary["test_error"] < 0.3
+
+
+def _corrupt(kind: str):
+    def hook(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type != "train" or node != 1000:
+            return reply
+        upd = reply.content[wire.UPDATE]
+        if kind == "nan":
+            key = next(iter(upd))
+            arr = upd[key].numpy().copy()
+            arr[0] = np.nan
+            upd[key] = Array(arr)
+        elif kind == "shape":
+            upd[next(iter(upd))] = Array(np.zeros((3, 3), np.float32))
+        elif kind == "missing":
+            return Message(RecordDict({"foo": ArrayRecord()}), reply_to=msg)
+        elif kind == "dtype":
+            upd[next(iter(upd))] = Array(np.zeros(upd[next(iter(upd))].shape, np.int64))
+        return reply
+    return hook
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "missing", "dtype"])
+def test_malformed_reply_is_dropped_and_round_goes_on(tmp_path: Path, kind: str) -> None:
+    summary, rows, _ = run(tmp_path, {"num-rounds": 3}, hook=_corrupt(kind))
+    assert summary["status"] == "completed"
+    assert [r["malformed"] for r in rows] == [1, 1, 1] and all(r["answered"] == 1 for r in rows)
+    assert summary["dropped"]["malformed"] == 3 and summary["test_error"] is not None
+
+
+def test_over_budget_silo_refuses_and_the_model_is_left_unchanged(tmp_path: Path) -> None:
+    seen: list[dict] = []
+
+    def spy(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type == "train":
+            seen.append(wire.record_to_params(msg.content[wire.ARRAYS]))
+        return reply
+
+    summary, rows, _ = run(tmp_path, {"num-rounds": 4, "privacy.planned-rounds": 2}, hook=spy)
+    assert summary["status"] == "completed"
+    assert [r["answered"] for r in rows] == [2, 2, 0, 0] and [r["refused"] for r in rows] == [0, 0, 2, 2]
+    # rounds 3 and 4 had no valid answer: both sent the same w
+    for k in seen[4]:
+        np.testing.assert_array_equal(seen[4][k], seen[6][k])
+    assert all(s["eps_spent"] <= 3.0 and s["releases"][0]["count"] == 2 for s in summary["silos"])
+
+
+def test_a_crashing_clientapp_fails_the_run_after_writing_outputs(tmp_path: Path) -> None:
+    def crash(node: int, msg: Message, reply: Message) -> Message:
+        if node == 1001 and msg.metadata.message_type == "train":
+            from flwr.app import Error
+            return Message(Error(code=0, reason="Traceback ...\nRuntimeError: disk on fire"), reply_to=msg)
+        return reply
+
+    with pytest.raises(server_app.ClientAppFailure):
+        run(tmp_path, {"num-rounds": 2}, hook=crash)
+    summary = json.loads((tmp_path / "out" / "t" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "disk on fire" in summary["client_errors"][0]
+    summary2, rows, _ = run(tmp_path / "b", {"num-rounds": 2, "fail-on-client-error": False}, hook=crash)
+    assert summary2["status"] == "completed" and [r["failed"] for r in rows] == [1, 1]
+
+
+def test_silo_sampling_draws_m_of_n(tmp_path: Path) -> None:
+    summary, rows, grid = run(tmp_path, {"num-rounds": 6, "num-silos": 4, "silos-per-round": 2, "partition": "iid",
+                                         "eval-every": 0})
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    per_round = [train[i:i + 2] for i in range(0, len(train), 2)]
+    assert all(len({m.metadata.dst_node_id for m in r}) == 2 for r in per_round)
+    assert len({tuple(sorted(m.metadata.dst_node_id for m in r)) for r in per_round}) > 1
