@@ -9,20 +9,24 @@ export OMP_NUM_THREADS := 1
 
 .PHONY: run test setup bench clean stop
 
+# Dependencies come from pyproject.toml; the project itself is not installed (Flower ships it
+# to the SuperLink as an app bundle, and pytest imports it from the repository root).
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	  print('\n'.join(p['dependencies'] + p['optional-dependencies']['dev']))" > $(VENV)/requirements.txt
+	$(BIN)/pip install -q -r $(VENV)/requirements.txt
 	touch $@
 
 setup: $(BIN)/.installed
 
 run: setup
-	$(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
 
 test: setup
-	$(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/python scripts/bench/per_sample_grads.py

@@ -81,6 +81,32 @@ def _toml_value(v: Any) -> str:
     return repr(v)
 
 
+def foreign_local_superlink(env: dict[str, str]) -> str | None:
+    """A running ``flower-superlink --simulation`` that was not started with our environment
+    (another FLWR_HOME, or runtime dependency installation on, which would try to download the
+    app's dependencies for every run). Returns a description, or None. Linux only (reads /proc)."""
+    proc_dir = Path("/proc")
+    if not proc_dir.exists():
+        return None
+    for pid_dir in proc_dir.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes().split(b"\0")
+            if not any(part.endswith(b"flower-superlink") for part in cmdline[:2]) or b"--simulation" not in cmdline:
+                continue
+            environ = dict(
+                item.split(b"=", 1) for item in (pid_dir / "environ").read_bytes().split(b"\0") if b"=" in item
+            )
+        except OSError:
+            continue
+        home = environ.get(b"FLWR_HOME", b"").decode()
+        no_install = environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1"
+        if home != env["FLWR_HOME"] or not no_install:
+            return f"pid {pid_dir.name} (FLWR_HOME={home or 'unset'}, runtime dependency install {'off' if no_install else 'ON'})"
+    return None
+
+
 def run_status(run_id: str, env: dict[str, str], superlink: str | None) -> str:
     cmd = ["flwr", "ls", *( [superlink] if superlink else []), "--run-id", run_id, "--format", "json"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -122,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())
     fed_cfg = [f"num-supernodes={settings.num_silos}", *args.federation_config]
     env = flower_env()
+    if not args.superlink and (other := foreign_local_superlink(env)):
+        print(f"[silofl] a local SuperLink not started by silofl is running: {other}. It would run this app "
+              "with its own settings; stop it first (`make stop` or `pkill -f flower-superlink`).", file=sys.stderr)
+        return 2
     cmd = ["flwr", "run", ".", *([args.superlink] if args.superlink else []), "--stream", "--run-config", run_config]
     if not args.superlink:
         cmd += ["--federation-config", " ".join(fed_cfg)]

@@ -79,6 +79,8 @@ def _linear_fast_path_ok(model: nn.Module, params: dict[str, torch.Tensor]) -> b
             continue
         if type(m) is not nn.Linear and type(m) not in _ELEMENTWISE:
             return False
+        if type(m) is nn.Flatten and m.start_dim < 1:  # would merge records
+            return False
     if next(model.buffers(), None) is not None:
         return False
     mods = dict(model.named_modules())
@@ -128,7 +130,7 @@ def _per_sample_grads_linear(
     cols = []
     for name in params:
         owner, _, attr = name.rpartition(".")
-        d_out, a_in = delta[owner], seen[owner][0][0]
+        d_out, a_in = delta[owner], seen[owner][0][0].detach()
         if d_out.dim() == 2:  # [B, out] and [B, in]: outer product per record
             g = d_out.unsqueeze(2) * a_in.unsqueeze(1) if attr == "weight" else d_out
         else:  # extra (e.g. sequence) dims are summed over, as autograd does

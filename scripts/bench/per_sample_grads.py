@@ -26,6 +26,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -76,16 +77,23 @@ def make_opacus(model: nn.Module) -> nn.Module:
     return gsm
 
 
-def time_it(fn: Callable[[], torch.Tensor], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` in milliseconds after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
+def time_interleaved(fns: dict[str, Callable[[], torch.Tensor]], repeats: int,
+                     warmup: int = 1) -> dict[str, float]:
+    """Median wall time in ms of each function after ``warmup`` untimed calls.
+
+    The timed runs are interleaved (round robin: func, opacus, loop, func, ...) so that
+    background load on the machine affects all methods alike rather than one of them.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def assert_agree(name: str, a: torch.Tensor, ref: torch.Tensor) -> None:
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"torch {torch.__version__}, opacus {opacus.__version__}, python {platform.python_version()}")
     print(f"torch.get_num_threads() = {torch.get_num_threads()}; repeats = {repeats} "
-          f"(median after 1 warm-up); batches = {batches}")
+          f"(median after 1 warm-up, methods interleaved); batches = {batches}")
+    print("load average at start: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print()
 
     rows: list[tuple[str, int, int, float, float, float | None, str]] = []
@@ -169,12 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             assert g_func.shape == (b, d)
 
             # --- timing --------------------------------------------------------------
-            t_func = time_it(f_func, repeats)
-            t_opac = time_it(f_opac, repeats)
-            t_loop = time_it(f_loop, repeats) if run_loop else None
-            cands = {"torch.func": t_func, "opacus": t_opac}
-            if t_loop is not None:
-                cands["loop"] = t_loop
+            fns = {"torch.func": f_func, "opacus": f_opac}
+            if run_loop:
+                fns["loop"] = f_loop
+            cands = time_interleaved(fns, repeats)
+            t_func, t_opac, t_loop = cands["torch.func"], cands["opacus"], cands.get("loop")
             fastest = min(cands, key=cands.get)
             rows.append((label, d, b, t_func, t_opac, t_loop, fastest))
             print(f"  [ok] {label:16s} B={b:4d}: results agree; "
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, d, b, tf, to, tl, fastest in rows:
         print(f"| {label} | {d} | {b} | {fmt(tf)} | {fmt(to)} | {fmt(tl)} | {fastest} |")
     print()
+    print("load average at end: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     all_func = all(r[6] == "torch.func" for r in rows)
     if all_func:
         print("torch.func is the fastest for every row: YES")
