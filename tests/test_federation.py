@@ -38,6 +38,32 @@ def test_isrl_mbsgd_learns_and_reports_budget(tmp_path: Path) -> None:
     assert {s["n"] for s in summary["silos"]} == {170, 286}
 
 
+def test_summary_alone_recomputes_each_silos_epsilon(tmp_path: Path) -> None:
+    """From summary.json only: R full-batch Gaussian releases with multiplier z are one Gaussian
+    mechanism with shift/std = sqrt(R)/z, whose exact delta(eps) (Balle & Wang 2018) must equal
+    the silo's delta at the reported eps_spent."""
+    from tests.test_accounting import analytic_gaussian_delta
+
+    summary, _, _ = run(tmp_path, {"num-rounds": 6, "privacy.epsilon": 1.5})
+    for silo in summary["silos"]:
+        (rel,) = silo["releases"]
+        assert rel["sampling"] == "none (full batch)" and rel["batch"] == silo["n"]
+        effective_sigma = rel["noise_multiplier"] / math.sqrt(rel["count"])
+        delta = analytic_gaussian_delta(effective_sigma, 1.0, silo["eps_spent"])
+        assert delta == pytest.approx(silo["delta"], rel=1e-3)
+        assert silo["eps_spent"] <= 1.5
+
+
+def test_sampled_batches_use_without_replacement_accounting(tmp_path: Path) -> None:
+    summary, rows, _ = run(tmp_path, {"num-rounds": 4, "batch-size": 32, "lr": 0.3})
+    assert summary["status"] == "completed" and all(r["answered"] == 2 for r in rows)
+    for silo in summary["silos"]:
+        (rel,) = silo["releases"]
+        assert rel["sampling"] == "fixed-size without replacement" and rel["batch"] == 32
+        assert 2.9 < silo["eps_spent"] <= 3.0
+        assert silo["sigma"] == pytest.approx(rel["noise_multiplier"] * 2 * 1.0 / 32)
+
+
 def test_privacy_off_is_the_same_code_without_noise(tmp_path: Path) -> None:
     summary, rows, _ = run(tmp_path, {"num-rounds": 5, "privacy.mode": "off"})
     assert all(s["sigma"] == 0 and s["eps_spent"] == "inf" for s in summary["silos"])

@@ -23,6 +23,7 @@ Accounting rules (all numbers come from dp-accounting):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -88,7 +89,15 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
     """Smallest epsilon the accountant certifies at ``delta`` for all ``releases``."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    live = [r for r in group_releases(releases) if r.count > 0]
+    live = tuple(sorted((r for r in group_releases(releases) if r.count > 0),
+                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier)))
+    return _epsilon(live, float(delta))
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon(live: tuple[Release, ...], delta: float) -> float:
+    """Cached: a silo asks for the same ledger state several times per round (check, record,
+    report), and Renyi accounting of sampled releases takes a fraction of a second."""
     if not live:
         return 0.0
     if any(r.noise_multiplier == 0 for r in live):
