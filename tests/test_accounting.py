@@ -75,3 +75,16 @@ def test_release_rejects_bad_values(bad: dict) -> None:
     args = dict(kind="g", n=10, batch=5, noise_multiplier=1.0, count=1) | bad
     with pytest.raises(ValueError):
         Release(**args)
+
+
+def test_opacus_cross_check_bounds_the_exact_full_batch_epsilon() -> None:
+    from app.privacy.opacus_check import opacus_epsilon
+
+    n, delta = 170, 1 / 170**2
+    releases = [Release("grad", n, n, 6.5, 25)]
+    exact = epsilon_spent(releases, delta)
+    opacus = opacus_epsilon(releases, delta)
+    assert exact <= opacus <= 1.3 * exact  # RDP -> (eps, delta) conversion is a little loose
+    sampled = [Release("grad", 2000, 64, 1.2, 100)]
+    ratio = opacus_epsilon(sampled, 1e-6) / epsilon_spent(sampled, 1e-6)
+    assert 0.25 < ratio < 4  # Poisson vs fixed-size sampling: same order of magnitude only
