@@ -43,7 +43,8 @@ def per_sample_grads(
       linear layers (delta_i), then per record dW_i = delta_i a_i^T and db_i = delta_i.
       Records never interact in these models, so this is the same gradient as the
       per-record one; it avoids the fixed dispatch cost of ``vmap`` that dominates for
-      small MLPs (about 3x faster there).
+      small MLPs (2-3x faster there; with the default loss it also skips the one-off
+      ~2.5 s warm-up of the first torch.func call in a process).
     * anything else (e.g. LeNet-5's convolutions): ``vmap(grad(...))`` over records with
       ``torch.func.functional_call``.
     """
