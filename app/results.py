@@ -23,11 +23,6 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def read_float(value: Any) -> float:
-    """Inverse of :func:`jsonable` for one number ("inf" -> math.inf)."""
-    return float(value)
-
-
 class RunRecorder:
     """Appends round rows and writes the summary of one run."""
 

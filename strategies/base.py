@@ -44,10 +44,6 @@ class ReplyTally:
         return max(values) if values else math.nan
 
 
-class NoSiloAnswered(RuntimeError):
-    pass
-
-
 class FederatedOptimizer(Strategy):
     """Sampling, messaging, validation and bookkeeping shared by all optimisers."""
 
@@ -63,6 +59,8 @@ class FederatedOptimizer(Strategy):
         self.client_errors: list[str] = []
         self.rows: list[dict[str, Any]] = []
         self._last_tally = ReplyTally()
+        self._w: dict[str, np.ndarray] = {}
+        self._sent = 0
 
     # -- the server step (subclasses) ------------------------------------------------------
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -75,12 +73,23 @@ class FederatedOptimizer(Strategy):
 
     # -- Strategy interface ---------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Sample M silos and send each w_r with the round's config."""
+        self._w = wire.record_to_params(arrays, self.layout, what="global arrays")
         nodes = self.sample_nodes(grid, server_round)
+        self._sent = len(nodes)
         cfg = dict(config) | self.round_config(server_round)
         return [Message(wire.instruction(arrays, cfg), dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        raise NotImplementedError("FederatedOptimizer runs its own loop; use step()")
+        """Validate the replies and apply the server step; None (model unchanged) when no silo
+        answered with a valid update."""
+        tally = self._last_tally = self.classify(server_round, replies, self._sent)
+        if not tally.valid:
+            log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
+            return None, None
+        self._w = self.server_step(self._w, [u for _, u, _ in tally.valid])
+        metrics = MetricRecord({"answered": len(tally.valid), "eps-max": tally.eps_max()})
+        return wire.params_to_record(self._w), metrics
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         nodes = sorted(grid.get_node_ids())
@@ -166,17 +175,17 @@ class FederatedOptimizer(Strategy):
         """Run ``num_rounds`` rounds; returns Flower's Result with the final arrays."""
         self.summary()
         result = Result()
-        w = wire.record_to_params(initial_arrays, self.layout, what="initial arrays")
+        arrays = initial_arrays
         self.wait_for_nodes(grid)
         for rnd in range(1, num_rounds + 1):
             t0 = time.perf_counter()
-            messages = list(self.configure_train(rnd, wire.params_to_record(w), train_config or ConfigRecord(), grid))
-            replies = grid.send_and_receive(messages, timeout=timeout)
-            tally = self.classify(rnd, replies, len(messages))
-            if tally.valid:
-                w = self.server_step(w, [u for _, u, _ in tally.valid])
-            else:
-                log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
+            messages = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
+            new_arrays, train_metrics = self.aggregate_train(rnd, grid.send_and_receive(messages, timeout=timeout))
+            if new_arrays is not None:
+                arrays = new_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = train_metrics
+            tally = self._last_tally
             row: dict[str, Any] = {
                 "round": rnd, "sampled": len(messages), "answered": len(tally.valid),
                 "refused": len(tally.refused), "malformed": len(tally.malformed), "failed": len(tally.errors),
@@ -184,7 +193,7 @@ class FederatedOptimizer(Strategy):
                 "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
             }
             if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
-                ev_msgs = list(self.configure_evaluate(rnd, wire.params_to_record(w), evaluate_config or ConfigRecord(), grid))
+                ev_msgs = list(self.configure_evaluate(rnd, arrays, evaluate_config or ConfigRecord(), grid))
                 ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
                 if ev is not None:
                     row |= {"test_error": ev["test-error"], "test_loss": ev["test-loss"], "train_loss": ev["train-loss"]}
@@ -192,7 +201,7 @@ class FederatedOptimizer(Strategy):
             row["wall_s"] = time.perf_counter() - t0
             self.rows.append(row)
             self.on_round(row)
-        result.arrays = wire.params_to_record(w)
+        result.arrays = arrays
         return result
 
     def _client_error(self, msg: Message, what: str) -> str:

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import dp_accounting as dpa
-import numpy as np
 from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
 from dp_accounting.rdp import RdpAccountant
 
@@ -144,7 +143,3 @@ def calibrate_noise_multiplier(
             hi = mid
     return float(hi)
 
-
-def rdp_orders_array() -> np.ndarray:
-    """The Renyi orders as an array (for reports)."""
-    return np.asarray(RDP_ORDERS, dtype=float)
