@@ -5,6 +5,11 @@ Node config (set per SuperNode with ``--node-config``; simulation sets the first
 ``state-dir`` (where the privacy ledger lives; default ``$FLWR_HOME/silofl-state``),
 ``ledger-scope`` (``run``: one budget per Flower run, the default; ``node``: one budget for
 everything this node ever releases), ``data-dir`` (overrides the run's data-dir).
+
+The silo's own privacy policy, which the run config (written by whoever submits the run) cannot
+override: ``epsilon-cap`` and ``delta-cap`` (the silo refuses to train in a run that asks for a
+larger budget, or for no privacy at all), and ``noise-seed`` (``os`` forces secret randomness
+whatever the run config says; a real deployment should set it).
 """
 
 from __future__ import annotations
@@ -28,8 +33,27 @@ _SILOS: dict[tuple, Silo] = {}
 
 def _settings(context: Context) -> Settings:
     s = parse_settings(context.run_config)
-    data_dir = context.node_config.get("data-dir")
-    return replace(s, data_dir=str(data_dir)) if data_dir else s
+    node = context.node_config
+    if node.get("data-dir"):
+        s = replace(s, data_dir=str(node["data-dir"]))
+    if "noise-seed" in node:
+        seed_mode = str(node["noise-seed"])
+        if seed_mode not in ("run", "os"):
+            raise ValueError(f"node config noise-seed = {seed_mode!r}; allowed: run, os")
+        s = replace(s, privacy=replace(s.privacy, noise_seed=seed_mode))
+    return s
+
+
+def policy_violation(s: Settings, node: dict) -> str | None:
+    """Why this silo's own caps forbid training in this run, or None."""
+    eps_cap = node.get("epsilon-cap")
+    delta_cap = node.get("delta-cap")
+    if eps_cap is not None and (not s.privacy.enabled or s.privacy.epsilon > float(eps_cap)):
+        asked = "no privacy" if not s.privacy.enabled else f"epsilon={s.privacy.epsilon:g}"
+        return f"this silo's policy caps epsilon at {float(eps_cap):g}; the run asks for {asked}"
+    if delta_cap is not None and s.privacy.delta is not None and s.privacy.delta > float(delta_cap):
+        return f"this silo's policy caps delta at {float(delta_cap):g}; the run asks for delta={s.privacy.delta:g}"
+    return None
 
 
 def _silo(context: Context) -> Silo:
@@ -54,7 +78,8 @@ def _silo(context: Context) -> Silo:
     key = (context.run_id, index, state_dir, ledger_key)
     if key not in _SILOS:
         fed = build_federated_data(s)
-        _SILOS[key] = Silo(s, fed.silos[index], fed.num_classes, fed.feature_shape, state_dir, ledger_key)
+        _SILOS[key] = Silo(s, fed.silos[index], fed.num_classes, fed.feature_shape, state_dir, ledger_key,
+                           policy_violation=policy_violation(s, dict(node)))
     return _SILOS[key]
 
 

@@ -25,6 +25,7 @@ STATUS = "status"  # present when a silo refuses: code + reason
 #: Status codes a silo may answer with instead of an update.
 REFUSED_BUDGET = "budget-exceeded"
 REFUSED_CONFIG = "bad-request"
+REFUSED_POLICY = "silo-policy"
 
 Layout = Mapping[str, tuple[int, ...]]
 

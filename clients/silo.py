@@ -57,8 +57,9 @@ class Silo:
     """One silo's state: data, model template, ledger and noise calibration."""
 
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
-                 state_dir: str | Path, ledger_key: str) -> None:
+                 state_dir: str | Path, ledger_key: str, policy_violation: str | None = None) -> None:
         self.s = settings
+        self.policy_violation = policy_violation
         self.data = data
         self.device = torch.device(_pick_device(settings.device))
         self.model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden).to(self.device)
@@ -103,6 +104,8 @@ class Silo:
     # -- messages -------------------------------------------------------------------------
     def train(self, content: RecordDict) -> RecordDict:
         """Answer a training instruction with an update, or a refusal."""
+        if self.policy_violation:
+            return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
         params, config, _ = wire.read_instruction(content)
         rnd = int(config.get("round", 0))
         phase = str(config.get("phase", ""))

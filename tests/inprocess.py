@@ -18,12 +18,13 @@ class InProcessGrid:
     """Implements what FederatedOptimizer uses of flwr.serverapp.Grid."""
 
     def __init__(self, run_config: dict[str, Any], num_nodes: int, state_dir: str, run_id: int = 1,
-                 hook: ReplyHook | None = None) -> None:
+                 hook: ReplyHook | None = None, node_config: dict[str, Any] | None = None) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.node_ids = [1000 + i for i in range(num_nodes)]
         self.contexts = {
             nid: Context(run_id=run_id, node_id=nid,
-                         node_config={"partition-id": i, "num-partitions": num_nodes, "state-dir": state_dir},
+                         node_config={"partition-id": i, "num-partitions": num_nodes, "state-dir": state_dir}
+                         | (node_config or {}),
                          state=RecordDict(), run_config=dict(run_config))
             for i, nid in enumerate(self.node_ids)
         }

@@ -18,9 +18,10 @@ from app.launch import merged_run_config
 from tests.inprocess import InProcessGrid
 
 
-def run(tmp_path: Path, overrides: dict[str, Any], hook=None) -> tuple[dict, list[dict], InProcessGrid]:
+def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None,
+        ) -> tuple[dict, list[dict], InProcessGrid]:
     cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": "t"} | overrides
-    grid = InProcessGrid(cfg, cfg["num-silos"], str(tmp_path / "state"), hook=hook)
+    grid = InProcessGrid(cfg, cfg["num-silos"], str(tmp_path / "state"), hook=hook, node_config=node_config)
     server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     out = tmp_path / "out" / "t"
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
@@ -144,3 +145,34 @@ def test_silo_sampling_draws_m_of_n(tmp_path: Path) -> None:
     per_round = [train[i:i + 2] for i in range(0, len(train), 2)]
     assert all(len({m.metadata.dst_node_id for m in r}) == 2 for r in per_round)
     assert len({tuple(sorted(m.metadata.dst_node_id for m in r)) for r in per_round}) > 1
+
+
+def test_silo_policy_caps_what_the_run_config_asks(tmp_path: Path) -> None:
+    """Whoever submits the run writes the run config; a silo's own caps win over it."""
+    summary, rows, _ = run(tmp_path, {"num-rounds": 2, "privacy.epsilon": 8.0}, node_config={"epsilon-cap": 3.0})
+    assert [r["refused"] for r in rows] == [2, 2] and summary["status"] == "completed"
+    assert all(s["releases"] == [] for s in summary["silos"])
+    _, rows, _ = run(tmp_path / "off", {"num-rounds": 1, "privacy.mode": "off"}, node_config={"epsilon-cap": 3.0})
+    assert rows[0]["refused"] == 2
+    _, rows, _ = run(tmp_path / "ok", {"num-rounds": 1, "privacy.epsilon": 2.0}, node_config={"epsilon-cap": 3.0})
+    assert rows[0]["answered"] == 2
+
+
+def test_node_noise_seed_overrides_the_run(tmp_path: Path) -> None:
+    """With the node's noise-seed=os, two runs with the same run seed (and the same calibrated
+    sigma) send different noisy gradients."""
+    sigmas, updates = [], []
+    for i in range(2):
+        seen: list[dict] = []
+
+        def spy(node: int, msg: Message, reply: Message, seen=seen) -> Message:
+            if msg.metadata.message_type == "train" and node == 1000:
+                seen.append(wire.record_to_params(reply.content[wire.UPDATE]))
+            return reply
+
+        summary, _, _ = run(tmp_path / str(i), {"num-rounds": 1, "eval-every": 0}, hook=spy,
+                            node_config={"noise-seed": "os"})
+        sigmas.append(summary["silos"][0]["sigma"])
+        updates.append(seen[0])
+    assert sigmas[0] == sigmas[1] > 0
+    assert any(not np.array_equal(updates[0][k], updates[1][k]) for k in updates[0])
