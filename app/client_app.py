@@ -3,8 +3,9 @@
 Node config (set per SuperNode with ``--node-config``; simulation sets the first two):
 ``partition-id`` (this silo's index), ``num-partitions`` (must equal num-silos),
 ``state-dir`` (where the privacy ledger lives; default ``$FLWR_HOME/silofl-state``),
-``ledger-scope`` (``run``: one budget per Flower run, the default; ``node``: one budget for
-everything this node ever releases), ``data-dir`` (overrides the run's data-dir).
+``ledger-scope`` (``run``: one budget per Flower run, the default; ``node``: one lifetime budget,
+``epsilon-cap`` / ``delta-cap``, for everything this node ever releases), ``data-dir`` (overrides
+the run's data-dir).
 
 The silo's own privacy policy, which the run config (written by whoever submits the run) cannot
 override: ``epsilon-cap`` and ``delta-cap`` (the silo refuses to train in a run that asks for a
@@ -73,13 +74,19 @@ def _silo(context: Context) -> Silo:
     if scope not in ("run", "node"):
         raise ValueError(f"node config ledger-scope = {scope!r}; allowed: run, node")
     ledger_key = f"run{context.run_id}" if scope == "run" else "node"
+    if scope == "node" and node.get("epsilon-cap") is None:
+        raise ValueError("node config ledger-scope = 'node' needs epsilon-cap (the silo's lifetime budget)")
     flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     state_dir = Path(str(node.get("state-dir", flwr_home / "silofl-state")))
     key = (context.run_id, index, state_dir, ledger_key)
     if key not in _SILOS:
         fed = build_federated_data(s)
+        ledger_budget = None
+        if scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
+            n = fed.silos[index].n
+            ledger_budget = (float(node["epsilon-cap"]), float(node.get("delta-cap", s.delta_for(n))))
         _SILOS[key] = Silo(s, fed.silos[index], fed.num_classes, fed.feature_shape, state_dir, ledger_key,
-                           policy_violation=policy_violation(s, dict(node)))
+                           policy_violation=policy_violation(s, dict(node)), ledger_budget=ledger_budget)
     return _SILOS[key]
 
 

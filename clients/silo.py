@@ -57,7 +57,11 @@ class Silo:
     """One silo's state: data, model template, ledger and noise calibration."""
 
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
-                 state_dir: str | Path, ledger_key: str, policy_violation: str | None = None) -> None:
+                 state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
+                 ledger_budget: tuple[float, float] | None = None) -> None:
+        """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
+        runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
+        ledger refuses whatever would take the total past the lifetime budget."""
         self.s = settings
         self.policy_violation = policy_violation
         self.data = data
@@ -71,11 +75,11 @@ class Silo:
         self.batch = settings.batch_for(self.n)
         priv = settings.privacy
         self.private = priv.enabled
-        self.delta = settings.delta_for(self.n)
         self.clip = priv.clip if self.private else math.inf
-        budget = priv.epsilon if self.private else math.inf
+        self.run_epsilon = priv.epsilon if self.private else math.inf
+        lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
-        self.ledger = PrivacyLedger.open(path, budget, self.delta)
+        self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
         self.plan = self._calibrate()
 
     # -- calibration ----------------------------------------------------------------------
@@ -87,7 +91,7 @@ class Silo:
     def _calibrate(self) -> Plan:
         kind, count = self._planned_release()
         key = {"kind": kind, "n": self.n, "batch": self.batch, "releases": count,
-               "epsilon": str(self.ledger.epsilon_budget), "delta": self.delta}
+               "epsilon": str(self.run_epsilon), "delta": self.delta}
         cal = self.ledger.calibration
         if cal.get("plan") == key:  # a restarted silo keeps the noise it started with
             z = float(cal["noise_multiplier"])
@@ -95,7 +99,7 @@ class Silo:
             z = 0.0
         else:
             z = calibrate_noise_multiplier([Release(kind, self.n, self.batch, 1.0, count)],
-                                           self.ledger.epsilon_budget, self.delta)
+                                           self.run_epsilon, self.delta)
         if cal.get("plan") != key:
             self.ledger.set_calibration({"plan": key, "noise_multiplier": z})
         sigma = z * mean_sensitivity(self.clip, self.batch) if self.private else 0.0

@@ -176,3 +176,26 @@ def test_node_noise_seed_overrides_the_run(tmp_path: Path) -> None:
         updates.append(seen[0])
     assert sigmas[0] == sigmas[1] > 0
     assert any(not np.array_equal(updates[0][k], updates[1][k]) for k in updates[0])
+
+
+def test_node_scope_ledger_spans_runs_under_the_silos_lifetime_cap(tmp_path: Path) -> None:
+    """ledger-scope=node: each run calibrates for its own epsilon, the ledger holds the lifetime
+    cap across runs, and the run that would cross it is refused."""
+    node = {"ledger-scope": "node", "epsilon-cap": 4.0, "delta-cap": 1e-5}
+    cfg = {"num-rounds": 2, "privacy.epsilon": 3.0, "privacy.delta": 1e-5, "eval-every": 0}
+    state = tmp_path / "state"
+
+    def again(name: str, run_id: int) -> tuple[dict, list[dict]]:
+        c = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": name} | cfg
+        grid = InProcessGrid(c, 2, str(state), run_id=run_id, node_config=node)
+        server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=c))
+        out = tmp_path / "out" / name
+        return (json.loads((out / "summary.json").read_text()),
+                [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()])
+
+    first, rows1 = again("a", 11)
+    assert [r["answered"] for r in rows1] == [2, 2] and 2.9 < first["silos"][0]["eps_spent"] <= 3.0
+    second, rows2 = again("b", 12)
+    # Gaussian releases compose sub-additively: 2+1 releases at z give 3.78 <= 4, 2+2 give 4.46 > 4
+    assert rows2[0]["answered"] == 2 and rows2[1]["refused"] == 2
+    assert all(s["eps_spent"] <= 4.0 and s["eps_budget"] == 4.0 for s in second["silos"])
