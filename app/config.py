@@ -21,6 +21,7 @@ STANDARDIZE = ("pooled", "local", "none")
 PRIVACY_MODES = ("off", "isrl")
 PLANNED_PRIVACY_MODES = ("shuffle",)
 NOISE_SEEDS = ("run", "os")
+PROX_KINDS = ("none", "l1", "l2", "elastic-net", "group-lasso", "l2-ball", "box")  # = app.prox.PROX_KINDS
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -66,6 +67,9 @@ class Settings:
     local_steps: int = 1
     seed: int = 0
     eval_every: int = 1
+    prox_kind: str = "none"
+    prox_strength: float = 0.0
+    prox_l2: float = 0.0
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -183,6 +187,9 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "local-steps": ("local_steps", _num(1, 100_000, integer=True)),
     "seed": ("seed", _num(0, 2**62, integer=True)),
     "eval-every": ("eval_every", _num(0, None, integer=True)),
+    "prox.kind": ("prox_kind", _str(PROX_KINDS)),
+    "prox.strength": ("prox_strength", _num(0, None)),
+    "prox.l2": ("prox_l2", _num(0, None)),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),
@@ -226,6 +233,13 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(
             f"privacy.planned-rounds = {s.privacy.planned_rounds} is out of range; allowed: [0, num-rounds = {s.num_rounds}]"
         )
+    if s.prox_kind != "none" and s.algorithm != "mbsgd":
+        raise ConfigError(f"prox.kind = {s.prox_kind!r} is not supported by algorithm = {s.algorithm!r}; allowed: none "
+                          "(the server's prox step is part of mbsgd, i.e. noisy Prox-SGD)")
+    if s.prox_kind == "l2-ball" and s.prox_strength <= 0:
+        raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind l2-ball; allowed: (0, inf)")
+    if s.prox_kind == "box" and s.prox_strength <= 0:
+        raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind box; allowed: (0, inf)")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
 

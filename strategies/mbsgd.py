@@ -1,19 +1,29 @@
 """(ISRL-DP) minibatch SGD: silos send noisy clipped minibatch gradients, the server steps.
 
-Server step: w_{r+1} = w_r - eta * (1/M_r) sum_{i in S_r} g~_i, where g~_i is silo i's noisy
-clipped mean gradient on K of its n records and M_r the number of silos that answered.
+Server step: w_{r+1} = prox_{eta f1}(w_r - eta * (1/M_r) sum_{i in S_r} g~_i), where g~_i is
+silo i's noisy clipped mean gradient on K of its n records, M_r the number of silos that
+answered, and f1 the composite loss's regulariser or constraint (``prox.kind``; the identity
+for ``none``), i.e. noisy proximal SGD on f = f0 + f1.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from app.prox import make_prox
 from strategies.base import FederatedOptimizer, mean_update
 
 
 class MinibatchSGD(FederatedOptimizer):
     phase = "grad"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = {"l2": self.s.prox_l2} if self.s.prox_kind == "elastic-net" else {}
+        self.prox = make_prox(self.s.prox_kind, self.s.prox_strength, **extra)
+
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         g = mean_update(updates)
-        return {k: (w[k] - self.s.lr * g[k]).astype(np.float32) for k in w}
+        return self.prox({k: w[k] - self.s.lr * g[k] for k in w}, self.s.lr)

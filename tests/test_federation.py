@@ -199,3 +199,35 @@ def test_node_scope_ledger_spans_runs_under_the_silos_lifetime_cap(tmp_path: Pat
     # Gaussian releases compose sub-additively: 2+1 releases at z give 3.78 <= 4, 2+2 give 4.46 > 4
     assert rows2[0]["answered"] == 2 and rows2[1]["refused"] == 2
     assert all(s["eps_spent"] <= 4.0 and s["eps_budget"] == 4.0 for s in second["silos"])
+
+
+def test_prox_l2_ball_keeps_every_server_iterate_in_the_ball(tmp_path: Path) -> None:
+    sent: list[dict] = []
+
+    def spy(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type == "train" and node == 1000:
+            sent.append(wire.record_to_params(msg.content[wire.ARRAYS]))
+        return reply
+
+    summary, _, _ = run(tmp_path, {"num-rounds": 6, "prox.kind": "l2-ball", "prox.strength": 0.5, "lr": 2.0}, hook=spy)
+    norms = [math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in w.values())) for w in sent[1:]]
+    assert len(norms) == 5 and max(norms) <= 0.5 * (1 + 1e-5)
+    assert summary["config"]["prox_kind"] == "l2-ball"
+
+
+def test_prox_l1_gives_a_sparse_model(tmp_path: Path) -> None:
+    def final_weights(name: str, extra: dict) -> np.ndarray:
+        seen: list[dict] = []
+
+        def spy(node: int, msg: Message, reply: Message) -> Message:
+            if msg.metadata.message_type == "evaluate" and node == 1000:
+                seen.append(wire.record_to_params(msg.content[wire.ARRAYS]))
+            return reply
+
+        run(tmp_path / name, {"num-rounds": 15, "model": "logistic", "privacy.mode": "off"} | extra, hook=spy)
+        return seen[-1]["linear.weight"]
+
+    sparse = final_weights("l1", {"prox.kind": "l1", "prox.strength": 0.05})
+    dense = final_weights("none", {})
+    assert (sparse == 0).mean() > 0.3  # soft-thresholding sets many of the 60 weights exactly to zero
+    assert (dense == 0).mean() == 0.0
