@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ALGORITHMS = ("mbsgd", "localsgd")
-PLANNED_ALGORITHMS = ("proxsgd", "svrg", "plsvrg", "spider", "spider-alt", "gradbant")
+ALGORITHMS = ("mbsgd", "localsgd", "spider")
+PLANNED_ALGORITHMS = ("proxsgd", "svrg", "plsvrg", "spider-alt", "gradbant")
+PROX_ALGORITHMS = ("mbsgd", "spider")
 DATASETS = ("wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic")
 PARTITIONS = ("label", "even-odd-pairs", "dirichlet", "iid", "mixing")
 MODELS = ("logistic", "mlp", "lenet5")
@@ -70,6 +71,9 @@ class Settings:
     prox_kind: str = "none"
     prox_strength: float = 0.0
     prox_l2: float = 0.0
+    spider_q: int = 5
+    spider_anchor_batch: int = 0
+    spider_diff_clip: float = 0.0
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -190,6 +194,9 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "prox.kind": ("prox_kind", _str(PROX_KINDS)),
     "prox.strength": ("prox_strength", _num(0, None)),
     "prox.l2": ("prox_l2", _num(0, None)),
+    "spider.q": ("spider_q", _num(1, 1_000_000, integer=True)),
+    "spider.anchor-batch": ("spider_anchor_batch", _num(0, None, integer=True)),
+    "spider.diff-clip": ("spider_diff_clip", _num(0, None)),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),
@@ -233,9 +240,9 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(
             f"privacy.planned-rounds = {s.privacy.planned_rounds} is out of range; allowed: [0, num-rounds = {s.num_rounds}]"
         )
-    if s.prox_kind != "none" and s.algorithm != "mbsgd":
+    if s.prox_kind != "none" and s.algorithm not in PROX_ALGORITHMS:
         raise ConfigError(f"prox.kind = {s.prox_kind!r} is not supported by algorithm = {s.algorithm!r}; allowed: none "
-                          "(the server's prox step is part of mbsgd, i.e. noisy Prox-SGD)")
+                          f"(the server's prox step is part of {', '.join(PROX_ALGORITHMS)})")
     if s.prox_kind == "l2-ball" and s.prox_strength <= 0:
         raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind l2-ball; allowed: (0, inf)")
     if s.prox_kind == "box" and s.prox_strength <= 0:
@@ -246,6 +253,9 @@ def _check_relations(s: Settings) -> None:
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
     """Checks that need the data: K <= n for every silo."""
+    if s.spider_anchor_batch > min(train_sizes):
+        raise ConfigError(f"spider.anchor-batch = {s.spider_anchor_batch} is out of range; allowed: "
+                          f"[0, {min(train_sizes)}] (the smallest silo's n; 0 means K1 = n)")
     if s.batch_size > 0:
         smallest = min(train_sizes)
         if s.batch_size > smallest:

@@ -9,6 +9,11 @@ Releases (one Gaussian mechanism each, see app/privacy/accounting.py):
   |B| = K drawn without replacement, sigma = z * 2L/K.
 * ``local`` (Local SGD): Q such noisy steps w <- w - eta_local * g on the silo's copy of w;
   the message is w_Q - w_0 (post-processing of Q releases).
+* ``anchor`` (FedProx-SPIDER, every q-th round): like ``grad`` with K1 records.
+* ``diff`` (FedProx-SPIDER, other rounds): (1/K2) sum_{i in B} [clip_L grad f0(w_r, x_i) -
+  clip_L grad f0(w_{r-1}, x_i)] + N(0, sigma^2 I) on one batch of K2 records; replace-one
+  sensitivity 4L/K2 (the paper's branch for unknown smoothness beta), or, with
+  ``spider.diff-clip`` C > 0, each per-record difference clipped to C: sensitivity 2C/K2.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +42,42 @@ from app.privacy.mechanism import add_gaussian_noise
 from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
 from app.seeding import np_rng, torch_gen
 
-PHASES = ("grad", "local")
+PHASES = ("grad", "local", "anchor", "diff")
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the silo will release over the run, with its calibrated noise."""
+class ReleaseSpec:
+    """One kind of release the silo plans: K records, how many times, its replace-one L2
+    sensitivity, and the calibrated noise multiplier z (sigma = z * sensitivity)."""
 
-    kind: str
-    n: int
+    phase: str
     batch: int
-    releases: int
-    noise_multiplier: float
-    sigma: float
-    delta: float
+    count: int
+    sensitivity: float
+    noise_multiplier: float = 0.0
+
+    @property
+    def sigma(self) -> float:
+        """Noise standard deviation; 0 without privacy (z = 0, and no clipping: infinite sensitivity)."""
+        return 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.sensitivity
+
+
+def release_plan(s: Settings, n: int, clip: float) -> list[ReleaseSpec]:
+    """Every kind of release the algorithm will ask this silo for over ``planned_rounds``
+    rounds (the silo plans for being sampled in every round). z is filled in by calibration."""
+    rounds = s.planned_rounds()
+    batch = s.batch_for(n)
+    if s.algorithm == "localsgd":
+        return [ReleaseSpec("local", batch, rounds * s.local_steps, mean_sensitivity(clip, batch))]
+    if s.algorithm == "spider":
+        anchors = math.ceil(rounds / s.spider_q)
+        k1 = s.spider_anchor_batch or n
+        plan = [ReleaseSpec("anchor", min(k1, n), anchors, mean_sensitivity(clip, min(k1, n)))]
+        if rounds > anchors:
+            diff_sens = 2.0 * s.spider_diff_clip / batch if s.spider_diff_clip > 0 else 2.0 * mean_sensitivity(clip, batch)
+            plan.append(ReleaseSpec("diff", batch, rounds - anchors, diff_sens))
+        return plan
+    return [ReleaseSpec("grad", batch, rounds, mean_sensitivity(clip, batch))]
 
 
 class Silo:
@@ -72,7 +99,6 @@ class Silo:
         self.test_x = data.test_x.to(self.device)
         self.test_y = data.test_y.to(self.device)
         self.n = data.n
-        self.batch = settings.batch_for(self.n)
         priv = settings.privacy
         self.private = priv.enabled
         self.clip = priv.clip if self.private else math.inf
@@ -81,71 +107,72 @@ class Silo:
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
         self.plan = self._calibrate()
+        self.batch = next(iter(self.plan.values())).batch
 
     # -- calibration ----------------------------------------------------------------------
-    def _planned_release(self) -> tuple[str, int]:
-        per_round = self.s.local_steps if self.s.algorithm == "localsgd" else 1
-        kind = "local" if self.s.algorithm == "localsgd" else "grad"
-        return kind, self.s.planned_rounds() * per_round
-
-    def _calibrate(self) -> Plan:
-        kind, count = self._planned_release()
-        key = {"kind": kind, "n": self.n, "batch": self.batch, "releases": count,
+    def _calibrate(self) -> dict[str, ReleaseSpec]:
+        """One noise multiplier z for every planned release (the documented split rule: equal z,
+        so each kind's sigma is proportional to its sensitivity), the smallest that keeps all
+        planned releases within the run's (epsilon, delta)."""
+        plan = release_plan(self.s, self.n, self.clip)
+        key = {"plan": [[r.phase, r.batch, r.count] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         cal = self.ledger.calibration
-        if cal.get("plan") == key:  # a restarted silo keeps the noise it started with
+        if cal.get("key") == key:  # a restarted silo keeps the noise it started with
             z = float(cal["noise_multiplier"])
         elif not self.private:
             z = 0.0
         else:
-            z = calibrate_noise_multiplier([Release(kind, self.n, self.batch, 1.0, count)],
+            z = calibrate_noise_multiplier([Release(r.phase, self.n, r.batch, 1.0, r.count) for r in plan],
                                            self.run_epsilon, self.delta)
-        if cal.get("plan") != key:
-            self.ledger.set_calibration({"plan": key, "noise_multiplier": z})
-        sigma = z * mean_sensitivity(self.clip, self.batch) if self.private else 0.0
-        return Plan(kind, self.n, self.batch, count, z, sigma, self.delta)
+        if cal.get("key") != key:
+            self.ledger.set_calibration({"key": key, "noise_multiplier": z})
+        return {r.phase: replace(r, noise_multiplier=z) for r in plan}
 
     # -- messages -------------------------------------------------------------------------
     def train(self, content: RecordDict) -> RecordDict:
         """Answer a training instruction with an update, or a refusal."""
         if self.policy_violation:
             return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
-        params, config, _ = wire.read_instruction(content)
+        params, config, prev = wire.read_instruction(content)
         rnd = int(config.get("round", 0))
         phase = str(config.get("phase", ""))
-        expected = self.plan.kind
-        if phase != expected:
-            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {expected!r}")
+        spec = self.plan.get(phase)
+        if spec is None:
+            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {sorted(self.plan)}")
         steps = int(config.get("local-steps", 1)) if phase == "local" else 1
         if phase == "local" and steps != self.s.local_steps:
             return self._refuse(wire.REFUSED_CONFIG,
                                 f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
-        releases = [Release(phase, self.n, self.batch, self.plan.noise_multiplier, steps)]
+        if phase == "diff" and prev is None:
+            return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
+        releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
         try:
             self.ledger.check(releases)
         except BudgetExceededError as exc:
             return self._refuse(wire.REFUSED_BUDGET, str(exc))
 
         t0 = time.perf_counter()
-        w0 = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
-        self._check_layout(w0)
-        if phase == "grad":
-            update, loss = self._noisy_gradient(w0, rnd, 0)
+        w0 = self._tensors(params)
+        if phase in ("grad", "anchor"):
+            update, loss = self._noisy_gradient(w0, spec, rnd, 0)
+        elif phase == "diff":
+            update, loss = self._noisy_difference(w0, self._tensors(prev), spec, rnd)
         else:
             w = dict(w0)
             loss = 0.0
             lr = float(config.get("lr", self.s.lr))
             for q in range(steps):
-                g, step_loss = self._noisy_gradient(w, rnd, q)
+                g, step_loss = self._noisy_gradient(w, spec, rnd, q)
                 loss += step_loss / steps
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
         spent = self.ledger.record(releases, round_=rnd)
         metrics = {
-            "num-examples": float(self.batch),
+            "num-examples": float(spec.batch),
             "eps-spent": spent,
-            "sigma": self.plan.sigma,
-            "noise-multiplier": self.plan.noise_multiplier,
+            "sigma": spec.sigma,
+            "noise-multiplier": spec.noise_multiplier,
             "train-seconds": time.perf_counter() - t0,
         }
         if not self.private:  # a loss computed on private records is itself a release
@@ -156,8 +183,7 @@ class Silo:
         """Evaluation-only statistics of the current model (NOT covered by the DP guarantee):
         test errors on the silo's held-out split and the mean loss on its training split."""
         params, _, _ = wire.read_instruction(content)
-        w = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
-        self._check_layout(w)
+        w = self._tensors(params)
         with torch.no_grad():
             logits = torch.func.functional_call(self.model, w, (self.test_x,))
             test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
@@ -179,20 +205,46 @@ class Silo:
         return {
             "silo": self.data.index, "n": self.n, "batch": self.batch, "delta": self.delta,
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
-            "sigma": self.plan.sigma, "planned_releases": self.plan.releases, "releases": releases,
+            "sigma": next(iter(self.plan.values())).sigma,
+            "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "sensitivity": r.sensitivity,
+                         "noise_multiplier": r.noise_multiplier, "sigma": r.sigma} for r in self.plan.values()],
+            "releases": releases,
             "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
         }
 
     # -- internals ------------------------------------------------------------------------
-    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], rnd: int, step: int) -> tuple[dict[str, torch.Tensor], float]:
+    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, rnd: int, step: int,
+                        ) -> tuple[dict[str, torch.Tensor], float]:
         """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I)."""
-        idx = torch.as_tensor(fixed_size_batch(self.n, self.batch, self._np_rng("batch", rnd, step)), device=self.device)
-        x, y = self.train_x[idx], self.train_y[idx]
+        x, y = self._batch(spec.batch, rnd, step)
         grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
-        mean = grads.mean(dim=0)
-        noisy = add_gaussian_noise(mean, self.plan.sigma, self._torch_gen("noise", rnd, step))
+        noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, step))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
         return _unflatten(noisy, w), loss
+
+    def _noisy_difference(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], spec: ReleaseSpec,
+                          rnd: int) -> tuple[dict[str, torch.Tensor], float]:
+        """One SPIDER difference release on one batch of K2 records (see the module docstring)."""
+        x, y = self._batch(spec.batch, rnd, 0)
+        g_now = per_sample_grads(self.model, dict(w), x, y)
+        g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
+        if self.s.spider_diff_clip > 0 and self.private:
+            diffs = clip_rows(g_now - g_prev, self.s.spider_diff_clip)
+        else:
+            diffs = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
+        noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, 0))
+        loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
+        return _unflatten(noisy, w), loss
+
+    def _batch(self, k: int, rnd: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K of the n records, uniformly without replacement."""
+        idx = torch.as_tensor(fixed_size_batch(self.n, k, self._np_rng("batch", rnd, step)), device=self.device)
+        return self.train_x[idx], self.train_y[idx]
+
+    def _tensors(self, params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        w = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
+        self._check_layout(w)
+        return w
 
     def _np_rng(self, *parts: Any) -> np.random.Generator:
         if self.s.privacy.noise_seed == "os":

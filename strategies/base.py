@@ -71,6 +71,10 @@ class FederatedOptimizer(Strategy):
         return {"round": server_round, "phase": self.phase, "batch-size": self.s.batch_size,
                 "clip": self.s.privacy.clip}
 
+    def prev_arrays(self, server_round: int) -> ArrayRecord | None:
+        """A second point the silos need this round (e.g. w_{r-1} for SPIDER), or None."""
+        return None
+
     # -- Strategy interface ---------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Sample M silos and send each w_r with the round's config."""
@@ -78,7 +82,9 @@ class FederatedOptimizer(Strategy):
         nodes = self.sample_nodes(grid, server_round)
         self._sent = len(nodes)
         cfg = dict(config) | self.round_config(server_round)
-        return [Message(wire.instruction(arrays, cfg), dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+        prev = self.prev_arrays(server_round)
+        return [Message(wire.instruction(arrays, cfg, prev), dst_node_id=n, message_type=MessageType.TRAIN)
+                for n in nodes]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate the replies and apply the server step; None (model unchanged) when no silo
