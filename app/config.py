@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ALGORITHMS = ("mbsgd", "localsgd", "spider")
-PLANNED_ALGORITHMS = ("proxsgd", "svrg", "plsvrg", "spider-alt", "gradbant")
-PROX_ALGORITHMS = ("mbsgd", "spider")
+ALGORITHMS = ("mbsgd", "localsgd", "spider", "svrg")
+PLANNED_ALGORITHMS = ("proxsgd", "plsvrg", "spider-alt", "gradbant")
+PROX_ALGORITHMS = ("mbsgd", "spider", "svrg")
 DATASETS = ("wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic")
 PARTITIONS = ("label", "even-odd-pairs", "dirichlet", "iid", "mixing")
 MODELS = ("logistic", "mlp", "lenet5")
@@ -73,7 +73,8 @@ class Settings:
     prox_l2: float = 0.0
     spider_q: int = 5
     spider_anchor_batch: int = 0
-    spider_diff_clip: float = 0.0
+    diff_clip: float = 0.0
+    svrg_inner_steps: int = 5
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -196,7 +197,8 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "prox.l2": ("prox_l2", _num(0, None)),
     "spider.q": ("spider_q", _num(1, 1_000_000, integer=True)),
     "spider.anchor-batch": ("spider_anchor_batch", _num(0, None, integer=True)),
-    "spider.diff-clip": ("spider_diff_clip", _num(0, None)),
+    "diff-clip": ("diff_clip", _num(0, None)),
+    "svrg.inner-steps": ("svrg_inner_steps", _num(1, 1_000_000, integer=True)),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),

@@ -9,11 +9,12 @@ Releases (one Gaussian mechanism each, see app/privacy/accounting.py):
   |B| = K drawn without replacement, sigma = z * 2L/K.
 * ``local`` (Local SGD): Q such noisy steps w <- w - eta_local * g on the silo's copy of w;
   the message is w_Q - w_0 (post-processing of Q releases).
-* ``anchor`` (FedProx-SPIDER, every q-th round): like ``grad`` with K1 records.
-* ``diff`` (FedProx-SPIDER, other rounds): (1/K2) sum_{i in B} [clip_L grad f0(w_r, x_i) -
-  clip_L grad f0(w_{r-1}, x_i)] + N(0, sigma^2 I) on one batch of K2 records; replace-one
+* ``anchor`` (FedProx-SPIDER every q-th round, K1 records; FedProx-SVRG's snapshot gradient,
+  K1 = n, every Q + 1 rounds): like ``grad``.
+* ``diff`` (the other rounds): (1/K2) sum_{i in B} [clip_L grad f0(w, x_i) - clip_L grad f0(w', x_i)]
+  + N(0, sigma^2 I) on one batch of K2 records, w' = w_{r-1} (SPIDER) or the snapshot (SVRG); replace-one
   sensitivity 4L/K2 (the paper's branch for unknown smoothness beta), or, with
-  ``spider.diff-clip`` C > 0, each per-record difference clipped to C: sensitivity 2C/K2.
+  ``diff-clip`` C > 0, each per-record difference clipped to C: sensitivity 2C/K2.
 """
 
 from __future__ import annotations
@@ -69,12 +70,15 @@ def release_plan(s: Settings, n: int, clip: float) -> list[ReleaseSpec]:
     batch = s.batch_for(n)
     if s.algorithm == "localsgd":
         return [ReleaseSpec("local", batch, rounds * s.local_steps, mean_sensitivity(clip, batch))]
-    if s.algorithm == "spider":
-        anchors = math.ceil(rounds / s.spider_q)
-        k1 = s.spider_anchor_batch or n
-        plan = [ReleaseSpec("anchor", min(k1, n), anchors, mean_sensitivity(clip, min(k1, n)))]
+    if s.algorithm in ("spider", "svrg"):
+        # SPIDER: an anchor on K1 records every q rounds; SVRG: a full-batch snapshot gradient
+        # every Q + 1 rounds (one epoch). The other rounds are differences on K2 = K records.
+        period = s.spider_q if s.algorithm == "spider" else s.svrg_inner_steps + 1
+        anchors = math.ceil(rounds / period)
+        k1 = min(s.spider_anchor_batch or n, n) if s.algorithm == "spider" else n
+        plan = [ReleaseSpec("anchor", k1, anchors, mean_sensitivity(clip, k1))]
         if rounds > anchors:
-            diff_sens = 2.0 * s.spider_diff_clip / batch if s.spider_diff_clip > 0 else 2.0 * mean_sensitivity(clip, batch)
+            diff_sens = 2.0 * s.diff_clip / batch if s.diff_clip > 0 else 2.0 * mean_sensitivity(clip, batch)
             plan.append(ReleaseSpec("diff", batch, rounds - anchors, diff_sens))
         return plan
     return [ReleaseSpec("grad", batch, rounds, mean_sensitivity(clip, batch))]
@@ -228,8 +232,8 @@ class Silo:
         x, y = self._batch(spec.batch, rnd, 0)
         g_now = per_sample_grads(self.model, dict(w), x, y)
         g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
-        if self.s.spider_diff_clip > 0 and self.private:
-            diffs = clip_rows(g_now - g_prev, self.s.spider_diff_clip)
+        if self.s.diff_clip > 0 and self.private:
+            diffs = clip_rows(g_now - g_prev, self.s.diff_clip)
         else:
             diffs = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
         noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, 0))
