@@ -36,7 +36,7 @@ class InProcessGrid:
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         replies = []
-        for i, msg in enumerate(messages):
+        for msg in messages:
             self.sent.append(msg)
             nid = msg.metadata.dst_node_id
             try:

@@ -43,7 +43,7 @@ def main() -> int:
             errors.append(float(s["test_error"]))
             print(f"{name}: test error {s['test_error']:.4f}, max eps spent {s['eps_max_spent']}", flush=True)
         rows.append((eps, errors))
-    print(f"\n| algorithm | epsilon | seeds | median test error | min | max |\n|---|---|---|---|---|---|")
+    print("\n| algorithm | epsilon | seeds | median test error | min | max |\n|---|---|---|---|---|---|")
     for eps, errors in rows:
         if errors:
             print(f"| {args.algorithm} | {eps} | {len(errors)} | {statistics.median(errors):.2%} | {min(errors):.2%} | {max(errors):.2%} |")
