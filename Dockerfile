@@ -9,10 +9,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends make dataset-fa
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /silofl
 COPY pyproject.toml Makefile ./
+COPY scripts/print_requirements.py scripts/
 RUN python -m venv .venv && .venv/bin/pip install -q --upgrade pip \
     && .venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1 \
-    && .venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies']))" > /tmp/req.txt \
-    && .venv/bin/pip install -q -r /tmp/req.txt && touch .venv/bin/.installed
+    && .venv/bin/python scripts/print_requirements.py > /tmp/req.txt \
+    && .venv/bin/pip install -q -r /tmp/req.txt
 COPY . .
 ENV PATH=/silofl/.venv/bin:$PATH FLWR_HOME=/silofl/.flwr FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 OMP_NUM_THREADS=1

@@ -15,8 +15,7 @@ $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-	  print('\n'.join(p['dependencies'] + p['optional-dependencies']['dev']))" > $(VENV)/requirements.txt
+	$(BIN)/python scripts/print_requirements.py --dev > $(VENV)/requirements.txt
 	$(BIN)/pip install -q -r $(VENV)/requirements.txt
 	touch $@
 

@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from app import wire
 from app.config import Settings
+from app.prox import Prox, make_prox
 from app.seeding import np_rng
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -222,6 +223,12 @@ class FederatedOptimizer(Strategy):
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return float(np.mean(finite)) if finite else math.nan
+
+
+def composite_prox(s: Settings) -> Prox:
+    """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
+    extra = {"l2": s.prox_l2} if s.prox_kind == "elastic-net" else {}
+    return make_prox(s.prox_kind, s.prox_strength, **extra)
 
 
 def mean_update(updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

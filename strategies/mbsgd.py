@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from app.prox import make_prox
-from strategies.base import FederatedOptimizer, mean_update
+from strategies.base import FederatedOptimizer, composite_prox, mean_update
 
 
 class MinibatchSGD(FederatedOptimizer):
@@ -21,8 +20,7 @@ class MinibatchSGD(FederatedOptimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        extra = {"l2": self.s.prox_l2} if self.s.prox_kind == "elastic-net" else {}
-        self.prox = make_prox(self.s.prox_kind, self.s.prox_strength, **extra)
+        self.prox = composite_prox(self.s)
 
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         g = mean_update(updates)

@@ -24,8 +24,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from app import wire
-from app.prox import make_prox
-from strategies.base import FederatedOptimizer, mean_update
+from strategies.base import FederatedOptimizer, composite_prox, mean_update
 
 
 class FedProxSPIDER(FederatedOptimizer):
@@ -33,8 +32,7 @@ class FedProxSPIDER(FederatedOptimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        extra = {"l2": self.s.prox_l2} if self.s.prox_kind == "elastic-net" else {}
-        self.prox = make_prox(self.s.prox_kind, self.s.prox_strength, **extra)
+        self.prox = composite_prox(self.s)
         self.h: dict[str, np.ndarray] | None = None
         self.h_at: dict[str, np.ndarray] | None = None
         self._round_phase = "anchor"

@@ -1,0 +1,13 @@
+"""Print the project's dependencies from pyproject.toml, one per line (for `pip install -r`).
+
+The project itself is not installed: Flower ships it to the SuperLink as an app bundle, and
+pytest imports it from the repository root. ``--dev`` adds the test dependencies.
+"""
+
+import sys
+import tomllib
+from pathlib import Path
+
+project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+deps = project["dependencies"] + (project["optional-dependencies"]["dev"] if "--dev" in sys.argv else [])
+print("\n".join(deps))
