@@ -22,6 +22,10 @@ STANDARDIZE = ("pooled", "local", "none")
 PRIVACY_MODES = ("off", "isrl")
 PLANNED_PRIVACY_MODES = ("shuffle",)
 NOISE_SEEDS = ("run", "os")
+#: Sketches a silo can apply to its (already noised) update; PowerSGD keeps per-client state
+#: across rounds and is not wired into the federation yet.
+SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
+                "adaptive")
 PROX_KINDS = ("none", "l1", "l2", "elastic-net", "group-lasso", "l2-ball", "box")  # = app.prox.PROX_KINDS
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -75,6 +79,10 @@ class Settings:
     spider_anchor_batch: int = 0
     diff_clip: float = 0.0
     svrg_inner_steps: int = 5
+    sketch_kind: str = "none"
+    sketch_ratio: float = 0.5
+    sketch_epsilon: float = 0.3
+    sketch_layerwise: bool = True
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -199,6 +207,10 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "spider.anchor-batch": ("spider_anchor_batch", _num(0, None, integer=True)),
     "diff-clip": ("diff_clip", _num(0, None)),
     "svrg.inner-steps": ("svrg_inner_steps", _num(1, 1_000_000, integer=True)),
+    "sketch.kind": ("sketch_kind", _str(SKETCH_KINDS, ("powersgd",))),
+    "sketch.ratio": ("sketch_ratio", _num(0, 1, lo_open=True)),
+    "sketch.epsilon": ("sketch_epsilon", _num(0, 1, lo_open=True, hi_open=True)),
+    "sketch.layerwise": ("sketch_layerwise", _bool),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),

@@ -21,6 +21,7 @@ CONFIG = "config"  # round, phase, batch sizes, step size, clip, ...
 UPDATE = "update"  # the silo's message, silo -> server
 METRICS = "metrics"  # num-examples, eps-spent, sigma, ...
 STATUS = "status"  # present when a silo refuses: code + reason
+SKETCH = "sketch"  # the single array of a sketched update (payload of S x)
 
 #: Status codes a silo may answer with instead of an update.
 REFUSED_BUDGET = "budget-exceeded"
@@ -64,6 +65,18 @@ def record_to_params(record: Any, layout: Layout | None = None, *, what: str = "
     for key, arr in out.items():
         if not np.all(np.isfinite(arr)):
             raise ReplyError(f"{what}[{key!r}]: contains NaN or inf")
+    return out
+
+
+def unflatten(flat: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
+    """A flat vector -> named arrays in ``layout`` order (float32)."""
+    out, offset = {}, 0
+    for key, shape in layout.items():
+        size = int(np.prod(shape))
+        out[key] = np.asarray(flat[offset: offset + size], dtype=np.float32).reshape(shape)
+        offset += size
+    if offset != flat.size:
+        raise ReplyError(f"flat update has {flat.size} values, layout needs {offset}")
     return out
 
 

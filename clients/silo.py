@@ -42,6 +42,7 @@ from app.privacy.ledger import BudgetExceededError, PrivacyLedger
 from app.privacy.mechanism import add_gaussian_noise
 from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
 from app.seeding import np_rng, torch_gen
+from app.sketch.broadcast import sketch_from_config
 
 PHASES = ("grad", "local", "anchor", "diff")
 
@@ -171,6 +172,11 @@ class Silo:
                 loss += step_loss / steps
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
+        sketch = sketch_from_config(config, [tuple(v.shape) for v in w0.values()])
+        reply_arrays = {k: v.detach().cpu().numpy() for k, v in update.items()}
+        if sketch is not None:  # post-processing of the noised update: privacy unchanged
+            flat = torch.cat([update[k].reshape(-1) for k in update]).detach().cpu()
+            reply_arrays = {wire.SKETCH: sketch.compress(flat).numpy()}
         spent = self.ledger.record(releases, round_=rnd)
         metrics = {
             "num-examples": float(spec.batch),
@@ -178,10 +184,11 @@ class Silo:
             "sigma": spec.sigma,
             "noise-multiplier": spec.noise_multiplier,
             "train-seconds": time.perf_counter() - t0,
+            "uplink-floats": float(sum(a.size for a in reply_arrays.values())),
         }
         if not self.private:  # a loss computed on private records is itself a release
             metrics["loss"] = loss
-        return wire.update_reply({k: v.detach().cpu().numpy() for k, v in update.items()}, metrics)
+        return wire.update_reply(reply_arrays, metrics)
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Evaluation-only statistics of the current model (NOT covered by the DP guarantee):

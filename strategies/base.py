@@ -25,6 +25,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from app import wire
 from app.config import Settings
 from app.prox import Prox, make_prox
+from app.sketch.base import PayloadError, Sketch
+from app.sketch.broadcast import sketch_from_config, sketch_round_config
 from app.seeding import np_rng
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -62,6 +64,8 @@ class FederatedOptimizer(Strategy):
         self._last_tally = ReplyTally()
         self._w: dict[str, np.ndarray] = {}
         self._sent = 0
+        self._sketch: Sketch | None = None
+        self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
 
     # -- the server step (subclasses) ------------------------------------------------------
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -70,7 +74,9 @@ class FederatedOptimizer(Strategy):
     def round_config(self, server_round: int) -> dict[str, Any]:
         """What a silo needs besides w_r (DESIGN.md section 3)."""
         return {"round": server_round, "phase": self.phase, "batch-size": self.s.batch_size,
-                "clip": self.s.privacy.clip}
+                "clip": self.s.privacy.clip} | sketch_round_config(
+            self.s.sketch_kind, self.s.sketch_ratio, self.s.sketch_epsilon, self.s.sketch_layerwise, self.s.seed,
+            server_round)
 
     def prev_arrays(self, server_round: int) -> ArrayRecord | None:
         """A second point the silos need this round (e.g. w_{r-1} for SPIDER), or None."""
@@ -83,6 +89,7 @@ class FederatedOptimizer(Strategy):
         nodes = self.sample_nodes(grid, server_round)
         self._sent = len(nodes)
         cfg = dict(config) | self.round_config(server_round)
+        self._sketch = sketch_from_config(cfg, list(self.layout.values()))
         prev = self.prev_arrays(server_round)
         return [Message(wire.instruction(arrays, cfg, prev), dst_node_id=n, message_type=MessageType.TRAIN)
                 for n in nodes]
@@ -167,7 +174,7 @@ class FederatedOptimizer(Strategy):
                 log(WARNING, "round %d: silo node %d refused: %s", server_round, node, tally.refused[node])
                 continue
             try:
-                update, metrics = wire.read_update(msg.content, self.layout)
+                update, metrics = self.read_update(msg.content)
             except wire.ReplyError as exc:
                 tally.malformed[node] = str(exc)
                 log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
@@ -175,6 +182,17 @@ class FederatedOptimizer(Strategy):
             tally.valid.append((node, update, metrics))
         tally.missing = max(sent - seen, 0)
         return tally
+
+    def read_update(self, content: Any) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """A validated update in the model's layout: lifted S^T y when the round is sketched."""
+        if self._sketch is None:
+            return wire.read_update(content, self.layout)
+        payload, metrics = wire.read_update(content, {wire.SKETCH: (self._sketch.payload_size,)})
+        try:
+            flat = self._sketch.decompress(payload[wire.SKETCH]).numpy()
+        except PayloadError as exc:
+            raise wire.ReplyError(f"sketch payload rejected: {exc}") from exc
+        return wire.unflatten(flat, self.layout), metrics
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -199,6 +217,10 @@ class FederatedOptimizer(Strategy):
                 "missing": tally.missing, "eps_max": tally.eps_max(),
                 "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
             }
+            n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
+            floats = len(tally.valid) * (self._sketch.payload_size if self._sketch is not None else n_params)
+            self.uploads += floats / n_params
+            row |= {"uplink_floats": floats, "uploads_G": self.uploads}
             if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
                 ev_msgs = list(self.configure_evaluate(rnd, arrays, evaluate_config or ConfigRecord(), grid))
                 ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
