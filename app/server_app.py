@@ -103,8 +103,10 @@ def main(grid: Grid, context: Context) -> None:
         "test_error": last_eval.get("test_error"),
         "test_accuracy": None if last_eval.get("test_error") is None else 1.0 - last_eval["test_error"],
         "train_loss": last_eval.get("train_loss"),
-        "evaluation_note": "test error and train loss are evaluation-only statistics the silos report on the "
-                           "final model; they are not covered by the DP guarantee of the training releases",
+        "grad_mapping_norm_eval": last_eval.get("grad_mapping_norm_eval"),
+        "evaluation_note": "test error, train loss and the gradient mapping ||G_eta|| (from the silos' full "
+                           "training gradients) are evaluation-only statistics the silos report on the final "
+                           "model; they are not covered by the DP guarantee of the training releases",
         "wall_s": time.perf_counter() - t_start,
         "run_id": context.run_id, "run_name": name,
         "eps_max_spent": max((d.get("eps_spent", 0.0) for d in silos), default=None),

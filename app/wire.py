@@ -93,9 +93,15 @@ def update_reply(update: Mapping[str, np.ndarray], metrics: Mapping[str, float])
     return RecordDict({UPDATE: params_to_record(update), METRICS: MetricRecord(dict(metrics))})
 
 
-def metrics_reply(metrics: Mapping[str, float]) -> RecordDict:
-    """A reply with metrics only (evaluation)."""
-    return RecordDict({METRICS: MetricRecord(dict(metrics))})
+TRAIN_GRADIENT = "train-gradient"  # evaluation-only: full gradient of a silo's mean training loss
+
+
+def metrics_reply(metrics: Mapping[str, float], arrays: Mapping[str, np.ndarray] | None = None) -> RecordDict:
+    """An evaluation reply: metrics, and optionally the silo's full training gradient."""
+    content = RecordDict({METRICS: MetricRecord(dict(metrics))})
+    if arrays is not None:
+        content[TRAIN_GRADIENT] = params_to_record(arrays)
+    return content
 
 
 def refusal_reply(code: str, reason: str, metrics: Mapping[str, float]) -> RecordDict:

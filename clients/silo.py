@@ -192,18 +192,22 @@ class Silo:
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Evaluation-only statistics of the current model (NOT covered by the DP guarantee):
-        test errors on the silo's held-out split and the mean loss on its training split."""
-        params, _, _ = wire.read_instruction(content)
+        test errors on the silo's held-out split, the mean loss on its training split and, when
+        the server asks (``train-gradient``), the full gradient of that mean loss, from which the
+        server computes the gradient mapping ||G_eta||."""
+        params, config, _ = wire.read_instruction(content)
         w = self._tensors(params)
         with torch.no_grad():
             logits = torch.func.functional_call(self.model, w, (self.test_x,))
             test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
             errors = (logits.argmax(1) != self.test_y).sum().item()
         train_loss = batch_loss(self.model, w, self.train_x, self.train_y) * self.n
-        return wire.metrics_reply({
+        metrics = {
             "test-errors": float(errors), "test-count": float(len(self.test_y)), "test-loss-sum": test_loss,
             "train-loss-sum": train_loss, "train-count": float(self.n), "eps-spent": self.ledger.spent(),
-        })
+        }
+        arrays = self._full_gradient(w) if config.get("train-gradient") else None
+        return wire.metrics_reply(metrics, arrays)
 
     def ledger_report(self) -> dict[str, Any]:
         """What anyone needs to recompute this silo's epsilon: n, K, delta, budget and every
@@ -246,6 +250,17 @@ class Silo:
         noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, 0))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
         return _unflatten(noisy, w), loss
+
+    def _full_gradient(self, w: Mapping[str, torch.Tensor], chunk: int = 4096) -> dict[str, np.ndarray]:
+        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks."""
+        params = {k: v.detach().clone().requires_grad_(True) for k, v in w.items()}
+        total = {k: torch.zeros_like(v) for k, v in params.items()}
+        for start in range(0, self.n, chunk):
+            x, y = self.train_x[start:start + chunk], self.train_y[start:start + chunk]
+            loss = cross_entropy(torch.func.functional_call(self.model, params, (x,)), y) * (len(y) / self.n)
+            for k, g in zip(params, torch.autograd.grad(loss, list(params.values())), strict=True):
+                total[k] += g
+        return {k: v.detach().cpu().numpy() for k, v in total.items()}
 
     def _batch(self, k: int, rnd: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K of the n records, uniformly without replacement."""

@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from app import wire
 from app.config import Settings
-from app.prox import Prox, make_prox
+from app.prox import Prox, gradient_mapping, make_prox
 from app.sketch.base import PayloadError, Sketch
 from app.sketch.broadcast import sketch_from_config, sketch_round_config
 from app.seeding import np_rng
@@ -65,6 +65,8 @@ class FederatedOptimizer(Strategy):
         self._w: dict[str, np.ndarray] = {}
         self._sent = 0
         self._sketch: Sketch | None = None
+        self._eval_w: dict[str, np.ndarray] = {}
+        self.prox = composite_prox(settings)
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
 
     # -- the server step (subclasses) ------------------------------------------------------
@@ -107,11 +109,13 @@ class FederatedOptimizer(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         nodes = sorted(grid.get_node_ids())
-        cfg = dict(config) | {"round": server_round}
+        self._eval_w = wire.record_to_params(arrays, self.layout, what="global arrays")
+        cfg = dict(config) | {"round": server_round, wire.TRAIN_GRADIENT: True}
         return [Message(wire.instruction(arrays, cfg), dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         sums: dict[str, float] = {}
+        grads: list[dict[str, np.ndarray]] = []
         for msg in replies:
             if msg.has_error():
                 self._client_error(msg, "evaluate")
@@ -122,15 +126,26 @@ class FederatedOptimizer(Strategy):
             except wire.ReplyError as exc:
                 log(WARNING, "round %d: dropped evaluation reply of node %d: %s", server_round, msg.metadata.src_node_id, exc)
                 continue
+            if wire.TRAIN_GRADIENT in msg.content.array_records:
+                try:
+                    grads.append(wire.record_to_params(msg.content.array_records[wire.TRAIN_GRADIENT], self.layout,
+                                                       what=wire.TRAIN_GRADIENT))
+                except wire.ReplyError as exc:
+                    log(WARNING, "round %d: dropped training gradient of node %d: %s", server_round,
+                        msg.metadata.src_node_id, exc)
             for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count"):
                 sums[k] = sums.get(k, 0.0) + m.get(k, 0.0)
         if not sums or sums.get("test-count", 0) <= 0:
             return None
-        return MetricRecord({
+        out = {
             "test-error": sums["test-errors"] / sums["test-count"],
             "test-loss": sums["test-loss-sum"] / sums["test-count"],
             "train-loss": sums["train-loss-sum"] / max(sums["train-count"], 1.0),
-        })
+        }
+        if grads and self._eval_w:
+            # grad F0 = (1/N) sum_i grad F_i (uniform over silos, the objective the server optimises)
+            out["grad-mapping-norm"] = gradient_mapping(self._eval_w, mean_update(grads), self.prox, self.s.lr)
+        return MetricRecord(out)
 
     def summary(self) -> None:
         log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
@@ -226,6 +241,8 @@ class FederatedOptimizer(Strategy):
                 ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
                 if ev is not None:
                     row |= {"test_error": ev["test-error"], "test_loss": ev["test-loss"], "train_loss": ev["train-loss"]}
+                    if "grad-mapping-norm" in ev:  # non-private evaluation, like the two above
+                        row["grad_mapping_norm_eval"] = ev["grad-mapping-norm"]
                     result.evaluate_metrics_clientapp[rnd] = ev
             row["wall_s"] = time.perf_counter() - t0
             self.rows.append(row)

@@ -8,19 +8,13 @@ for ``none``), i.e. noisy proximal SGD on f = f0 + f1.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from strategies.base import FederatedOptimizer, composite_prox, mean_update
+from strategies.base import FederatedOptimizer, mean_update
 
 
 class MinibatchSGD(FederatedOptimizer):
     phase = "grad"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.prox = composite_prox(self.s)
 
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         g = mean_update(updates)

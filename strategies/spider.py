@@ -24,7 +24,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from app import wire
-from strategies.base import FederatedOptimizer, composite_prox, mean_update
+from strategies.base import FederatedOptimizer, mean_update
 
 
 class FedProxSPIDER(FederatedOptimizer):
@@ -32,7 +32,6 @@ class FedProxSPIDER(FederatedOptimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.prox = composite_prox(self.s)
         self.h: dict[str, np.ndarray] | None = None
         self.h_at: dict[str, np.ndarray] | None = None
         self._round_phase = "anchor"

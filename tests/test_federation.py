@@ -231,3 +231,20 @@ def test_prox_l1_gives_a_sparse_model(tmp_path: Path) -> None:
     dense = final_weights("none", {})
     assert (sparse == 0).mean() > 0.3  # soft-thresholding sets many of the 60 weights exactly to zero
     assert (dense == 0).mean() == 0.0
+
+
+def test_gradient_mapping_without_prox_is_the_full_gradient_norm(tmp_path: Path) -> None:
+    """Non-private full-batch MB-SGD: round r+1's mean update is grad F0 at the model evaluated
+    after round r, so ||G_eta|| (prox = identity) must equal its norm."""
+    updates: list[dict] = []
+
+    def spy(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type == "train":
+            updates.append(wire.record_to_params(reply.content[wire.UPDATE]))
+        return reply
+
+    _, rows, _ = run(tmp_path, {"num-rounds": 3, "privacy.mode": "off"}, hook=spy)
+    for r in (0, 1):
+        mean = {k: (updates[2 * (r + 1)][k] + updates[2 * (r + 1) + 1][k]) / 2 for k in updates[0]}
+        norm = math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in mean.values()))
+        assert rows[r]["grad_mapping_norm_eval"] == pytest.approx(norm, rel=1e-4)

@@ -72,6 +72,7 @@ def test_non_private_spider_reaches_the_l2_regularised_optimum(tmp_path: Path) -
     gap = f(theta)[0] - best.fun
     assert -1e-6 < gap < 1e-4, gap  # stated tolerance: 1e-4 suboptimality in the regularised objective
     assert summary["test_error"] < 0.1
+    assert summary["grad_mapping_norm_eval"] < 1e-3  # the prox-gradient mapping vanishes at the optimum
 
 
 def test_silo_dropout_does_not_break_spider(tmp_path: Path) -> None:
