@@ -103,6 +103,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def random_signs(shape: int | tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Independent +-1 entries (float32, CPU) drawn from ``gen``: the D of SRHT/SRFT/FJLT, the
+    signs of CountSketch and the Rademacher factors of Kronecker sketches."""
+    size = (shape,) if isinstance(shape, int) else tuple(shape)
+    return torch.randint(0, 2, size, generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+
+
 def cpu_generator(seed63: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed63)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from app.sketch.base import BlockOperator, LinearSketch
+from app.sketch.base import BlockOperator, LinearSketch, random_signs
 
 
 class CountSketchOperator(BlockOperator):
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         buckets = torch.randint(0, self.k, (self.m,), generator=gen)
-        signs = torch.randint(0, 2, (self.m,), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+        signs = random_signs(self.m, gen)
         return {"buckets": buckets, "signs": signs}
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from app.sketch.base import BlockOperator, LinearSketch
+from app.sketch.base import BlockOperator, LinearSketch, random_signs
 from app.sketch.srht import fwht, next_pow2
 
 
@@ -52,7 +52,7 @@ class FJLTOperator(BlockOperator):
         return torch.cat(parts)
 
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        signs = torch.randint(0, 2, (self.m,), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+        signs = random_signs(self.m, gen)
         pos = self._positions(gen)
         vals = torch.randn(pos.numel(), generator=gen, dtype=torch.float32)
         vals.mul_(1.0 / math.sqrt(self.k * self.q))

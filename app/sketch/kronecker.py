@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from app.sketch.base import BlockOperator, LinearSketch
+from app.sketch.base import BlockOperator, LinearSketch, random_signs
 from app.sketch.dense import DenseOperator
 
 
@@ -56,7 +56,7 @@ class KroneckerOperator(BlockOperator):
         if self.dist == "gaussian":
             f = torch.randn(rows, cols, generator=gen, dtype=torch.float32)
         else:
-            f = torch.randint(0, 2, (rows, cols), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+            f = random_signs((rows, cols), gen)
         return f.mul_(1.0 / math.sqrt(rows))
 
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from app.sketch.base import BlockOperator, LinearSketch
+from app.sketch.base import BlockOperator, LinearSketch, random_signs
 
 
 def dht(x: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ class SRFTOperator(BlockOperator):
         self.scale = math.sqrt(m / k)
 
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        signs = torch.randint(0, 2, (self.m,), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+        signs = random_signs(self.m, gen)
         rows = torch.randperm(self.m, generator=gen)[: self.k]
         return {"signs": signs, "rows": rows}
 

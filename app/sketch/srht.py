@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from app.sketch.base import BlockOperator, LinearSketch
+from app.sketch.base import BlockOperator, LinearSketch, random_signs
 
 
 def next_pow2(m: int) -> int:
@@ -52,7 +52,7 @@ class SRHTOperator(BlockOperator):
         self.scale = math.sqrt(self.m_pad / k)
 
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        signs = torch.randint(0, 2, (self.m,), generator=gen, dtype=torch.float32).mul_(2).sub_(1)
+        signs = random_signs(self.m, gen)
         rows = torch.randperm(self.m_pad, generator=gen)[: self.k]
         return {"signs": signs, "rows": rows}
 
