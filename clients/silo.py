@@ -44,9 +44,6 @@ from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
 from app.seeding import np_rng, torch_gen
 from app.sketch.broadcast import sketch_from_config
 
-PHASES = ("grad", "local", "anchor", "diff")
-
-
 @dataclass(frozen=True)
 class ReleaseSpec:
     """One kind of release the silo plans: K records, how many times, its replace-one L2
@@ -112,7 +109,6 @@ class Silo:
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
         self.plan = self._calibrate()
-        self.batch = next(iter(self.plan.values())).batch
 
     # -- calibration ----------------------------------------------------------------------
     def _calibrate(self) -> dict[str, ReleaseSpec]:
@@ -218,7 +214,7 @@ class Silo:
             for r in group_releases(self.ledger.recorded())
         ]
         return {
-            "silo": self.data.index, "n": self.n, "batch": self.batch, "delta": self.delta,
+            "silo": self.data.index, "n": self.n, "batch": next(iter(self.plan.values())).batch, "delta": self.delta,
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
             "sigma": next(iter(self.plan.values())).sigma,
             "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "sensitivity": r.sensitivity,

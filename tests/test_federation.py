@@ -18,12 +18,12 @@ from app.launch import merged_run_config
 from tests.inprocess import InProcessGrid
 
 
-def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None,
-        ) -> tuple[dict, list[dict], InProcessGrid]:
-    cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": "t"} | overrides
-    grid = InProcessGrid(cfg, cfg["num-silos"], str(tmp_path / "state"), hook=hook, node_config=node_config)
-    server_app.main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
-    out = tmp_path / "out" / "t"
+def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None, *,
+        run_id: int = 1, name: str = "t") -> tuple[dict, list[dict], InProcessGrid]:
+    cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": name} | overrides
+    grid = InProcessGrid(cfg, cfg["num-silos"], str(tmp_path / "state"), run_id=run_id, hook=hook, node_config=node_config)
+    server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    out = tmp_path / "out" / name
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     return json.loads((out / "summary.json").read_text()), rows, grid
 
@@ -183,19 +183,9 @@ def test_node_scope_ledger_spans_runs_under_the_silos_lifetime_cap(tmp_path: Pat
     cap across runs, and the run that would cross it is refused."""
     node = {"ledger-scope": "node", "epsilon-cap": 4.0, "delta-cap": 1e-5}
     cfg = {"num-rounds": 2, "privacy.epsilon": 3.0, "privacy.delta": 1e-5, "eval-every": 0}
-    state = tmp_path / "state"
-
-    def again(name: str, run_id: int) -> tuple[dict, list[dict]]:
-        c = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": name} | cfg
-        grid = InProcessGrid(c, 2, str(state), run_id=run_id, node_config=node)
-        server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=c))
-        out = tmp_path / "out" / name
-        return (json.loads((out / "summary.json").read_text()),
-                [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()])
-
-    first, rows1 = again("a", 11)
+    first, rows1, _ = run(tmp_path, cfg, node_config=node, run_id=11, name="a")  # both runs share one state dir
     assert [r["answered"] for r in rows1] == [2, 2] and 2.9 < first["silos"][0]["eps_spent"] <= 3.0
-    second, rows2 = again("b", 12)
+    second, rows2, _ = run(tmp_path, cfg, node_config=node, run_id=12, name="b")
     # Gaussian releases compose sub-additively: 2+1 releases at z give 3.78 <= 4, 2+2 give 4.46 > 4
     assert rows2[0]["answered"] == 2 and rows2[1]["refused"] == 2
     assert all(s["eps_spent"] <= 4.0 and s["eps_budget"] == 4.0 for s in second["silos"])
