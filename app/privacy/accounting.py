@@ -19,6 +19,12 @@ Accounting rules (all numbers come from dp-accounting):
 * Any release sampled (K < n): Renyi DP with ``SampledWithoutReplacementDpEvent`` under
   ``NeighboringRelation.REPLACE_ONE`` (Wang, Balle & Kasiviswanathan 2019, Theorem 27),
   whose Gaussian noise multiplier is defined relative to the replace-one shift, as z above.
+* Disjoint releases (noisy Prox-SGD, the paper's Algorithm 6): the batches of the ``count``
+  releases are disjoint blocks of one secret permutation of the silo's records, so each record
+  is in at most one of them. By parallel composition their privacy is that of ONE Gaussian
+  mechanism with multiplier z, unsampled (no amplification is claimed: the record's block is
+  released with certainty). The kind label names the permutation, so disjoint releases over
+  different permutations (e.g. several runs on a node-scope ledger) compose as usual.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from dataclasses import dataclass, replace
 
 import dp_accounting as dpa
 from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
+import numpy as np
 from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 #: Renyi orders used for sampled releases: dense where the optimum usually lies, integers only
 #: (the without-replacement bound of WBK19 is exact at integer orders).
@@ -43,7 +51,8 @@ class Release:
     """One kind of noisy release, ``count`` times.
 
     kind: a label ("grad", "local-step", "anchor", ...); n: the silo's record count;
-    batch: K records sampled without replacement; noise_multiplier: z = sigma / (2L/K).
+    batch: K records sampled without replacement; noise_multiplier: z = sigma / (2L/K);
+    disjoint: the releases of this kind use disjoint blocks of records (parallel composition).
     """
 
     kind: str
@@ -51,6 +60,7 @@ class Release:
     batch: int
     noise_multiplier: float
     count: int = 1
+    disjoint: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch <= self.n:
@@ -62,21 +72,37 @@ class Release:
 
     @property
     def sampled(self) -> bool:
-        return self.batch < self.n
+        return self.batch < self.n and not self.disjoint
+
+    @property
+    def blocks(self) -> int:
+        """How many disjoint batches of K records the silo's n records hold."""
+        return self.n // self.batch
+
+
+def parallel_view(r: Release) -> Release:
+    """What ``count`` disjoint releases cost: one unsampled Gaussian mechanism (each record is
+    in one block only). More releases than blocks would reuse records: refused here."""
+    if not r.disjoint:
+        return r
+    if r.count > r.blocks:
+        raise ValueError(f"{r.count} disjoint releases of K={r.batch} records exceed the {r.blocks} disjoint "
+                         f"blocks of n={r.n} records (kind {r.kind!r})")
+    return Release(r.kind, r.n, r.n, r.noise_multiplier, min(r.count, 1))
 
 
 def group_releases(releases: Sequence[Release]) -> list[Release]:
     """Merge releases that differ only in ``count`` (composition of identical events)."""
-    counts: Counter[tuple[str, int, int, float]] = Counter()
+    counts: Counter[tuple[str, int, int, float, bool]] = Counter()
     for r in releases:
-        counts[(r.kind, r.n, r.batch, r.noise_multiplier)] += r.count
-    return [Release(k, n, b, z, c) for (k, n, b, z), c in counts.items() if c > 0]
+        counts[(r.kind, r.n, r.batch, r.noise_multiplier, r.disjoint)] += r.count
+    return [Release(k, n, b, z, c, d) for (k, n, b, z, d), c in counts.items() if c > 0]
 
 
 def dp_event(releases: Sequence[Release]) -> dpa.DpEvent:
     """The dp-accounting event of a sequence of releases (for RDP under REPLACE_ONE)."""
     events: list[dpa.DpEvent] = []
-    for r in group_releases(releases):
+    for r in map(parallel_view, group_releases(releases)):
         base: dpa.DpEvent = dpa.GaussianDpEvent(r.noise_multiplier)
         if r.sampled:
             base = dpa.SampledWithoutReplacementDpEvent(r.n, r.batch, base)
@@ -88,7 +114,7 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
     """Smallest epsilon the accountant certifies at ``delta`` for all ``releases``."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    live = tuple(sorted((r for r in group_releases(releases) if r.count > 0),
+    live = tuple(sorted((parallel_view(r) for r in group_releases(releases) if r.count > 0),
                         key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier)))
     return _epsilon(live, float(delta))
 
@@ -104,9 +130,24 @@ def _epsilon(live: tuple[Release, ...], delta: float) -> float:
     if not any(r.sampled for r in live):
         mu_sq = sum(r.count / r.noise_multiplier**2 for r in live)
         return float(get_epsilon_gaussian(1.0 / math.sqrt(mu_sq), delta))
+    # RDP composes additively: sum count * RDP(one release) over the kinds, then convert.
+    rdp = sum(r.count * _rdp_one(r.n, r.batch, r.noise_multiplier, r.sampled) for r in live)
+    eps, _ = compute_epsilon(RDP_ORDERS, rdp, delta)
+    return float(eps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_one(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.ndarray:
+    """RDP curve (at RDP_ORDERS) of ONE release, from dp-accounting; cached, so a ledger that
+    grows by one release per round costs a vector sum, not a new accountant run."""
     accountant = RdpAccountant(RDP_ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
-    accountant.compose(dp_event(live))
-    return float(accountant.get_epsilon(delta))
+    event: dpa.DpEvent = dpa.GaussianDpEvent(noise_multiplier)
+    if sampled:
+        event = dpa.SampledWithoutReplacementDpEvent(n, batch, event)
+    accountant.compose(event)
+    curve = np.asarray(accountant._rdp, dtype=np.float64)  # dp-accounting keeps the curve here
+    curve.setflags(write=False)
+    return curve
 
 
 def calibrate_noise_multiplier(
@@ -122,6 +163,12 @@ def calibrate_noise_multiplier(
         return 0.0
     if not plan or all(r.count == 0 for r in plan):
         raise ValueError("cannot calibrate an empty release plan")
+    return _calibrate(tuple(plan), float(epsilon), float(delta), float(rtol))
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate(plan: tuple[Release, ...], epsilon: float, delta: float, rtol: float) -> float:
+    """Cached: every silo of a sweep with the same (plan, epsilon, delta) gets the same answer."""
 
     def eps_at(scale: float) -> float:
         return epsilon_spent([replace(r, noise_multiplier=scale * r.noise_multiplier) for r in plan], delta)

@@ -93,7 +93,8 @@ class PrivacyLedger:
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
         """The recorded releases as accountant events."""
-        return [Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)))
+        return [Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
+                        bool(r.get("disjoint", False)))
                 for r in self.releases]
 
     def spent(self) -> float:
@@ -102,14 +103,24 @@ class PrivacyLedger:
             self._reload()
         return epsilon_spent(self.recorded(), self.delta)
 
-    def check(self, new: list[Release]) -> float:
-        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget."""
+    def check(self, new: list[Release], exclusive_round: int | None = None) -> float:
+        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget, or
+        when ``exclusive_round`` is given and a release of the same kind was already recorded
+        in that round (disjoint blocks may each be released once)."""
         with self._locked():
             self._reload()
-            return self._check_loaded(new)
+            return self._check_loaded(new, exclusive_round)
 
-    def _check_loaded(self, new: list[Release]) -> float:
-        after = epsilon_spent(self.recorded() + list(new), self.delta)
+    def _check_loaded(self, new: list[Release], exclusive_round: int | None = None) -> float:
+        if exclusive_round is not None:
+            kinds = {r.kind for r in new}
+            if any(row["kind"] in kinds and int(row.get("round", -1)) == exclusive_round for row in self.releases):
+                raise BudgetExceededError(f"release refused: round {exclusive_round}'s block of records was already "
+                                          f"released ({', '.join(sorted(kinds))}); each block may be released once")
+        try:
+            after = epsilon_spent(self.recorded() + list(new), self.delta)
+        except ValueError as exc:  # e.g. more disjoint releases than disjoint blocks
+            raise BudgetExceededError(f"release refused: {exc}") from exc
         if not math.isinf(self.epsilon_budget) and after > self.epsilon_budget * (1 + BUDGET_RTOL):
             kinds = ", ".join(f"{r.count}x {r.kind} (K={r.batch} of n={r.n}, z={r.noise_multiplier:.4g})" for r in new)
             raise BudgetExceededError(
@@ -118,12 +129,13 @@ class PrivacyLedger:
             )
         return after
 
-    def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None) -> float:
+    def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None,
+               exclusive_round: bool = False) -> float:
         """Check, then append ``new`` to the file (atomically, under the lock). Returns epsilon
-        spent after."""
+        spent after. ``exclusive_round``: refuse if ``new``'s kind was already released in ``round_``."""
         with self._locked():
             self._reload()
-            after = self._check_loaded(new)
+            after = self._check_loaded(new, round_ if exclusive_round else None)
             stamp = time.time()
             for r in new:
                 row = asdict(r) | {"round": int(round_), "time": stamp}
