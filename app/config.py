@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ALGORITHMS = ("mbsgd", "localsgd", "spider", "svrg")
-PLANNED_ALGORITHMS = ("proxsgd", "plsvrg", "spider-alt", "gradbant")
-PROX_ALGORITHMS = ("mbsgd", "spider", "svrg")
+ALGORITHMS = ("mbsgd", "localsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg")
+PLANNED_ALGORITHMS = ("gradbant",)
+#: the algorithms whose server step is a prox step (all but local SGD, whose message is a model delta).
+PROX_ALGORITHMS = ("mbsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg")
+#: which iterate the run returns: the last one, or one drawn uniformly from w_1..w_R (the paper's w_priv).
+OUTPUTS = ("last", "random")
 DATASETS = ("wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic")
 PARTITIONS = ("label", "even-odd-pairs", "dirichlet", "iid", "mixing")
 MODELS = ("logistic", "mlp", "lenet5")
@@ -22,10 +25,10 @@ STANDARDIZE = ("pooled", "local", "none")
 PRIVACY_MODES = ("off", "isrl")
 PLANNED_PRIVACY_MODES = ("shuffle",)
 NOISE_SEEDS = ("run", "os")
-#: Sketches a silo can apply to its (already noised) update; PowerSGD keeps per-client state
-#: across rounds and is not wired into the federation yet.
+#: Sketches a silo can apply to its (already noised) update; PowerSGD keeps per-silo state
+#: (warm start, error feedback) across the rounds the silo takes part in.
 SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
-                "adaptive")
+                "adaptive", "powersgd")
 PROX_KINDS = ("none", "l1", "l2", "elastic-net", "group-lasso", "l2-ball", "box")  # = app.prox.PROX_KINDS
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -46,6 +49,10 @@ class PrivacySettings:
     #: "run": noise and batch sampling seeded from the run seed (reproducible research runs,
     #: NOT secret from the server); "os": from the operating system's CSPRNG (deployments).
     noise_seed: str = "run"
+    #: the budget split between release kinds: noise multiplier of full-gradient releases
+    #: (SPIDER/SVRG anchors, Fed-SPIDER's fresh gradients) relative to difference releases.
+    #: 1 = equal multipliers z (each kind's sigma proportional to its sensitivity).
+    anchor_noise_ratio: float = 1.0
 
     @property
     def enabled(self) -> bool:
@@ -62,6 +69,11 @@ class Settings:
     partition_p: float = 0.0
     standardize: str = "pooled"
     test_fraction: float = 0.2
+    #: share of each silo's training split held out for hyper-parameter selection (0 = none)
+    validation_fraction: float = 0.0
+    #: project the features on their top principal components (0 = off; fitted on the pooled
+    #: training records: non-private pre-processing, like pooled standardisation)
+    pca: int = 0
     num_silos: int = 2
     silos_per_round: int = 2
     model: str = "mlp"
@@ -79,10 +91,13 @@ class Settings:
     spider_anchor_batch: int = 0
     diff_clip: float = 0.0
     svrg_inner_steps: int = 5
+    plsvrg_restarts: int = 2
+    output: str = "last"
     sketch_kind: str = "none"
     sketch_ratio: float = 0.5
     sketch_epsilon: float = 0.3
     sketch_layerwise: bool = True
+    sketch_error_feedback: bool = True
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -101,8 +116,11 @@ class Settings:
         return self.privacy.delta if self.privacy.delta is not None else 1.0 / (n * n)
 
     def batch_for(self, n: int) -> int:
-        """K for a silo with n training records (batch-size 0 means full batch, K = n)."""
-        return n if self.batch_size == 0 else self.batch_size
+        """K for a silo with n training records (batch-size 0 means full batch, K = n, except
+        for proxsgd, where it means K = floor(n / R) so that the R rounds use disjoint blocks)."""
+        if self.batch_size:
+            return self.batch_size
+        return n // self.planned_rounds() if self.algorithm == "proxsgd" else n
 
     def planned_rounds(self) -> int:
         return self.privacy.planned_rounds or self.num_rounds
@@ -190,6 +208,8 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "mixing-p": ("partition_p", _num(0, 1)),
     "standardize": ("standardize", _str(STANDARDIZE)),
     "test-fraction": ("test_fraction", _num(0, 1, lo_open=True, hi_open=True)),
+    "validation-fraction": ("validation_fraction", _num(0, 1, hi_open=True)),
+    "pca": ("pca", _num(0, 100_000, integer=True)),
     "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
     "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
     "model": ("model", _str(MODELS)),
@@ -207,7 +227,10 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "spider.anchor-batch": ("spider_anchor_batch", _num(0, None, integer=True)),
     "diff-clip": ("diff_clip", _num(0, None)),
     "svrg.inner-steps": ("svrg_inner_steps", _num(1, 1_000_000, integer=True)),
-    "sketch.kind": ("sketch_kind", _str(SKETCH_KINDS, ("powersgd",))),
+    "plsvrg.restarts": ("plsvrg_restarts", _num(1, 1_000_000, integer=True)),
+    "output": ("output", _str(OUTPUTS)),
+    "sketch.kind": ("sketch_kind", _str(SKETCH_KINDS)),
+    "sketch.error-feedback": ("sketch_error_feedback", _bool),
     "sketch.ratio": ("sketch_ratio", _num(0, 1, lo_open=True)),
     "sketch.epsilon": ("sketch_epsilon", _num(0, 1, lo_open=True, hi_open=True)),
     "sketch.layerwise": ("sketch_layerwise", _bool),
@@ -217,6 +240,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "privacy.clip": ("privacy.clip", _num(0, None, lo_open=True)),
     "privacy.planned-rounds": ("privacy.planned_rounds", _num(0, 1_000_000, integer=True)),
     "privacy.noise-seed": ("privacy.noise_seed", _str(NOISE_SEEDS)),
+    "privacy.anchor-noise-ratio": ("privacy.anchor_noise_ratio", _num(0, None, lo_open=True)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),
@@ -261,6 +285,8 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind l2-ball; allowed: (0, inf)")
     if s.prox_kind == "box" and s.prox_strength <= 0:
         raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind box; allowed: (0, inf)")
+    if s.algorithm == "plsvrg" and s.plsvrg_restarts > s.num_rounds:
+        raise ConfigError(f"plsvrg.restarts = {s.plsvrg_restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
 
@@ -270,8 +296,18 @@ def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
     if s.spider_anchor_batch > min(train_sizes):
         raise ConfigError(f"spider.anchor-batch = {s.spider_anchor_batch} is out of range; allowed: "
                           f"[0, {min(train_sizes)}] (the smallest silo's n; 0 means K1 = n)")
+    smallest = min(train_sizes)
+    if s.algorithm == "proxsgd":  # disjoint blocks: K * R <= n for every silo
+        rounds = s.planned_rounds()
+        if s.batch_size * rounds > smallest:
+            raise ConfigError(
+                f"batch-size = {s.batch_size} is out of range for proxsgd; allowed: [0, {smallest // rounds}] "
+                f"(each of the {rounds} rounds needs its own K records and the smallest silo has n = {smallest}; "
+                "0 means K = floor(n / R))")
+        if rounds > smallest:
+            raise ConfigError(f"num-rounds = {rounds} is out of range for proxsgd; allowed: [1, {smallest}] "
+                              f"(K = floor(n / R) must be at least 1 for the smallest silo, n = {smallest})")
     if s.batch_size > 0:
-        smallest = min(train_sizes)
         if s.batch_size > smallest:
             raise ConfigError(
                 f"batch-size = {s.batch_size} is out of range; allowed: [0, {smallest}] "

@@ -1,5 +1,9 @@
-"""An in-process Grid that delivers messages straight to the ClientApp (no Flower runtime):
-lets tests drive the real strategy and silo code quickly and inject faulty replies."""
+"""An in-process Grid that delivers messages straight to the ClientApp (no Flower runtime).
+
+It runs the real ServerApp and ClientApp code (strategies, silos, ledgers, accounting) in one
+process without Flower's transport, so tests can inject faulty replies and the reproduction
+scripts can run hundreds of small federations (``run_local``); ``flwr run`` (app.launch) is
+the way to run one federation on the Flower engine."""
 
 from __future__ import annotations
 
@@ -47,3 +51,17 @@ class InProcessGrid:
                 reply = self.hook(nid, msg, reply)
             replies.append(reply)
         return replies
+
+
+def run_local(run_config: dict[str, Any], state_dir: str, run_id: int = 1, hook: ReplyHook | None = None,
+              node_config: dict[str, Any] | None = None) -> InProcessGrid:
+    """Run the ServerApp's main on an in-process grid with ``run_config`` (merged over the
+    defaults by the caller); outputs go where the run config says."""
+    from flwr.app import Context
+
+    import app.server_app as server_app
+
+    grid = InProcessGrid(run_config, int(run_config["num-silos"]), state_dir, run_id=run_id, hook=hook,
+                         node_config=node_config)
+    server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    return grid

@@ -96,14 +96,19 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
+    # the run's output: the last iterate, or (output = random) the paper's w_priv ~ Unif{w_1..w_R}
+    out_eval = strategy.output_metrics if s.output == "random" else last_eval
     failed = bool(strategy.client_errors) and s.fail_on_client_error
     summary = {
         "status": "failed" if failed else "completed",
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
-        "test_error": last_eval.get("test_error"),
-        "test_accuracy": None if last_eval.get("test_error") is None else 1.0 - last_eval["test_error"],
-        "train_loss": last_eval.get("train_loss"),
-        "grad_mapping_norm_eval": last_eval.get("grad_mapping_norm_eval"),
+        "output": s.output, "output_round": strategy.output_round,
+        "test_error": out_eval.get("test_error"),
+        "test_accuracy": None if out_eval.get("test_error") is None else 1.0 - out_eval["test_error"],
+        "train_loss": out_eval.get("train_loss"),
+        "grad_mapping_norm_eval": out_eval.get("grad_mapping_norm_eval"),
+        "val_error": out_eval.get("val_error"),
+        "last_iterate_test_error": last_eval.get("test_error"),
         "evaluation_note": "test error, train loss and the gradient mapping ||G_eta|| (from the silos' full "
                            "training gradients) are evaluation-only statistics the silos report on the final "
                            "model; they are not covered by the DP guarantee of the training releases",

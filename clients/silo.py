@@ -19,6 +19,7 @@ Releases (one Gaussian mechanism each, see app/privacy/accounting.py):
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 import time
@@ -41,8 +42,10 @@ from app.privacy.clipping import clip_rows, mean_sensitivity
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
 from app.privacy.mechanism import add_gaussian_noise
 from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
-from app.seeding import np_rng, torch_gen
+from app.schedule import planned_release_counts
+from app.seeding import derive_seed, np_rng, torch_gen
 from app.sketch.broadcast import sketch_from_config
+from app.sketch.powersgd import PowerSGDState
 
 @dataclass(frozen=True)
 class ReleaseSpec:
@@ -54,6 +57,8 @@ class ReleaseSpec:
     count: int
     sensitivity: float
     noise_multiplier: float = 0.0
+    weight: float = 1.0
+    disjoint: bool = False
 
     @property
     def sigma(self) -> float:
@@ -63,23 +68,28 @@ class ReleaseSpec:
 
 def release_plan(s: Settings, n: int, clip: float) -> list[ReleaseSpec]:
     """Every kind of release the algorithm will ask this silo for over ``planned_rounds``
-    rounds (the silo plans for being sampled in every round). z is filled in by calibration."""
-    rounds = s.planned_rounds()
+    rounds (the silo plans for being sampled in every round; app/schedule.py). z is filled in
+    by calibration; ``weight`` is each kind's relative noise multiplier (the budget split)."""
+    counts = planned_release_counts(s, s.planned_rounds())
     batch = s.batch_for(n)
-    if s.algorithm == "localsgd":
-        return [ReleaseSpec("local", batch, rounds * s.local_steps, mean_sensitivity(clip, batch))]
-    if s.algorithm in ("spider", "svrg"):
-        # SPIDER: an anchor on K1 records every q rounds; SVRG: a full-batch snapshot gradient
-        # every Q + 1 rounds (one epoch). The other rounds are differences on K2 = K records.
-        period = s.spider_q if s.algorithm == "spider" else s.svrg_inner_steps + 1
-        anchors = math.ceil(rounds / period)
-        k1 = min(s.spider_anchor_batch or n, n) if s.algorithm == "spider" else n
-        plan = [ReleaseSpec("anchor", k1, anchors, mean_sensitivity(clip, k1))]
-        if rounds > anchors:
+    plan = []
+    for phase, count in sorted(counts.items()):
+        if phase == "local":
+            plan.append(ReleaseSpec("local", batch, count * s.local_steps, mean_sensitivity(clip, batch)))
+        elif phase == "anchor":  # SPIDER: K1 records; SVRG / PL-SVRG snapshot: the full local gradient
+            k1 = min(s.spider_anchor_batch or n, n) if s.algorithm == "spider" else n
+            plan.append(ReleaseSpec("anchor", k1, count, mean_sensitivity(clip, k1), weight=s.privacy.anchor_noise_ratio))
+        elif phase == "diff":
             diff_sens = 2.0 * s.diff_clip / batch if s.diff_clip > 0 else 2.0 * mean_sensitivity(clip, batch)
-            plan.append(ReleaseSpec("diff", batch, rounds - anchors, diff_sens))
-        return plan
-    return [ReleaseSpec("grad", batch, rounds, mean_sensitivity(clip, batch))]
+            plan.append(ReleaseSpec("diff", batch, count, diff_sens))
+        elif phase == "grad":
+            weight = s.privacy.anchor_noise_ratio if s.algorithm == "spider-alt" else 1.0
+            plan.append(ReleaseSpec("grad", batch, count, mean_sensitivity(clip, batch), weight=weight))
+        elif phase == "disjoint":
+            plan.append(ReleaseSpec("disjoint", batch, count, mean_sensitivity(clip, batch), disjoint=True))
+        else:
+            raise ValueError(f"no release spec for phase {phase!r}")
+    return plan
 
 
 class Silo:
@@ -100,6 +110,8 @@ class Silo:
         self.train_y = data.train_y.to(self.device)
         self.test_x = data.test_x.to(self.device)
         self.test_y = data.test_y.to(self.device)
+        self.val_x = None if data.val_x is None else data.val_x.to(self.device)
+        self.val_y = None if data.val_y is None else data.val_y.to(self.device)
         self.n = data.n
         priv = settings.privacy
         self.private = priv.enabled
@@ -109,26 +121,35 @@ class Silo:
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
         self.plan = self._calibrate()
+        self.powersgd_state: PowerSGDState | None = None
 
     # -- calibration ----------------------------------------------------------------------
     def _calibrate(self) -> dict[str, ReleaseSpec]:
-        """One noise multiplier z for every planned release (the documented split rule: equal z,
-        so each kind's sigma is proportional to its sensitivity), the smallest that keeps all
-        planned releases within the run's (epsilon, delta)."""
+        """One noise scale for every planned release, the smallest that keeps all planned
+        releases within the run's (epsilon, delta). The split rule: each kind's noise multiplier
+        is scale * weight (weight 1 for differences, ``privacy.anchor-noise-ratio`` for full
+        gradients), so with the default ratio 1 every kind has the same z and sigma proportional
+        to its sensitivity. Proxsgd's secret block permutation is drawn here and stored with the
+        calibration, so every process serving this silo uses the same disjoint blocks."""
         plan = release_plan(self.s, self.n, self.clip)
-        key = {"plan": [[r.phase, r.batch, r.count] for r in plan], "n": self.n,
+        key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         cal = self.ledger.calibration
-        if cal.get("key") == key:  # a restarted silo keeps the noise it started with
-            z = float(cal["noise_multiplier"])
-        elif not self.private:
-            z = 0.0
+        if cal.get("key") == key:  # a restarted silo keeps the noise (and blocks) it started with
+            scale = float(cal["noise_multiplier"])
+            self.block_seed = int(cal.get("block_seed", 0))
         else:
-            z = calibrate_noise_multiplier([Release(r.phase, self.n, r.batch, 1.0, r.count) for r in plan],
-                                           self.run_epsilon, self.delta)
-        if cal.get("key") != key:
-            self.ledger.set_calibration({"key": key, "noise_multiplier": z})
-        return {r.phase: replace(r, noise_multiplier=z) for r in plan}
+            if not self.private:
+                scale = 0.0
+            else:
+                scale = calibrate_noise_multiplier(
+                    [Release(r.phase, self.n, r.batch, r.weight, r.count, r.disjoint) for r in plan],
+                    self.run_epsilon, self.delta)
+            self.block_seed = (secrets.randbits(63) if self.s.privacy.noise_seed == "os"
+                               else derive_seed(self.s.seed, "silo", self.data.index, "disjoint-blocks"))
+            self.ledger.set_calibration({"key": key, "noise_multiplier": scale, "block_seed": self.block_seed})
+        self.disjoint_kind = f"disjoint:{hashlib.sha256(str(self.block_seed).encode()).hexdigest()[:12]}"
+        return {r.phase: replace(r, noise_multiplier=scale * r.weight) for r in plan}
 
     # -- messages -------------------------------------------------------------------------
     def train(self, content: RecordDict) -> RecordDict:
@@ -147,9 +168,16 @@ class Silo:
                                 f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
         if phase == "diff" and prev is None:
             return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
-        releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
+        if phase == "disjoint":  # Algorithm 6: round r uses block r of the secret permutation, once
+            releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
+            blocks = self.n // spec.batch
+            if not 1 <= rnd <= blocks:
+                return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
+                                    f"the n={self.n} records hold {blocks} disjoint blocks (rounds 1..{blocks})")
+        else:
+            releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
         try:
-            self.ledger.check(releases)
+            self.ledger.check(releases, exclusive_round=rnd if phase == "disjoint" else None)
         except BudgetExceededError as exc:
             return self._refuse(wire.REFUSED_BUDGET, str(exc))
 
@@ -157,6 +185,8 @@ class Silo:
         w0 = self._tensors(params)
         if phase in ("grad", "anchor"):
             update, loss = self._noisy_gradient(w0, spec, rnd, 0)
+        elif phase == "disjoint":
+            update, loss = self._noisy_gradient(w0, spec, rnd, 0, batch=self._block(spec.batch, rnd))
         elif phase == "diff":
             update, loss = self._noisy_difference(w0, self._tensors(prev), spec, rnd)
         else:
@@ -168,12 +198,15 @@ class Silo:
                 loss += step_loss / steps
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
-        sketch = sketch_from_config(config, [tuple(v.shape) for v in w0.values()])
+        layout = [tuple(v.shape) for v in w0.values()]
+        if config.get("sketch-kind") == "powersgd" and self.powersgd_state is None:
+            self.powersgd_state = PowerSGDState(layout)  # kept across this silo's rounds (in memory)
+        sketch = sketch_from_config(config, layout, self.powersgd_state)
         reply_arrays = {k: v.detach().cpu().numpy() for k, v in update.items()}
         if sketch is not None:  # post-processing of the noised update: privacy unchanged
             flat = torch.cat([update[k].reshape(-1) for k in update]).detach().cpu()
             reply_arrays = {wire.SKETCH: sketch.compress(flat).numpy()}
-        spent = self.ledger.record(releases, round_=rnd)
+        spent = self.ledger.record(releases, round_=rnd, exclusive_round=phase == "disjoint")
         metrics = {
             "num-examples": float(spec.batch),
             "eps-spent": spent,
@@ -202,6 +235,11 @@ class Silo:
             "test-errors": float(errors), "test-count": float(len(self.test_y)), "test-loss-sum": test_loss,
             "train-loss-sum": train_loss, "train-count": float(self.n), "eps-spent": self.ledger.spent(),
         }
+        if self.val_y is not None and len(self.val_y):
+            with torch.no_grad():
+                val_logits = torch.func.functional_call(self.model, w, (self.val_x,))
+            metrics |= {"val-errors": float((val_logits.argmax(1) != self.val_y).sum().item()),
+                        "val-count": float(len(self.val_y))}
         arrays = self._full_gradient(w) if config.get("train-gradient") else None
         return wire.metrics_reply(metrics, arrays)
 
@@ -210,24 +248,27 @@ class Silo:
         kind of release with its count, noise multiplier and sampling scheme."""
         releases = [
             {"kind": r.kind, "count": r.count, "noise_multiplier": r.noise_multiplier, "n": r.n, "batch": r.batch,
-             "sampling": "fixed-size without replacement" if r.sampled else "none (full batch)"}
+             "sampling": ("disjoint blocks (parallel composition)" if r.disjoint else
+                          "fixed-size without replacement" if r.sampled else "none (full batch)")}
             for r in group_releases(self.ledger.recorded())
         ]
         return {
-            "silo": self.data.index, "n": self.n, "batch": next(iter(self.plan.values())).batch, "delta": self.delta,
+            "silo": self.data.index, "n": self.n, "batch": self.s.batch_for(self.n), "delta": self.delta,
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
             "sigma": next(iter(self.plan.values())).sigma,
             "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "sensitivity": r.sensitivity,
-                         "noise_multiplier": r.noise_multiplier, "sigma": r.sigma} for r in self.plan.values()],
+                         "noise_multiplier": r.noise_multiplier, "sigma": r.sigma, "disjoint": r.disjoint}
+                        for r in self.plan.values()],
             "releases": releases,
             "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
         }
 
     # -- internals ------------------------------------------------------------------------
     def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, rnd: int, step: int,
-                        ) -> tuple[dict[str, torch.Tensor], float]:
-        """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I)."""
-        x, y = self._batch(spec.batch, rnd, step)
+                        batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], float]:
+        """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I), on K records
+        drawn without replacement (or on the given ``batch``)."""
+        x, y = batch if batch is not None else self._batch(spec.batch, rnd, step)
         grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
         noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, step))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
@@ -261,6 +302,12 @@ class Silo:
     def _batch(self, k: int, rnd: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K of the n records, uniformly without replacement."""
         idx = torch.as_tensor(fixed_size_batch(self.n, k, self._np_rng("batch", rnd, step)), device=self.device)
+        return self.train_x[idx], self.train_y[idx]
+
+    def _block(self, k: int, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block ``rnd`` (1-based) of K records of the silo's secret permutation (Algorithm 6)."""
+        perm = np.random.default_rng(self.block_seed).permutation(self.n)
+        idx = torch.as_tensor(perm[(rnd - 1) * k: rnd * k], device=self.device)
         return self.train_x[idx], self.train_y[idx]
 
     def _tensors(self, params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:

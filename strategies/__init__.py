@@ -3,11 +3,15 @@
 from strategies.base import FederatedOptimizer
 from strategies.localsgd import LocalSGD
 from strategies.mbsgd import MinibatchSGD
+from strategies.proxsgd import NoisyProxSGD
 from strategies.spider import FedProxSPIDER
-from strategies.svrg import FedProxSVRG
+from strategies.spider_alt import FedSPIDERAlt
+from strategies.svrg import FedProxPLSVRG, FedProxSVRG
 
 STRATEGIES: dict[str, type[FederatedOptimizer]] = {
-    "mbsgd": MinibatchSGD, "localsgd": LocalSGD, "spider": FedProxSPIDER, "svrg": FedProxSVRG,
+    "mbsgd": MinibatchSGD, "localsgd": LocalSGD, "proxsgd": NoisyProxSGD, "spider": FedProxSPIDER,
+    "spider-alt": FedSPIDERAlt, "svrg": FedProxSVRG, "plsvrg": FedProxPLSVRG,
 }
 
-__all__ = ["STRATEGIES", "FederatedOptimizer", "FedProxSPIDER", "FedProxSVRG", "LocalSGD", "MinibatchSGD"]
+__all__ = ["STRATEGIES", "FederatedOptimizer", "FedProxPLSVRG", "FedProxSPIDER", "FedProxSVRG", "FedSPIDERAlt",
+           "LocalSGD", "MinibatchSGD", "NoisyProxSGD"]

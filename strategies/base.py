@@ -46,6 +46,28 @@ class ReplyTally:
         values = [m["eps-spent"] for _, _, m in self.valid]
         return max(values) if values else math.nan
 
+    def merge(self, other: ReplyTally) -> ReplyTally:
+        """The tally of two exchanges of one round (Fed-SPIDER's two uploads)."""
+        return ReplyTally(self.valid + other.valid, self.refused | other.refused, self.malformed | other.malformed,
+                          self.errors | other.errors, self.missing + other.missing)
+
+
+class IterateSampler:
+    """One iterate drawn uniformly from all those offered so far (reservoir sampling: the t-th
+    offer replaces the kept one with probability 1/t), in O(1) memory. This is how the paper's
+    output w_priv ~ Unif{w_1, ..., w_R} is drawn without storing R models."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.seen = 0
+        self.round: int | None = None
+        self.value: dict[str, np.ndarray] | None = None
+
+    def offer(self, rnd: int, w: dict[str, np.ndarray]) -> None:
+        self.seen += 1
+        if self.rng.random() < 1.0 / self.seen:
+            self.round, self.value = rnd, {k: np.array(v, copy=True) for k, v in w.items()}
+
 
 class FederatedOptimizer(Strategy):
     """Sampling, messaging, validation and bookkeeping shared by all optimisers."""
@@ -68,6 +90,11 @@ class FederatedOptimizer(Strategy):
         self._eval_w: dict[str, np.ndarray] = {}
         self.prox = composite_prox(settings)
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
+        self.sent_messages = 0
+        #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
+        self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
+        self.output_round: int | None = None
+        self.output_metrics: dict[str, float] = {}
 
     # -- the server step (subclasses) ------------------------------------------------------
     def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -78,7 +105,7 @@ class FederatedOptimizer(Strategy):
         return {"round": server_round, "phase": self.phase, "batch-size": self.s.batch_size,
                 "clip": self.s.privacy.clip} | sketch_round_config(
             self.s.sketch_kind, self.s.sketch_ratio, self.s.sketch_epsilon, self.s.sketch_layerwise, self.s.seed,
-            server_round)
+            server_round, self.s.sketch_error_feedback)
 
     def prev_arrays(self, server_round: int) -> ArrayRecord | None:
         """A second point the silos need this round (e.g. w_{r-1} for SPIDER), or None."""
@@ -133,7 +160,8 @@ class FederatedOptimizer(Strategy):
                 except wire.ReplyError as exc:
                     log(WARNING, "round %d: dropped training gradient of node %d: %s", server_round,
                         msg.metadata.src_node_id, exc)
-            for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count"):
+            for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count", "val-errors",
+                      "val-count"):
                 sums[k] = sums.get(k, 0.0) + m.get(k, 0.0)
         if not sums or sums.get("test-count", 0) <= 0:
             return None
@@ -142,6 +170,8 @@ class FederatedOptimizer(Strategy):
             "test-loss": sums["test-loss-sum"] / sums["test-count"],
             "train-loss": sums["train-loss-sum"] / max(sums["train-count"], 1.0),
         }
+        if sums.get("val-count", 0) > 0:
+            out["val-error"] = sums["val-errors"] / sums["val-count"]
         if grads and self._eval_w:
             # grad F0 = (1/N) sum_i grad F_i (uniform over silos, the objective the server optimises)
             out["grad-mapping-norm"] = gradient_mapping(self._eval_w, mean_update(grads), self.prox, self.s.lr)
@@ -153,6 +183,39 @@ class FederatedOptimizer(Strategy):
             self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
 
     # -- the loop -------------------------------------------------------------------------
+    def begin_round(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The point round ``server_round`` starts from (PL-SVRG restarts change it)."""
+        return arrays
+
+    def train_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, config: ConfigRecord,
+                    timeout: float) -> ArrayRecord:
+        """One round: one exchange with the sampled silos and the server step. Sets ``_last_tally``
+        and returns the new global arrays (unchanged when no silo answered)."""
+        tally = self._last_tally = self.exchange(server_round, arrays, config, grid, timeout)
+        if not tally.valid:
+            log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
+            return arrays
+        self._w = self.server_step(self._w, [u for _, u, _ in tally.valid])
+        return wire.params_to_record(self._w)
+
+    def exchange(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                 timeout: float) -> ReplyTally:
+        """Send the round's instruction to the sampled silos and classify their replies; counts
+        the messages sent and the uplink (in full-gradient equivalents, G(t))."""
+        messages = list(self.configure_train(server_round, arrays, config, grid))
+        self.sent_messages += len(messages)
+        tally = self.classify(server_round, grid.send_and_receive(messages, timeout=timeout), len(messages))
+        n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
+        payload = self._sketch.payload_size if self._sketch is not None else n_params
+        self.uploads += len(tally.valid) * payload / n_params
+        return tally
+
+    def output_iterate(self, last: ArrayRecord) -> tuple[ArrayRecord, int]:
+        """The run's output and the round it comes from (``output`` = last or random)."""
+        if self.s.output == "random" and self.sampler.value is not None:
+            return wire.params_to_record(self.sampler.value), int(self.sampler.round or 0)
+        return last, self.s.num_rounds
+
     def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """M of the connected silo nodes, uniformly without replacement, from (seed, round)."""
         nodes = sorted(self.wait_for_nodes(grid))
@@ -217,38 +280,48 @@ class FederatedOptimizer(Strategy):
         result = Result()
         arrays = initial_arrays
         self.wait_for_nodes(grid)
+        n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
         for rnd in range(1, num_rounds + 1):
             t0 = time.perf_counter()
-            messages = list(self.configure_train(rnd, arrays, train_config or ConfigRecord(), grid))
-            new_arrays, train_metrics = self.aggregate_train(rnd, grid.send_and_receive(messages, timeout=timeout))
-            if new_arrays is not None:
-                arrays = new_arrays
-            if train_metrics is not None:
-                result.train_metrics_clientapp[rnd] = train_metrics
+            arrays = self.begin_round(rnd, arrays)
+            uploads_before, self.sent_messages = self.uploads, 0
+            arrays = self.train_round(rnd, arrays, grid, train_config or ConfigRecord(), timeout)
+            self.sampler.offer(rnd, wire.record_to_params(arrays, self.layout, what="global arrays"))
             tally = self._last_tally
             row: dict[str, Any] = {
-                "round": rnd, "sampled": len(messages), "answered": len(tally.valid),
+                "round": rnd, "sampled": self.sent_messages, "answered": len(tally.valid),
                 "refused": len(tally.refused), "malformed": len(tally.malformed), "failed": len(tally.errors),
                 "missing": tally.missing, "eps_max": tally.eps_max(),
                 "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
             }
-            n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
-            floats = len(tally.valid) * (self._sketch.payload_size if self._sketch is not None else n_params)
-            self.uploads += floats / n_params
-            row |= {"uplink_floats": floats, "uploads_G": self.uploads}
+            row |= {"uplink_floats": round((self.uploads - uploads_before) * n_params), "uploads_G": self.uploads}
             if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
-                ev_msgs = list(self.configure_evaluate(rnd, arrays, evaluate_config or ConfigRecord(), grid))
-                ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
+                ev = self.evaluate_point(rnd, arrays, grid, evaluate_config, timeout)
                 if ev is not None:
-                    row |= {"test_error": ev["test-error"], "test_loss": ev["test-loss"], "train_loss": ev["train-loss"]}
-                    if "grad-mapping-norm" in ev:  # non-private evaluation, like the two above
-                        row["grad_mapping_norm_eval"] = ev["grad-mapping-norm"]
-                    result.evaluate_metrics_clientapp[rnd] = ev
+                    row |= ev
+                    result.evaluate_metrics_clientapp[rnd] = MetricRecord(ev)
             row["wall_s"] = time.perf_counter() - t0
             self.rows.append(row)
             self.on_round(row)
-        result.arrays = arrays
+        result.arrays, self.output_round = self.output_iterate(arrays)
+        if self.s.output == "random" and self.s.eval_every:
+            self.output_metrics = self.evaluate_point(num_rounds, result.arrays, grid, evaluate_config, timeout) or {}
         return result
+
+    def evaluate_point(self, rnd: int, arrays: ArrayRecord, grid: Grid, config: ConfigRecord | None,
+                       timeout: float) -> dict[str, float] | None:
+        """Non-private evaluation of ``arrays`` on every silo: test error and loss, training loss
+        and the gradient mapping ||G_eta|| from the silos' full training gradients."""
+        ev_msgs = list(self.configure_evaluate(rnd, arrays, config or ConfigRecord(), grid))
+        ev = self.aggregate_evaluate(rnd, grid.send_and_receive(ev_msgs, timeout=timeout))
+        if ev is None:
+            return None
+        out = {"test_error": ev["test-error"], "test_loss": ev["test-loss"], "train_loss": ev["train-loss"]}
+        if "grad-mapping-norm" in ev:
+            out["grad_mapping_norm_eval"] = ev["grad-mapping-norm"]
+        if "val-error" in ev:
+            out["val_error"] = ev["val-error"]
+        return out
 
     def _client_error(self, msg: Message, what: str) -> str:
         reason = (msg.error.reason or "").strip().splitlines()

@@ -13,7 +13,7 @@ Dropout: h always estimates the gradient at a known point ``h_at``; a round in w
 answers changes nothing, the next round asks again for the difference between w_r and ``h_at``,
 and while no anchor has been received the server keeps asking for anchors. With q = 1 every round
 is an anchor round and the method is minibatch SGD with K = K1 (the paper notes this identity).
-The output is the last iterate.
+The output is the last iterate, or with ``output`` = random one drawn uniformly from w_1..w_R.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from app import wire
+from app.schedule import round_phases
 from strategies.base import FederatedOptimizer, mean_update
 
 
@@ -37,9 +38,8 @@ class FedProxSPIDER(FederatedOptimizer):
         self._round_phase = "anchor"
 
     def phase_for(self, server_round: int) -> str:
-        if self.h is None or (server_round - 1) % self.s.spider_q == 0:
-            return "anchor"
-        return "diff"
+        """The schedule's phase (app/schedule.py), or an anchor while h is unknown."""
+        return "anchor" if self.h is None else round_phases(self.s, server_round)[0]
 
     def round_config(self, server_round: int) -> dict[str, Any]:
         self._round_phase = self.phase_for(server_round)

@@ -8,7 +8,8 @@ send the noisy difference (1/K) sum [grad f0(w_t, x) - grad f0(w_bar, x)] on K r
 the server steps w_{t+1} = prox_{eta f1}(w_t - eta (g~ + mean difference)).
 
 Dropout: until a snapshot gradient has been received the server keeps asking for one; a round
-in which no silo answers changes nothing. The output is the last iterate.
+in which no silo answers changes nothing. The output is the last iterate, or with ``output`` =
+random the paper's w_priv, drawn uniformly from w_1..w_R.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ArrayRecord
 
+from logging import INFO
+
+from flwr.common import log
+
 from app import wire
-from strategies.base import mean_update
+from app.schedule import stage_length
+from app.seeding import np_rng
+from strategies.base import IterateSampler, mean_update
 from strategies.spider import FedProxSPIDER
 
 
 class FedProxSVRG(FedProxSPIDER):
     """SPIDER's machinery with a fixed reference point: h = g~(w_bar) + difference to w_bar."""
-
-    def phase_for(self, server_round: int) -> str:
-        if self.h is None or (server_round - 1) % (self.s.svrg_inner_steps + 1) == 0:
-            return "anchor"
-        return "diff"
 
     def prev_arrays(self, server_round: int) -> ArrayRecord | None:
         if self._round_phase == "diff" and self.h_at is not None:
@@ -42,3 +44,23 @@ class FedProxSVRG(FedProxSPIDER):
         else:
             v = {k: self.h[k] + mean[k] for k in mean}
         return self.prox({k: w[k] - self.s.lr * v[k] for k in w}, self.s.lr)
+
+
+class FedProxPLSVRG(FedProxSVRG):
+    """FedProx-PL-SVRG (the paper's Algorithm 2): S restarts of Algorithm 1. The R rounds split
+    into S stages of ceil(R/S) rounds; stage s runs FedProx-SVRG from stage s-1's output (its last
+    iterate, or with ``output`` = random an iterate drawn uniformly from the stage's), starting
+    with a fresh snapshot. The run's output is the last stage's output."""
+
+    def begin_round(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        length = stage_length(self.s)
+        if server_round == 1 or (server_round - 1) % length:
+            return arrays
+        stage = (server_round - 1) // length + 1
+        start = arrays
+        if self.s.output == "random" and self.sampler.value is not None:
+            start = wire.params_to_record(self.sampler.value)
+            log(INFO, "PL-SVRG stage %d restarts from round %d's iterate", stage, self.sampler.round)
+        self.sampler = IterateSampler(np_rng(self.s.seed, "output-iterate", "stage", stage))
+        self.h = self.h_at = None  # a restart takes a new snapshot
+        return start

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
+import torch
 
 from app.data import (
     EVEN_ODD_PAIRS,
@@ -469,3 +470,45 @@ def test_standardizer_constant_feature_and_image_shape() -> None:
     with pytest.raises(ValueError, match="x.shape"):
         st.apply(np.zeros((3, 16), np.float32))
     assert isinstance(Standardizer.identity((2,)), Standardizer)
+
+
+def test_pca_matches_scikit_learn_up_to_sign() -> None:
+    from sklearn.decomposition import PCA
+
+    from app.data.preprocess import fit_pca
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 12)) @ rng.normal(size=(12, 12)) + 3.0
+    ours = fit_pca(x, 5).apply(x)
+    ref = PCA(n_components=5, svd_solver="full").fit_transform(x)
+    for j in range(5):
+        sign = np.sign(ours[:, j] @ ref[:, j])
+        np.testing.assert_allclose(ours[:, j], sign * ref[:, j], atol=1e-4)
+    variances = ours.var(axis=0)
+    assert np.all(np.diff(variances) <= 1e-9)  # largest component first
+    with pytest.raises(ValueError, match="pca = 13 must be in"):
+        fit_pca(x, 13)
+
+
+def test_validation_records_come_out_of_the_training_split() -> None:
+    from app.config import parse_settings
+    from app.data.federated import build_federated_data
+
+    plain = build_federated_data(parse_settings({}))
+    held = build_federated_data(parse_settings({"validation-fraction": 0.25}))
+    for a, b in zip(plain.silos, held.silos, strict=True):
+        assert b.n + len(b.val_y) == a.n  # training records = train + validation of the plain split
+        assert torch.equal(a.test_y, b.test_y)  # the test split is untouched
+        rows = {tuple(r) for r in b.train_x.tolist()}
+        assert not rows & {tuple(r) for r in b.val_x.tolist()}  # disjoint
+        assert len(b.val_y) == int(np.floor(a.n * 0.25 + 0.5))
+
+
+def test_pca_setting_changes_the_feature_shape() -> None:
+    from app.config import parse_settings
+    from app.data.federated import build_federated_data, dataset_meta
+
+    s = parse_settings({"pca": 7})
+    fed = build_federated_data(s)
+    assert fed.feature_shape == (7,) == dataset_meta(s)[0]
+    assert fed.silos[0].train_x.shape[1] == 7

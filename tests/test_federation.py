@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 import app.server_app as server_app
 from app import wire
 from app.launch import merged_run_config
-from tests.inprocess import InProcessGrid
+from app.local_grid import InProcessGrid
 
 
 def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None, *,

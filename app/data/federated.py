@@ -17,7 +17,7 @@ import numpy as np
 
 from app.config import Settings
 from app.data.partition import even_odd_labels, make_partition
-from app.data.preprocess import standardize_silos
+from app.data.preprocess import fit_pca, standardize_silos
 from app.data.sources import load_source
 from app.data.split import train_test_split_indices
 from app.seeding import np_rng
@@ -35,6 +35,10 @@ class SiloData:
     train_y: "torch.Tensor"
     test_x: "torch.Tensor"
     test_y: "torch.Tensor"
+    #: validation records carved from the silo's training split (``validation-fraction``; may be
+    #: empty); used to choose hyper-parameters, never trained on.
+    val_x: "torch.Tensor | None" = None
+    val_y: "torch.Tensor | None" = None
 
     @property
     def n(self) -> int:
@@ -62,7 +66,7 @@ class FederatedData:
 def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
-            s.test_fraction, s.num_silos, s.seed)
+            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca)
 
 
 def build_federated_data(s: Settings) -> FederatedData:
@@ -72,13 +76,15 @@ def build_federated_data(s: Settings) -> FederatedData:
 
 def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
     """(source, [(train indices, test indices) per silo], task labels, num classes), numpy only
-    (the launcher's pre-flight check uses this without importing torch)."""
-    return _splits(data_key(s))
+    (the launcher's pre-flight check uses this without importing torch). The train indices
+    exclude the validation records (:func:`validation_indices`)."""
+    source, splits, labels, num_classes, _ = _splits(data_key(s))
+    return source, splits, labels, num_classes
 
 
 @functools.lru_cache(maxsize=4)
-def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
-    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed = key
+def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int, list[np.ndarray]]:
+    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca = key
     source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
     labels = source.y
     num_classes = source.num_classes
@@ -89,27 +95,35 @@ def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np
     else:
         parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"), alpha=alpha, p=p)
     splits = [train_test_split_indices(idx, test_fraction, np_rng(seed, "split", i)) for i, idx in enumerate(parts)]
-    return source, splits, labels, num_classes
+    vals = []
+    for i, (tr, te) in enumerate(splits):  # validation records come out of the training split
+        tr, va = train_test_split_indices(tr, val_fraction, np_rng(seed, "validation", i))
+        splits[i] = (tr, te)
+        vals.append(va)
+    return source, splits, labels, num_classes, vals
 
 
 @functools.lru_cache(maxsize=4)
 def _build(key: tuple) -> FederatedData:
     import torch
 
-    source, splits, labels, num_classes = _splits(key)
-    standardize = key[5]
+    source, splits, labels, num_classes, vals = _splits(key)
+    standardize, pca = key[5], key[10]
     x = source.x
+    if pca:  # non-private pre-processing on the pooled training records, like ``pooled`` standardising
+        projection = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), pca)
+        x = projection.apply(x)
     scalers = standardize_silos(None, [x[tr] for tr, _ in splits], standardize)
+
+    def tensor(idx: np.ndarray, scaler) -> tuple["torch.Tensor", "torch.Tensor"]:
+        return (torch.from_numpy(np.ascontiguousarray(scaler.apply(x[idx]), dtype=np.float32)),
+                torch.from_numpy(labels[idx].astype(np.int64)))
+
     silos = []
-    for i, ((tr, te), scaler) in enumerate(zip(splits, scalers, strict=True)):
-        silos.append(SiloData(
-            index=i,
-            train_x=torch.from_numpy(np.ascontiguousarray(scaler.apply(x[tr]), dtype=np.float32)),
-            train_y=torch.from_numpy(labels[tr].astype(np.int64)),
-            test_x=torch.from_numpy(np.ascontiguousarray(scaler.apply(x[te]), dtype=np.float32)),
-            test_y=torch.from_numpy(labels[te].astype(np.int64)),
-        ))
-    return FederatedData(tuple(silos), num_classes, tuple(source.x.shape[1:]))
+    for i, ((tr, te), va, scaler) in enumerate(zip(splits, vals, scalers, strict=True)):
+        (train_x, train_y), (test_x, test_y), (val_x, val_y) = tensor(tr, scaler), tensor(te, scaler), tensor(va, scaler)
+        silos.append(SiloData(i, train_x, train_y, test_x, test_y, val_x, val_y))
+    return FederatedData(tuple(silos), num_classes, tuple(x.shape[1:]))
 
 #: Public metadata of each source: (feature shape, number of classes). The server builds the
 #: model from this without touching any silo's data.
@@ -127,6 +141,8 @@ SOURCE_META: dict[str, tuple[tuple[int, ...], int]] = {
 def dataset_meta(s: Settings) -> tuple[tuple[int, ...], int]:
     """(feature shape, number of classes) of the task the settings describe."""
     shape, classes = SOURCE_META[s.dataset]
+    if s.pca:
+        shape = (s.pca,)
     if s.partition == "even-odd-pairs":
         classes = 2
     return shape, classes

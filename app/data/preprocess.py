@@ -80,3 +80,32 @@ def standardize_silos(
         shared = fit_standardizer(np.concatenate(arrays))
         return [shared for _ in arrays]
     return [fit_standardizer(a) for a in arrays]
+
+
+@dataclass(frozen=True)
+class PCAProjection:
+    """x -> (flatten(x) - mean) @ components.T: the top-d principal components."""
+
+    mean: np.ndarray
+    components: np.ndarray  # [d, features]
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        if flat.shape[1] != self.components.shape[1]:
+            raise ValueError(f"x has {flat.shape[1]} features; the projection was fitted on {self.components.shape[1]}")
+        return ((flat - self.mean) @ self.components.T).astype(np.float32)
+
+
+def fit_pca(x: np.ndarray, d: int) -> PCAProjection:
+    """The top-``d`` principal directions of ``x`` [N, ...] (eigenvectors of the feature
+    covariance, largest eigenvalue first; each sign fixed so its largest entry is positive, so
+    the projection is deterministic)."""
+    flat = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    if not 1 <= d <= flat.shape[1]:
+        raise ValueError(f"pca = {d} must be in [1, {flat.shape[1]}] (the number of features)")
+    mean = flat.mean(axis=0)
+    cov = np.cov(flat - mean, rowvar=False, bias=True)
+    vals, vecs = np.linalg.eigh(cov)
+    comps = vecs[:, np.argsort(vals)[::-1][:d]].T
+    signs = np.sign(comps[np.arange(d), np.abs(comps).argmax(axis=1)])
+    return PCAProjection(mean, comps * signs[:, None])
