@@ -47,3 +47,15 @@ def test_failing_clientapp_makes_the_command_fail(tmp_path: Path) -> None:
     assert "finished:failed" in proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["client_errors"]
+
+
+def test_flwr_run_srht_half_learns(tmp_path: Path) -> None:
+    """Real `flwr run` with SRHT at k/n = 0.5: each silo compresses its noised update with the seed
+    the server broadcasts, the server lifts it, and the model still learns."""
+    proc, out = launch(tmp_path, 'num-rounds=10 privacy.epsilon=3.0 sketch.kind="srht" sketch.ratio=0.5')
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert summary["status"] == "completed" and summary["dropped"]["malformed"] == 0
+    assert all(r["uplink_floats"] == 2 * 84 for r in rounds)  # k = 84 of n = 167 floats per silo
+    assert summary["test_error"] < 0.15

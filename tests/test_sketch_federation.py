@@ -47,3 +47,17 @@ def test_bad_sketch_payload_is_dropped(tmp_path: Path, bad: str) -> None:
 
     summary, rows, _ = run(tmp_path, {"sketch.kind": "srht", "num-rounds": 2, "eval-every": 0}, hook=corrupt)
     assert [r["malformed"] for r in rows] == [1, 1] and [r["answered"] for r in rows] == [1, 1]
+
+
+def test_powersgd_learns_with_per_silo_state(tmp_path: Path) -> None:
+    """PowerSGD at k/n = 0.5 (rank 2 for the 5x30 layer): each silo keeps its warm start and error
+    buffer across rounds; the server only multiplies P Q^T back."""
+    summary, rows, _ = run(tmp_path, {"sketch.kind": "powersgd", "sketch.ratio": 0.5, "privacy.mode": "off"})
+    assert summary["status"] == "completed" and summary["dropped"]["malformed"] == 0
+    assert summary["test_error"] < 0.15
+    # rank 2 for the 5x30 layer (P, Q: (5 + 30) * 2), rank 1 for the 2x5 one ((2 + 5) * 1), biases as is
+    assert rows[0]["uplink_floats"] == 2 * ((5 + 30) * 2 + 5 + (2 + 5) * 1 + 2)
+    from app.client_app import _SILOS
+
+    states = [s.powersgd_state for s in _SILOS.values() if s.powersgd_state is not None]
+    assert states and all(st.q and st.error for st in states)  # warm start and error feedback kept
