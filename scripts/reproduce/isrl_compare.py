@@ -1,0 +1,179 @@
+"""ISRL-DP algorithms compared at certified epsilon, with hyper-parameters chosen on a validation split.
+
+For each algorithm and epsilon, every (lr, clip) of the grid is run for every seed; the grid
+point with the lowest mean VALIDATION error over the seeds is selected (the validation records
+are carved from each silo's training split and never trained on); the table reports the median
+TEST error over the seeds of that point only, and the median ||G_eta|| (non-private evaluation).
+Hyper-parameter selection itself is not private (as the paper's Appendix I admits).
+
+Each run is the real ServerApp / ClientApp code (strategies, silos, ledgers, dp-accounting) on
+an in-process grid (app/local_grid.py), not Flower's transport, so hundreds of runs fit on a CPU.
+
+  python scripts/reproduce/isrl_compare.py --setup wbcd
+  python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --seeds 0 1 2
+
+Writes <out>/runs.csv (one row per run) and <out>/table.md; reruns skip runs already in runs.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: threads only contend
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from app.launch import merged_run_config  # noqa: E402
+from app.local_grid import run_local  # noqa: E402
+
+#: the paper's setups (scaled where stated): data, federation, model, rounds.
+SETUPS: dict[str, dict[str, Any]] = {
+    # WBCD: 2 silos split by label, MLP 30-5-2, R = 25 (the paper's setting)
+    "wbcd": {"dataset": "wbcd", "num-silos": 2, "silos-per-round": 2, "mlp-hidden": "5", "num-rounds": 25,
+             "batch-size": 64},
+    # Fashion-MNIST even/odd digit pairs (the paper's MNIST setup, offline): 25 silos, PCA to 50
+    # features, MLP 50-64-2; R = 25 rounds with all 25 silos per round
+    "fmnist-pairs": {"dataset": "fashion-mnist", "partition": "even-odd-pairs", "num-silos": 25,
+                     "silos-per-round": 25, "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
+}
+ALGORITHM_SETTINGS: dict[str, dict[str, Any]] = {
+    "mbsgd": {}, "localsgd": {"local-steps": 5}, "spider": {"spider.q": 5}, "spider-alt": {},
+    "svrg": {"svrg.inner-steps": 4}, "proxsgd": {"batch-size": 0}, "plsvrg": {"svrg.inner-steps": 4},
+}
+FIELDS = ["setup", "algorithm", "epsilon", "lr", "clip", "seed", "status", "val_error", "test_error",
+          "grad_mapping_norm", "eps_max_spent", "wall_s", "error"]
+
+
+def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed: int, work: Path) -> dict[str, Any]:
+    cfg = merged_run_config([]) | SETUPS[setup] | ALGORITHM_SETTINGS[algorithm] | {
+        "algorithm": algorithm, "lr": lr, "privacy.clip": clip, "seed": seed, "validation-fraction": 0.2,
+        "privacy.epsilon": "inf" if math.isinf(eps) else eps, "privacy.mode": "off" if math.isinf(eps) else "isrl",
+        "eval-every": 0, "outputs-dir": str(work / "out"), "run-name": "r", "fail-on-client-error": True,
+    }
+    cfg["eval-every"] = cfg["num-rounds"]  # evaluate the final model only
+    row: dict[str, Any] = {"setup": setup, "algorithm": algorithm, "epsilon": eps, "lr": lr, "clip": clip, "seed": seed}
+    t0 = time.perf_counter()
+    try:
+        run_local(cfg, str(work / "state"))
+        summary = json.loads((work / "out" / "r" / "summary.json").read_text())
+        row |= {"status": summary["status"], "val_error": summary["val_error"], "test_error": summary["test_error"],
+                "grad_mapping_norm": summary["grad_mapping_norm_eval"], "eps_max_spent": summary["eps_max_spent"]}
+    except Exception as exc:  # a failed job is recorded and the sweep goes on
+        row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    row["wall_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def select(rows: list[dict[str, Any]], tune_seeds: set[int] | None = None) -> dict[tuple[str, float], dict[str, Any]]:
+    """Per (algorithm, epsilon): the (lr, clip) with the lowest mean validation error over the
+    tuning seeds (all seeds if None); ``runs`` holds that point's runs over every seed."""
+    by_point: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if tune_seeds is not None and int(r["seed"]) not in tune_seeds:
+            continue
+        if r["status"] == "completed" and r["val_error"] not in ("", None):
+            by_point.setdefault((r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"])), []).append(r)
+    best: dict[tuple[str, float], dict[str, Any]] = {}
+    for (algo, eps, lr, clip), runs in by_point.items():
+        val = statistics.mean(float(r["val_error"]) for r in runs)
+        if (algo, eps) not in best or val < best[(algo, eps)]["val"]:
+            best[(algo, eps)] = {"val": val, "lr": lr, "clip": clip, "runs": runs}
+    for (algo, eps), b in best.items():
+        b["runs"] = [r for r in rows if r["status"] == "completed" and r["algorithm"] == algo
+                     and float(r["epsilon"]) == eps and float(r["lr"]) == b["lr"] and float(r["clip"]) == b["clip"]]
+    return best
+
+
+def table(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], epsilons: list[float]) -> str:
+    lines = ["| algorithm | " + " | ".join("ε=∞ (non-private)" if math.isinf(e) else f"ε={e:g}" for e in epsilons) + " |",
+             "|---|" + "---|" * len(epsilons)]
+    for algo in algorithms:
+        cells = []
+        for eps in epsilons:
+            b = best.get((algo, eps))
+            if b is None:
+                cells.append("n/a")
+                continue
+            test = statistics.median(float(r["test_error"]) for r in b["runs"])
+            gmap = statistics.median(float(r["grad_mapping_norm"]) for r in b["runs"])
+            cells.append(f"{test:.2%} (‖G‖ {gmap:.3f}; lr {b['lr']:g}, L {b['clip']:g})")
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, setup: str, what: str) -> None:
+    """Run the jobs not yet in ``rows``, appending each result to the CSV as it finishes."""
+    done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), int(r["seed"])) for r in rows}
+    todo = [j for j in jobs if j not in done]
+    print(f"[isrl-compare] {setup} {what}: {len(todo)} runs to do, {len(jobs) - len(todo)} already in {csv_path}",
+          flush=True)
+    new = not csv_path.exists()
+    with csv_path.open("a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        for i, (algo, eps, lr, clip, seed) in enumerate(todo, 1):
+            with tempfile.TemporaryDirectory() as tmp:
+                row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp))
+            writer.writerow(row)
+            fh.flush()
+            rows.append({k: str(v) for k, v in row.items()})
+            print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} seed={seed}: "
+                  f"{row['status']} val {row.get('val_error')} test {row.get('test_error')} ({row['wall_s']}s)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setup", choices=sorted(SETUPS), default="wbcd")
+    ap.add_argument("--algorithms", nargs="+", default=["mbsgd", "localsgd", "spider", "spider-alt", "svrg"])
+    ap.add_argument("--eps", type=float, nargs="+", default=[0.75, 1.5, 3.0, 6.0, 18.0, math.inf])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--lr", type=float, nargs="+", default=[0.1, 0.3, 1.0])
+    ap.add_argument("--clip", type=float, nargs="+", default=[0.5, 2.0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--retry-failed", action="store_true", help="run again the jobs recorded as failed")
+    ap.add_argument("--tune-seeds", type=int, nargs="+", default=None,
+                    help="run the whole grid on these seeds only, then the selected point on the other seeds")
+    args = ap.parse_args(argv)
+    out = args.out or Path("outputs") / "reproduce" / f"isrl-{args.setup}"
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "runs.csv"
+    rows: list[dict[str, Any]] = []
+    if csv_path.exists():
+        with csv_path.open() as fh:
+            rows = list(csv.DictReader(fh))
+        if args.retry_failed and any(r["status"] != "completed" for r in rows):
+            rows = [r for r in rows if r["status"] == "completed"]
+            with csv_path.open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+    tune = args.tune_seeds if args.tune_seeds is not None else args.seeds
+    grid = list(itertools.product(args.algorithms, args.eps, args.lr, args.clip, tune))
+    _run_jobs(grid, rows, csv_path, args.setup, "tuning grid")
+    best = select(rows, set(tune))
+    rest = [(a, e, best[(a, e)]["lr"], best[(a, e)]["clip"], seed) for a in args.algorithms for e in args.eps
+            if (a, e) in best for seed in args.seeds if seed not in tune]
+    _run_jobs(rest, rows, csv_path, args.setup, "selected points, remaining seeds")
+    best = select(rows, set(tune))
+    md = table(best, args.algorithms, args.eps)
+    (out / "table.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
