@@ -249,6 +249,29 @@ SCHEMA: dict[str, tuple[str, Any]] = {
 }
 
 
+#: nodes of the Hydra config (conf/config.yaml) that are not run config
+HYDRA_ONLY_NODES = ("sweep", "hydra")
+
+
+def flatten_run_config(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The one mapping from Hydra's composed (nested) config to the flat run config:
+    ``{"privacy": {"epsilon": 3}}`` -> ``{"privacy.epsilon": 3}``, the same convention Flower
+    uses for pyproject's ``[tool.flwr.app.config]`` tables. The ``sweep`` and ``hydra`` nodes
+    are the sweep's own settings and are left out."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if not prefix and key in HYDRA_ONLY_NODES:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat |= flatten_run_config(value, f"{name}.")
+        elif isinstance(value, float) and math.isinf(value):
+            flat[name] = "inf"  # Flower's run config has no infinity; parse_settings reads "inf"
+        else:
+            flat[name] = value
+    return flat
+
+
 def parse_settings(run_config: Mapping[str, Any]) -> Settings:
     """Parse and validate a flat run config. Keys that are absent take the defaults above;
     unknown keys are an error (a typo must not silently fall back to a default)."""

@@ -1,0 +1,261 @@
+"""Hydra sweeps: one federation per job on Flower's simulation engine, one row per job.
+
+    python -m app.sweep -m privacy.epsilon=0.75,1.5,3 algorithm=mbsgd,localsgd,spider seed=0,1,2
+    python -m app.sweep -m experiment=wbcd-eps          # a named grid (conf/experiment/)
+    python -m app.report outputs/sweeps/wbcd-eps         # tables and plots from results.csv
+
+Each job composes conf/ (config groups algorithm/, dataset/, model/, privacy/, sketch/,
+experiment/), flattens it onto the flat run config (app.config.flatten_run_config, the one
+mapping), validates it, and runs the real ServerApp and ClientApp on Flower's simulation engine
+(``flwr.simulation.run_simulation``, one virtual SuperNode per silo). It appends one row to
+``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
+each silo certified, wall time and engine overhead. A failed job is recorded with its error and
+the sweep goes on; rerunning the sweep skips every job that already has a completed row (resume)
+and runs failed ones again.
+
+Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
+``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
+selects the point with the lowest validation error, and reports the test metrics of that point
+only. Tuning itself is not private (the paper's Appendix I says the same of its experiments);
+``sweep.tuning=fixed`` (the default) runs the settings as given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS_DIR = Path("outputs") / "sweeps"
+RESULT_FIELDS = ["job", "status", "error", "test_error", "test_accuracy", "best_test_error", "val_error",
+                 "train_loss", "grad_mapping_norm", "eps_max_spent", "eps_per_silo", "uploads_G", "rounds_done",
+                 "selected", "grid_points", "wall_s", "overhead_s", "run_dir"]
+
+
+def job_key(flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> str:
+    """A stable id for a job: its run config and its tuning settings."""
+    blob = json.dumps({"run": dict(sorted(flat.items())), "tuning": sweep.get("tuning"),
+                       "grid": sweep.get("grid") if sweep.get("tuning") == "grid" else None,
+                       "validation-fraction": sweep.get("validation-fraction") if sweep.get("tuning") == "grid" else None},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class ResultsFile:
+    """``results.csv`` of one sweep, appended under a file lock (jobs may run concurrently)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fields = RESULT_FIELDS + sorted(SCHEMA)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def rows(self) -> list[dict[str, str]]:
+        if not self.path.exists():
+            return []
+        with self.path.open(newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    def completed(self, job: str) -> bool:
+        return any(r["job"] == job and r["status"] == "completed" for r in self.rows())
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        with self._locked():
+            new = not self.path.exists()
+            with self.path.open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=self.fields, extrasaction="ignore")
+                if new:
+                    writer.writeheader()
+                writer.writerow({k: _cell(v) for k, v in row.items()})
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    if v is None:
+        return ""
+    return v
+
+
+# -- one federation on Flower's simulation engine -------------------------------------------
+def engine_env() -> None:
+    """What every Flower process of a sweep needs (inherited by the Ray workers)."""
+    os.environ.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
+    """A ServerApp and a ClientApp that run silofl's apps with ``run_config``
+    (``run_simulation`` gives the apps an empty run config)."""
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    def with_config(context: Context) -> Context:
+        return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                       state=context.state, run_config=dict(run_config))
+
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        import app.server_app as server_app
+
+        server_app.main(grid, with_config(context))
+
+    client = ClientApp()
+
+    def forward(name: str) -> Any:
+        def handler(msg: Message, context: Context) -> Message:
+            import app.client_app as client_app
+
+            return getattr(client_app, name)(msg, with_config(context))
+
+        return handler
+
+    client.train()(forward("train"))
+    client.evaluate()(forward("evaluate"))
+    client.query("ledger")(forward("ledger"))
+    return server, client
+
+
+def run_federation(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Run one federation on the simulation engine; returns its summary.json plus wall time and
+    engine overhead (wall time minus the time inside rounds). Raises if it left no summary."""
+    from flwr.simulation import run_simulation
+
+    engine_env()
+    s = parse_settings(run_config)
+    out = Path(s.outputs_dir) / s.run_name
+    for name in ("summary.json", "rounds.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    server, client = simulation_apps(run_config)
+    t0 = time.perf_counter()
+    run_simulation(server_app=server, client_app=client, num_supernodes=s.num_silos,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": min(os.cpu_count() or 1, s.num_silos)}})
+    wall = time.perf_counter() - t0
+    if not (out / "summary.json").exists():
+        raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    inside = sum(float(r["wall_s"]) for r in rounds)
+    return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
+
+
+# -- one job -------------------------------------------------------------------------------
+def grid_points(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every combination of ``{flat key: [values]}`` ({} -> one empty point). Nested keys, as
+    ``+sweep.grid.privacy.clip=[0.5,2]`` on the command line makes them, are flattened first."""
+    grid = {k: v for k, v in flatten_run_config(grid).items()}
+    keys = sorted(grid)
+    for k in keys:
+        if k not in SCHEMA:
+            raise ConfigError(f"sweep.grid key {k!r} is not a run-config key")
+        if not isinstance(grid[k], (list, tuple)) or not grid[k]:
+            raise ConfigError(f"sweep.grid.{k} = {grid[k]!r} must be a non-empty list")
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir: Path) -> dict[str, Any]:
+    """The job's row: run the federation (or its tuning grid) and keep the selected one's metrics."""
+    tuning = str(sweep.get("tuning", "fixed"))
+    if tuning not in ("fixed", "grid"):
+        raise ConfigError(f"sweep.tuning = {tuning!r}; allowed: fixed, grid")
+    points = grid_points(sweep.get("grid") or {}) if tuning == "grid" else [{}]
+    base = dict(flat) | {"outputs-dir": str(sweep_dir / "runs")}
+    if tuning == "grid":
+        base["validation-fraction"] = float(sweep.get("validation-fraction", 0.2))
+    metric = str(sweep.get("select", "val_error"))
+    best: dict[str, Any] | None = None
+    for i, point in enumerate(points):
+        cfg = base | point | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
+        parse_settings(cfg)
+        result = run_federation(cfg)
+        score = result.get(metric) if tuning == "grid" else 0.0
+        if score is None:
+            raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
+        print(f"[sweep] job {job} point {i + 1}/{len(points)} {point}: {metric} {score}", flush=True)
+        if best is None or score < best["score"]:
+            best = {"score": score, "point": point, "result": result}
+    assert best is not None
+    res = best["result"]
+    evals = [r for r in res["rounds_rows"] if r.get("test_error") is not None]
+    return {
+        "status": res["status"], "error": "; ".join(res.get("client_errors", [])[:3]),
+        "test_error": res.get("test_error"), "test_accuracy": res.get("test_accuracy"),
+        "best_test_error": min((r["test_error"] for r in evals), default=None),
+        "val_error": res.get("val_error"), "train_loss": res.get("train_loss"),
+        "grad_mapping_norm": res.get("grad_mapping_norm_eval"), "eps_max_spent": res.get("eps_max_spent"),
+        "eps_per_silo": [s.get("eps_spent") for s in res.get("silos", [])],
+        "uploads_G": res["rounds_rows"][-1]["uploads_G"] if res["rounds_rows"] else None,
+        "rounds_done": len(res["rounds_rows"]), "selected": best["point"] or None,
+        "grid_points": len(points), "wall_s": res["wall_s"], "overhead_s": res["overhead_s"], "run_dir": res["run_dir"],
+    } | (best["point"] and {k: v for k, v in best["point"].items()} or {})
+
+
+def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
+    """Run (or skip) one job of a sweep from its composed config; returns the row written."""
+    sweep = dict(nested.get("sweep") or {})
+    flat = flatten_run_config(nested)
+    sweep_dir = SWEEPS_DIR / str(sweep.get("name", "default"))
+    results = ResultsFile(sweep_dir / "results.csv")
+    job = job_key(flat, sweep)
+    if results.completed(job):
+        print(f"[sweep] job {job} already has a result in {results.path}; skipped", flush=True)
+        return {"job": job, "status": "skipped"}
+    row: dict[str, Any] = dict(flat) | {"job": job}
+    t0 = time.perf_counter()
+    try:
+        parse_settings(flat)
+        row |= run_job(flat, sweep, job, sweep_dir)
+    except Exception as exc:  # recorded, and the sweep goes on
+        traceback.print_exc()
+        row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}
+    results.append(row)
+    te = row.get("test_error")
+    print(f"[sweep] job {job}: {row['status']}, test error {'-' if te in (None, '') else f'{te:.2%}'}, "
+          f"wall {row.get('wall_s', 0):.1f}s, overhead {row.get('overhead_s', math.nan):.1f}s -> {results.path}",
+          flush=True)
+    return row
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import DictConfig, OmegaConf
+
+    @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
+    def _job(cfg: DictConfig) -> None:
+        sweep_job(OmegaConf.to_container(cfg, resolve=True))
+
+    _job()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

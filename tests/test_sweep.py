@@ -1,0 +1,107 @@
+"""Hydra sweeps: job rows, failures, resume, validation-split selection, reports."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import app.sweep as sweep
+from app import report
+from app.launch import default_run_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nested(**over) -> dict:
+    """A composed config as Hydra hands it to a job (nested keys, plus the sweep node)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=[f"{k}={v}" for k, v in over.items()])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def fake_federation(calls: list[dict]):
+    """Stands in for the engine: validation error falls with lr, test error is 0.1 + lr / 10."""
+    def run(cfg: dict) -> dict:
+        calls.append(cfg)
+        if cfg["seed"] == 13:
+            raise RuntimeError("silo exploded")
+        lr = float(cfg["lr"])
+        rows = [{"round": 1, "wall_s": 0.1, "test_error": 0.5, "uploads_G": 2.0},
+                {"round": 2, "wall_s": 0.1, "test_error": 0.1 + lr / 10, "uploads_G": 4.0}]
+        return {"status": "completed", "test_error": 0.1 + lr / 10, "test_accuracy": 0.9 - lr / 10,
+                "val_error": 1.0 / lr if cfg.get("validation-fraction") else None, "eps_max_spent": 3.0,
+                "silos": [{"eps_spent": 3.0}, {"eps_spent": 2.9}], "rounds_rows": rows, "wall_s": 1.0,
+                "overhead_s": 0.8, "run_dir": "x", "client_errors": []}
+    return run
+
+
+def test_grid_selection_uses_validation_error_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    cfg = nested(**{"sweep.tuning": "grid", "+sweep.grid.lr": "[0.1,0.5,2.0]", "sweep.name": "t"})
+    row = sweep.sweep_job(cfg)
+    assert len(calls) == 3 and all(c["validation-fraction"] == 0.2 for c in calls)
+    assert row["selected"] == {"lr": 2.0} and row["lr"] == 2.0  # lowest validation error (1/lr)
+    assert row["test_error"] == pytest.approx(0.1 + 2.0 / 10)  # the selected point's test error
+    assert row["best_test_error"] == pytest.approx(0.3) and row["eps_per_silo"] == [3.0, 2.9]
+
+
+def test_failed_job_is_recorded_and_resume_skips_completed_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    ok, bad, invalid = nested(seed=1), nested(seed=13), nested(**{"num-rounds": 0})
+    assert sweep.sweep_job(ok)["status"] == "completed"
+    assert sweep.sweep_job(bad)["status"] == "failed"
+    assert sweep.sweep_job(invalid)["status"] == "failed"  # a config error is a failed job, not a crash
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/default/results.csv").open()))
+    assert [r["status"] for r in rows] == ["completed", "failed", "failed"]
+    assert "silo exploded" in rows[1]["error"] and "num-rounds = 0 is out of range" in rows[2]["error"]
+    assert set(default_run_config()) <= set(rows[0])  # every setting is a column
+    n = len(calls)
+    assert sweep.sweep_job(ok)["status"] == "skipped" and len(calls) == n  # resume
+    sweep.sweep_job(bad)  # failed jobs run again
+    assert len(calls) == n + 1
+
+
+def test_report_tables_and_plots(tmp_path: Path) -> None:
+    fields = sweep.ResultsFile(tmp_path / "results.csv")
+    for algo, eps, seed, err in [("mbsgd", 1.5, 0, 0.10), ("mbsgd", 1.5, 1, 0.20), ("spider", 1.5, 0, 0.30),
+                                 ("mbsgd", 3.0, 0, 0.05)]:
+        fields.append({"job": f"{algo}{eps}{seed}", "status": "completed", "algorithm": algo, "privacy.epsilon": eps,
+                       "privacy.mode": "isrl", "seed": seed, "test_error": err, "sketch.kind": "none", "overhead_s": 2.0})
+    fields.append({"job": "off", "status": "completed", "algorithm": "mbsgd", "privacy.epsilon": 3.0,
+                   "privacy.mode": "off", "seed": 0, "test_error": 0.02, "sketch.kind": "none"})
+    fields.append({"job": "f", "status": "failed", "algorithm": "spider", "privacy.epsilon": 3.0, "error": "boom"})
+    report.main([str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    assert "| mbsgd | none | 15.00% ± 7.07% (n=2) | 5.00% ± 0.00% (n=1) | 2.00% ± 0.00% (n=1) |" in md
+    assert "| spider | none | 30.00% ± 0.00% (n=1) | n/a | n/a |" in md and "boom" in md
+    assert (tmp_path / "error_vs_epsilon.png").stat().st_size > 1000
+
+
+@pytest.mark.e2e
+def test_hydra_multirun_on_the_simulation_engine(tmp_path: Path) -> None:
+    """`python -m app.sweep -m` with two jobs on Flower's simulation engine: two rows, each a
+    completed federation within its budget; a second run resumes (skips both)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "app.sweep", "-m", "experiment=smoke", "sweep.name=e2e", "num-rounds=2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/e2e/results.csv").open()))
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+    assert sorted(float(r["privacy.epsilon"]) for r in rows) == [1.5, 3.0]
+    for r in rows:
+        assert max(json.loads(r["eps_per_silo"])) <= float(r["privacy.epsilon"]) and float(r["test_error"]) < 0.4
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.stdout.count("skipped") == 2
