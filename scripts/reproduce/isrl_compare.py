@@ -49,6 +49,12 @@ SETUPS: dict[str, dict[str, Any]] = {
     # features, MLP 50-64-2; R = 25 rounds with all 25 silos per round
     "fmnist-pairs": {"dataset": "fashion-mnist", "partition": "even-odd-pairs", "num-silos": 25,
                      "silos-per-round": 25, "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
+    # MNIST even/odd pairs, where the MNIST idx files are present (data-dir)
+    "mnist-pairs": {"dataset": "mnist", "partition": "even-odd-pairs", "num-silos": 25, "silos-per-round": 25,
+                    "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
+    # CIFAR-10: 10 silos of one class each, LeNet-5, all silos every round (needs the CIFAR-10 files)
+    "cifar10": {"dataset": "cifar10", "partition": "label", "num-silos": 10, "silos-per-round": 10,
+                "model": "lenet5", "num-rounds": 50, "batch-size": 64},
 }
 ALGORITHM_SETTINGS: dict[str, dict[str, Any]] = {
     "mbsgd": {}, "localsgd": {"local-steps": 5}, "spider": {"spider.q": 5}, "spider-alt": {},
@@ -115,6 +121,47 @@ def table(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], 
     return "\n".join(lines)
 
 
+def _check_data(setup: str) -> None:
+    """Stop with a clear message when the setup's data files are not on this machine."""
+    from app.data.sources import load_source
+
+    cfg = SETUPS[setup]
+    try:
+        load_source(cfg["dataset"], cfg.get("data-dir") or None)
+    except Exception as exc:  # missing files: nothing to run
+        raise SystemExit(f"[isrl-compare] setup {setup!r} needs dataset {cfg['dataset']!r}, which is not "
+                         f"available here: {exc}\nPut the files in place and pass --data-dir.") from None
+
+
+def plot(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], epsilons: list[float], path: Path) -> None:
+    """Test error vs epsilon at each selected point, mean +- std over seeds (non-private: dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, algo in enumerate(algorithms):
+        finite = [e for e in epsilons if not math.isinf(e) and (algo, e) in best]
+        errs = [[float(r["test_error"]) for r in best[(algo, e)]["runs"]] for e in finite]
+        if finite:
+            ax.errorbar(finite, [statistics.mean(v) for v in errs],
+                        yerr=[statistics.stdev(v) if len(v) > 1 else 0 for v in errs], marker="o", capsize=3,
+                        color=f"C{i}", label=algo)
+        if (algo, math.inf) in best:
+            ax.axhline(statistics.mean(float(r["test_error"]) for r in best[(algo, math.inf)]["runs"]),
+                       color=f"C{i}", ls="--", alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (each silo, certified)")
+    ax.set_ylabel("test error (mean ± std over seeds)")
+    ax.set_title("dashed: non-private", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, setup: str, what: str) -> None:
     """Run the jobs not yet in ``rows``, appending each result to the CSV as it finishes."""
     done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), int(r["seed"])) for r in rows}
@@ -148,7 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--retry-failed", action="store_true", help="run again the jobs recorded as failed")
     ap.add_argument("--tune-seeds", type=int, nargs="+", default=None,
                     help="run the whole grid on these seeds only, then the selected point on the other seeds")
+    ap.add_argument("--data-dir", default="", help="where the MNIST / CIFAR-10 files are")
     args = ap.parse_args(argv)
+    if args.data_dir:
+        SETUPS[args.setup]["data-dir"] = args.data_dir
+    _check_data(args.setup)
     out = args.out or Path("outputs") / "reproduce" / f"isrl-{args.setup}"
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
@@ -172,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     best = select(rows, set(tune))
     md = table(best, args.algorithms, args.eps)
     (out / "table.md").write_text(md + "\n")
+    plot(best, args.algorithms, args.eps, out / "error_vs_epsilon.png")
     print(md)
 
 
