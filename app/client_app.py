@@ -80,6 +80,8 @@ def _silo(context: Context) -> Silo:
     state_dir = Path(str(node.get("state-dir", flwr_home / "silofl-state")))
     key = (context.run_id, index, state_dir, ledger_key)
     if key not in _SILOS:
+        for old in [k for k in _SILOS if k[0] != context.run_id]:  # a warm process serves run after run
+            del _SILOS[old]
         fed = build_federated_data(s)
         ledger_budget = None
         if scope == "node":  # one lifetime budget across runs: the silo's own, from its node config

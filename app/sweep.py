@@ -110,6 +110,53 @@ def engine_env() -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
+_WARM_POOLS: dict[str, Any] = {}
+
+
+def keep_engine_warm() -> None:
+    """Keep Ray and its ClientApp actors alive from one job to the next in this process.
+
+    ``run_simulation`` starts Ray, creates one actor per CPU (each a Python process that imports
+    Flower, torch and the app) and shuts everything down at the end of every run: that start-up
+    dominates short jobs. Jobs of one sweep run one after another in one process, so the sweep
+    keeps the first job's actor pool and gives it to the next job's backend (each message
+    still carries that job's ClientApp; the actors only cache silos by run id). Ray and the
+    actors are shut down when the process exits. This patches Flower's RayBackend (build and
+    terminate) and is checked against flwr 1.42; ``sweep.warm-engine=false`` turns it off."""
+    import atexit
+
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if getattr(RayBackend, "_silofl_warm", False):
+        return
+    build, terminate = RayBackend.build, RayBackend.terminate
+
+    def warm_build(self: Any, app_fn: Any) -> None:
+        key = json.dumps([self.client_resources, self.actor_kwargs], sort_keys=True, default=str)
+        if key in _WARM_POOLS:
+            self.pool, self.app_fn = _WARM_POOLS[key], app_fn
+        else:
+            build(self, app_fn)
+            _WARM_POOLS[key] = self.pool
+
+    def warm_terminate(self: Any) -> None:
+        """Leave Ray and the actors running for the next job (see atexit below)."""
+
+    def shutdown() -> None:
+        import ray
+
+        for pool in _WARM_POOLS.values():
+            pool.terminate_all_actors()
+        _WARM_POOLS.clear()
+        if ray.is_initialized():
+            ray.shutdown()
+
+    RayBackend.build, RayBackend.terminate = warm_build, warm_terminate
+    RayBackend._silofl_warm = True
+    RayBackend._silofl_original = (build, terminate)
+    atexit.register(shutdown)
+
+
 def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     """A ServerApp and a ClientApp that run silofl's apps with ``run_config``
     (``run_simulation`` gives the apps an empty run config)."""
@@ -145,12 +192,15 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     return server, client
 
 
-def run_federation(run_config: dict[str, Any]) -> dict[str, Any]:
+def run_federation(run_config: dict[str, Any], warm: bool = True) -> dict[str, Any]:
     """Run one federation on the simulation engine; returns its summary.json plus wall time and
-    engine overhead (wall time minus the time inside rounds). Raises if it left no summary."""
+    engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
+    ``warm``: reuse the engine's actors across the federations of this process."""
     from flwr.simulation import run_simulation
 
     engine_env()
+    if warm:
+        keep_engine_warm()
     s = parse_settings(run_config)
     out = Path(s.outputs_dir) / s.run_name
     for name in ("summary.json", "rounds.jsonl"):
@@ -197,7 +247,7 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
     for i, point in enumerate(points):
         cfg = base | point | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         parse_settings(cfg)
-        result = run_federation(cfg)
+        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)))
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
