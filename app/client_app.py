@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 from app import wire
 from app.config import Settings, parse_settings
 from app.data.federated import build_federated_data
+from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.silo import Silo
 
 app = ClientApp()
@@ -83,11 +84,14 @@ def _silo(context: Context) -> Silo:
         for old in [k for k in _SILOS if k[0] != context.run_id]:  # a warm process serves run after run
             del _SILOS[old]
         fed = build_federated_data(s)
+        data = fed.silos[index]
+        if s.attack_kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
+            data = poison_labels(data, s, fed.num_classes)
         ledger_budget = None
         if scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
             n = fed.silos[index].n
             ledger_budget = (float(node["epsilon-cap"]), float(node.get("delta-cap", s.delta_for(n))))
-        _SILOS[key] = Silo(s, fed.silos[index], fed.num_classes, fed.feature_shape, state_dir, ledger_key,
+        _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, state_dir, ledger_key,
                            policy_violation=policy_violation(s, dict(node)), ledger_budget=ledger_budget)
     return _SILOS[key]
 

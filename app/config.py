@@ -12,8 +12,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ALGORITHMS = ("mbsgd", "localsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg")
-PLANNED_ALGORITHMS = ("gradbant",)
+ALGORITHMS = ("mbsgd", "localsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg", "gradbant")
+PLANNED_ALGORITHMS: tuple[str, ...] = ()
+#: aggregation rules of the Byzantine-robust line (algorithm = gradbant); strategies/aggregation.py
+AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
+               "centered-clipping")
+#: rules that score updates against the server's trust set
+TRUST_AGGREGATORS = ("gradbant", "fltrust")
+ATTACKS = ("none", "label-flip", "random-labels", "sign-flip", "ipm", "alie", "gaussian")
+TRUST_SHIFTS = ("none", "noise", "blur")
 #: the algorithms whose server step is a prox step (all but local SGD, whose message is a model delta).
 PROX_ALGORITHMS = ("mbsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg")
 #: which iterate the run returns: the last one, or one drawn uniformly from w_1..w_R (the paper's w_priv).
@@ -98,6 +105,18 @@ class Settings:
     sketch_epsilon: float = 0.3
     sketch_layerwise: bool = True
     sketch_error_feedback: bool = True
+    aggregator: str = "gradbant"
+    trust_size: int = 0
+    trust_classes: tuple[int, ...] = ()
+    trust_shift: str = "none"
+    gradbant_beta: float = 0.5
+    gradbant_smoothness: float = 1.0
+    cc_tau: float = 1.0
+    attack_kind: str = "none"
+    attack_fraction: float = 0.0
+    attack_ipm_epsilon: float = 0.5
+    attack_alie_z: float = 0.0
+    attack_noise_std: float = 1.0
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -109,6 +128,7 @@ class Settings:
         """Every setting, for summary.json."""
         d = asdict(self)
         d["model_hidden"] = list(self.model_hidden)
+        d["trust_classes"] = list(self.trust_classes)
         return d
 
     def delta_for(self, n: int) -> float:
@@ -192,6 +212,20 @@ def _hidden(key: str, value: Any) -> tuple[int, ...]:
     return widths
 
 
+def _int_list(key: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of integers, e.g. \"0,1,2\" (\"\": all)")
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of integers") from None
+    if any(v < 0 for v in out):
+        raise ConfigError(f"{key} = {value!r} must list class indices >= 0")
+    return out
+
+
 def _delta(key: str, value: Any) -> float | None:
     if isinstance(value, str) and value.strip().lower() in ("auto", "1/n^2", "1/n2"):
         return None
@@ -234,6 +268,18 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "sketch.ratio": ("sketch_ratio", _num(0, 1, lo_open=True)),
     "sketch.epsilon": ("sketch_epsilon", _num(0, 1, lo_open=True, hi_open=True)),
     "sketch.layerwise": ("sketch_layerwise", _bool),
+    "aggregator": ("aggregator", _str(AGGREGATORS)),
+    "trust.size": ("trust_size", _num(0, 1_000_000, integer=True)),
+    "trust.classes": ("trust_classes", _int_list),
+    "trust.shift": ("trust_shift", _str(TRUST_SHIFTS)),
+    "gradbant.beta": ("gradbant_beta", _num(0, 1, lo_open=True)),
+    "gradbant.smoothness": ("gradbant_smoothness", _num(0, None)),
+    "cc.tau": ("cc_tau", _num(0, None, lo_open=True)),
+    "attack.kind": ("attack_kind", _str(ATTACKS)),
+    "attack.fraction": ("attack_fraction", _num(0, 0.9)),
+    "attack.ipm-epsilon": ("attack_ipm_epsilon", _num(0, None, lo_open=True)),
+    "attack.alie-z": ("attack_alie_z", _num(0, None)),
+    "attack.noise-std": ("attack_noise_std", _num(0, None)),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),
@@ -312,6 +358,28 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"plsvrg.restarts = {s.plsvrg_restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
+    _check_byzantine(s)
+
+
+def _check_byzantine(s: Settings) -> None:
+    """The Byzantine-robust line's settings that depend on each other."""
+    if s.attack_kind != "none" and s.algorithm != "gradbant":
+        raise ConfigError(f"attack.kind = {s.attack_kind!r} needs algorithm = 'gradbant' (the Byzantine-robust "
+                          f"training loop); got algorithm = {s.algorithm!r}")
+    if s.algorithm != "gradbant":
+        return
+    if s.aggregator in TRUST_AGGREGATORS and s.trust_size < 1:
+        raise ConfigError(f"trust.size = {s.trust_size} is out of range for aggregator {s.aggregator!r}; allowed: "
+                          "[1, number of records) (the server's trust set, e.g. 500)")
+    byz = min(math.floor(s.attack_fraction * s.num_silos + 1e-9), s.num_silos - 1) if s.attack_kind != "none" else 0
+    if s.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
+        raise ConfigError(
+            f"aggregator = {s.aggregator!r} needs an honest majority, but attack.fraction = {s.attack_fraction:g} "
+            f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
+            "use gradbant, fltrust or mean, or a smaller fraction")
+    if s.attack_kind == "alie" and not s.attack_alie_z and byz >= s.num_silos / 2:
+        raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
+                          f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")
 
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:

@@ -12,6 +12,7 @@ the first round. Rounds are numbered from 1.
   ``anchor`` (K = n), the Q others are inner-step ``diff`` releases.
 * ``plsvrg`` (Algorithm 2): the rounds split into S stages of ceil(R / S) rounds, each an SVRG run
   restarted at the previous stage's output, so each stage starts with an ``anchor``.
+* ``gradbant`` (Byzantine-robust line): ``grad`` every round, or ``local`` with Q > 1 local steps.
 * ``spider-alt`` (Algorithm 11): round 1 is one fresh ``grad`` release; every later round has two
   uploads, a ``diff`` (w^1 vs w^0) then a fresh ``grad`` at w^2.
 """
@@ -47,6 +48,8 @@ def round_phases(s: Settings, rnd: int) -> tuple[str, ...]:
         return ("anchor",) if pos % (s.svrg_inner_steps + 1) == 0 else ("diff",)
     if algo == "spider-alt":
         return ("grad",) if rnd == 1 else ("diff", "grad")
+    if algo == "gradbant":  # a gradient, or Q local steps whose change is a pseudo-gradient
+        return ("local",) if s.local_steps > 1 else ("grad",)
     raise ValueError(f"no release schedule for algorithm {algo!r}")
 
 

@@ -69,6 +69,15 @@ def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
     return sorted(silos, key=lambda d: d.get("silo", 0))
 
 
+def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, float | None]:
+    """(first round whose test accuracy >= ``accuracy``, G(t) then), or (None, None)."""
+    for r in rows:
+        te = r.get("test_error")
+        if te is not None and not math.isnan(te) and 1 - te >= accuracy:
+            return int(r["round"]), float(r["uploads_G"])
+    return None, None
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
@@ -109,6 +118,9 @@ def main(grid: Grid, context: Context) -> None:
         "grad_mapping_norm_eval": out_eval.get("grad_mapping_norm_eval"),
         "val_error": out_eval.get("val_error"),
         "last_iterate_test_error": last_eval.get("test_error"),
+        # first round (and cumulative uploads G(t) then) whose test accuracy reached 60% / 80%
+        **{f"{what}_to_{pct}": reach(strategy.rows, pct / 100)[i] for pct in (60, 80)
+           for i, what in enumerate(("rounds", "uploads_G"))},
         "evaluation_note": "test error, train loss and the gradient mapping ||G_eta|| (from the silos' full "
                            "training gradients) are evaluation-only statistics the silos report on the final "
                            "model; they are not covered by the DP guarantee of the training releases",

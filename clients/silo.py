@@ -209,6 +209,7 @@ class Silo:
         spent = self.ledger.record(releases, round_=rnd, exclusive_round=phase == "disjoint")
         metrics = {
             "num-examples": float(spec.batch),
+            "silo-index": float(self.data.index),
             "eps-spent": spent,
             "sigma": spec.sigma,
             "noise-multiplier": spec.noise_multiplier,

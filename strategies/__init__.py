@@ -1,6 +1,7 @@
 """Server-side optimisers (flwr.serverapp.strategy.Strategy subclasses)."""
 
 from strategies.base import FederatedOptimizer
+from strategies.gradbant import ByzantineRobust
 from strategies.localsgd import LocalSGD
 from strategies.mbsgd import MinibatchSGD
 from strategies.proxsgd import NoisyProxSGD
@@ -10,8 +11,8 @@ from strategies.svrg import FedProxPLSVRG, FedProxSVRG
 
 STRATEGIES: dict[str, type[FederatedOptimizer]] = {
     "mbsgd": MinibatchSGD, "localsgd": LocalSGD, "proxsgd": NoisyProxSGD, "spider": FedProxSPIDER,
-    "spider-alt": FedSPIDERAlt, "svrg": FedProxSVRG, "plsvrg": FedProxPLSVRG,
+    "spider-alt": FedSPIDERAlt, "svrg": FedProxSVRG, "plsvrg": FedProxPLSVRG, "gradbant": ByzantineRobust,
 }
 
-__all__ = ["STRATEGIES", "FederatedOptimizer", "FedProxPLSVRG", "FedProxSPIDER", "FedProxSVRG", "FedSPIDERAlt",
+__all__ = ["STRATEGIES", "ByzantineRobust", "FederatedOptimizer", "FedProxPLSVRG", "FedProxSPIDER", "FedProxSVRG", "FedSPIDERAlt",
            "LocalSGD", "MinibatchSGD", "NoisyProxSGD"]

@@ -17,6 +17,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -41,6 +42,8 @@ class ReplyTally:
     malformed: dict[int, str] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     missing: int = 0
+    #: each valid reply's message as sent: the flat update, or the sketch payload y (node -> vector)
+    messages: dict[int, np.ndarray] = field(default_factory=dict)
 
     def eps_max(self) -> float:
         values = [m["eps-spent"] for _, _, m in self.valid]
@@ -49,7 +52,7 @@ class ReplyTally:
     def merge(self, other: ReplyTally) -> ReplyTally:
         """The tally of two exchanges of one round (Fed-SPIDER's two uploads)."""
         return ReplyTally(self.valid + other.valid, self.refused | other.refused, self.malformed | other.malformed,
-                          self.errors | other.errors, self.missing + other.missing)
+                          self.errors | other.errors, self.missing + other.missing, self.messages | other.messages)
 
 
 class IterateSampler:
@@ -210,6 +213,10 @@ class FederatedOptimizer(Strategy):
         self.uploads += len(tally.valid) * payload / n_params
         return tally
 
+    def round_metrics(self) -> dict[str, Any]:
+        """Extra entries for this round's row (e.g. the weight each silo got)."""
+        return {}
+
     def output_iterate(self, last: ArrayRecord) -> tuple[ArrayRecord, int]:
         """The run's output and the round it comes from (``output`` = last or random)."""
         if self.s.output == "random" and self.sampler.value is not None:
@@ -252,25 +259,34 @@ class FederatedOptimizer(Strategy):
                 log(WARNING, "round %d: silo node %d refused: %s", server_round, node, tally.refused[node])
                 continue
             try:
-                update, metrics = self.read_update(msg.content)
+                update, metrics, message = self.read_update(msg.content)
             except wire.ReplyError as exc:
                 tally.malformed[node] = str(exc)
                 log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
                 continue
             tally.valid.append((node, update, metrics))
+            tally.messages[node] = message
         tally.missing = max(sent - seen, 0)
         return tally
 
-    def read_update(self, content: Any) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        """A validated update in the model's layout: lifted S^T y when the round is sketched."""
+    def read_update(self, content: Any) -> tuple[dict[str, np.ndarray], dict[str, float], np.ndarray]:
+        """A validated update in the model's layout (lifted S^T y when the round is sketched),
+        its metrics, and the message vector as sent (flat update, or payload y)."""
         if self._sketch is None:
-            return wire.read_update(content, self.layout)
+            update, metrics = wire.read_update(content, self.layout)
+            return update, metrics, flatten(update)
         payload, metrics = wire.read_update(content, {wire.SKETCH: (self._sketch.payload_size,)})
+        return self.lift(payload[wire.SKETCH]), metrics, np.asarray(payload[wire.SKETCH], dtype=np.float32)
+
+    def lift(self, message: np.ndarray) -> dict[str, np.ndarray]:
+        """S^T y in the model's layout for this round's sketch (the identity without one)."""
+        if self._sketch is None:
+            return wire.unflatten(np.asarray(message, dtype=np.float32), self.layout)
         try:
-            flat = self._sketch.decompress(payload[wire.SKETCH]).numpy()
+            flat = self._sketch.decompress(torch.as_tensor(np.asarray(message, dtype=np.float32))).numpy()
         except PayloadError as exc:
             raise wire.ReplyError(f"sketch payload rejected: {exc}") from exc
-        return wire.unflatten(flat, self.layout), metrics
+        return wire.unflatten(flat, self.layout)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
@@ -295,6 +311,7 @@ class FederatedOptimizer(Strategy):
                 "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
             }
             row |= {"uplink_floats": round((self.uploads - uploads_before) * n_params), "uploads_G": self.uploads}
+            row |= self.round_metrics()
             if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
                 ev = self.evaluate_point(rnd, arrays, grid, evaluate_config, timeout)
                 if ev is not None:
@@ -341,6 +358,11 @@ def composite_prox(s: Settings) -> Prox:
     """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
     extra = {"l2": s.prox_l2} if s.prox_kind == "elastic-net" else {}
     return make_prox(s.prox_kind, s.prox_strength, **extra)
+
+
+def flatten(update: dict[str, np.ndarray]) -> np.ndarray:
+    """The update as one float32 vector (layer order)."""
+    return np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1) for v in update.values()])
 
 
 def mean_update(updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

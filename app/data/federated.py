@@ -19,7 +19,7 @@ from app.config import Settings
 from app.data.partition import even_odd_labels, make_partition
 from app.data.preprocess import fit_pca, standardize_silos
 from app.data.sources import load_source
-from app.data.split import train_test_split_indices
+from app.data.split import stratified_sample, train_test_split_indices
 from app.seeding import np_rng
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class FederatedData:
 def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
-            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca)
+            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, s.trust_size)
 
 
 def build_federated_data(s: Settings) -> FederatedData:
@@ -78,36 +78,40 @@ def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]
     """(source, [(train indices, test indices) per silo], task labels, num classes), numpy only
     (the launcher's pre-flight check uses this without importing torch). The train indices
     exclude the validation records (:func:`validation_indices`)."""
-    source, splits, labels, num_classes, _ = _splits(data_key(s))
+    source, splits, labels, num_classes, _, _ = _splits(data_key(s))
     return source, splits, labels, num_classes
 
 
 @functools.lru_cache(maxsize=4)
 def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int, list[np.ndarray]]:
-    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca = key
+    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca, trust_size = key
     source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
     labels = source.y
     num_classes = source.num_classes
+    # the server's trust set comes out first, so it is disjoint from every silo
+    trust = stratified_sample(labels, trust_size, np_rng(seed, "trust-set")) if trust_size else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(len(labels)), trust)
     if partition == "even-odd-pairs":
-        parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"))
+        parts = make_partition(partition, labels[rest], num_silos, np_rng(seed, "partition"))
         labels = even_odd_labels(labels)
         num_classes = 2
     else:
-        parts = make_partition(partition, labels, num_silos, np_rng(seed, "partition"), alpha=alpha, p=p)
+        parts = make_partition(partition, labels[rest], num_silos, np_rng(seed, "partition"), alpha=alpha, p=p)
+    parts = [rest[idx] for idx in parts]
     splits = [train_test_split_indices(idx, test_fraction, np_rng(seed, "split", i)) for i, idx in enumerate(parts)]
     vals = []
     for i, (tr, te) in enumerate(splits):  # validation records come out of the training split
         tr, va = train_test_split_indices(tr, val_fraction, np_rng(seed, "validation", i))
         splits[i] = (tr, te)
         vals.append(va)
-    return source, splits, labels, num_classes, vals
+    return source, splits, labels, num_classes, vals, trust
 
 
 @functools.lru_cache(maxsize=4)
 def _build(key: tuple) -> FederatedData:
     import torch
 
-    source, splits, labels, num_classes, vals = _splits(key)
+    source, splits, labels, num_classes, vals, _ = _splits(key)
     standardize, pca = key[5], key[10]
     x = source.x
     if pca:  # non-private pre-processing on the pooled training records, like ``pooled`` standardising
@@ -124,6 +128,54 @@ def _build(key: tuple) -> FederatedData:
         (train_x, train_y), (test_x, test_y), (val_x, val_y) = tensor(tr, scaler), tensor(te, scaler), tensor(va, scaler)
         silos.append(SiloData(i, train_x, train_y, test_x, test_y, val_x, val_y))
     return FederatedData(tuple(silos), num_classes, tuple(x.shape[1:]))
+
+@dataclass(frozen=True)
+class TrustSet:
+    """The server's small labelled set (Grad-BANT / FLTrust), disjoint from every silo, with the
+    silos' pre-processing applied."""
+
+    x: "torch.Tensor"
+    y: "torch.Tensor"
+
+
+def build_trust_set(s: Settings) -> TrustSet:
+    """``trust.size`` records drawn stratified by label before the silos' partition (so no silo
+    holds them), restricted to ``trust.classes`` if given, with the ``trust.shift`` applied."""
+    import torch
+
+    source, splits, labels, _, _, trust = _splits(data_key(s))
+    if not len(trust):
+        raise ValueError("trust.size = 0: this run has no trust set")
+    x = source.x
+    if s.pca:
+        x = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), s.pca).apply(x)
+    scaler = standardize_silos(None, [x[tr] for tr, _ in splits], s.standardize)[0]
+    tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
+    if s.trust_classes:
+        keep = np.isin(ty, s.trust_classes)
+        if not keep.any():
+            raise ValueError(f"trust.classes = {list(s.trust_classes)} leaves no trust record")
+        tx, ty = tx[keep], ty[keep]
+    tx = apply_shift(tx, s.trust_shift, np_rng(s.seed, "trust-shift"))
+    return TrustSet(torch.from_numpy(np.ascontiguousarray(tx)), torch.from_numpy(ty))
+
+
+def apply_shift(x: np.ndarray, shift: str, rng: np.random.Generator) -> np.ndarray:
+    """Appearance shifts of the trust set for the ablation: ``noise`` adds N(0, 0.5^2) to every
+    (standardised) feature; ``blur`` averages each pixel with its 3x3 neighbours (images only)."""
+    if shift == "none":
+        return x
+    if shift == "noise":
+        return (x + rng.normal(0.0, 0.5, size=x.shape)).astype(np.float32)
+    if shift == "blur":
+        if x.ndim != 4:
+            raise ValueError(f"trust.shift = 'blur' needs image features [N, C, H, W]; got shape {x.shape[1:]}")
+        pad = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), mode="edge")
+        h, w = x.shape[2], x.shape[3]
+        out = sum(pad[:, :, i:i + h, j:j + w] for i in range(3) for j in range(3)) / 9.0
+        return out.astype(np.float32)
+    raise ValueError(f"trust.shift = {shift!r}; allowed: none, noise, blur")
+
 
 #: Public metadata of each source: (feature shape, number of classes). The server builds the
 #: model from this without touching any silo's data.

@@ -49,3 +49,18 @@ def fixed_size_batch(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
         raise ValueError(f"k={k!r}; must be an integer in [1, {n}] (n)")
     _check_rng(rng)
     return rng.choice(int(n), int(k), replace=False).astype(np.int64)
+
+
+def stratified_sample(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` indices drawn without replacement with each label's share as in ``labels``
+    (largest-remainder rounding), sorted int64."""
+    labels = np.asarray(labels)
+    if not 1 <= size < len(labels):
+        raise ValueError(f"trust set size {size} must be in [1, {len(labels) - 1}] (the data has {len(labels)} records)")
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * size / len(labels)
+    take = np.floor(exact).astype(int)
+    for i in np.argsort(-(exact - take))[: size - take.sum()]:
+        take[i] += 1
+    chosen = [rng.choice(np.flatnonzero(labels == c), size=t, replace=False) for c, t in zip(classes, take) if t]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)

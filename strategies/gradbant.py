@@ -1,0 +1,178 @@
+"""Byzantine-robust training: Grad-BANT (trust scores on a server-side trust set) and the
+baseline aggregation rules, with JL-sketched uplinks and the attack harness.
+
+Round t (Grad-BANT, the JL + Grad-BANT paper), with S_t the round's sketch (identity without one):
+
+    silo i sends y_i = S_t g_i (honest) or anything (Byzantine); u_i = S_t^T y_i
+    theta_i = [ <S_t grad f0(x_t), y_i> - (L gamma / 2) ||u_i||^2 ]_+        (<S g0, y> = <g0, S^T y>)
+    p <- (1 - beta) p + beta theta / sum(theta);   a_i = p_i 1[theta_i > 0], renormalised
+    x_{t+1} = x_t - gamma S_t^T (sum_i a_i y_i) = x_t - gamma sum_i a_i u_i
+    if every theta_i = 0:  p <- (1 - beta) p + beta / n  and  x_{t+1} = x_t
+
+f0 is the cross-entropy on the server's trust set (``trust.size`` records drawn before the silos'
+partition, so disjoint from every silo), gamma = ``lr``, L = ``gradbant.smoothness``, beta =
+``gradbant.beta``; p has one entry per silo (all N, uniform at the start; a silo not sampled in a
+round gets theta = 0 in the momentum update).
+
+Messages: with ``local-steps`` = 1 a silo sends its (clipped, noised if private) minibatch
+gradient g; with Q > 1 local SGD steps of size gamma it sends its model change d = w_Q - w_0 and
+the server uses the pseudo-gradient g = -d / gamma, computing its reference g0 the same way: Q
+SGD steps of size gamma on batches of the trust set (as FLTrust does). The baselines
+(``aggregator``: mean, fltrust, krum, multi-krum, trimmed-mean, median, geometric-median,
+centered-clipping; strategies/aggregation.py) get the same lifted pseudo-gradients and step
+x_{t+1} = x_t - gamma * rule(u_1..u_m); Krum & co. are told f = the number of Byzantine silos
+among the round's replies (an oracle, as in the papers' experiments).
+"""
+
+from __future__ import annotations
+
+import math
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from app import wire
+from app.data.federated import build_trust_set, dataset_meta
+from app.models import build_model
+from app.privacy.per_sample import cross_entropy
+from app.seeding import np_rng
+from clients.byzantine import byzantine_indices
+from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
+from strategies.base import FederatedOptimizer, flatten
+from strategies.byzantine_harness import attack_messages
+
+
+def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.ndarray, beta: float,
+                  smoothness: float, gamma: float) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """One Grad-BANT aggregation (see the module docstring). ``updates`` [m, d] are the lifted
+    messages of the silos ``idx`` [m] (indices into ``p``, the momentum over all N silos).
+    Returns (direction sum_i a_i u_i, or None when every score is 0; the new p; the active
+    weights a [m]; the scores theta [m])."""
+    u = np.asarray(updates, dtype=np.float64)
+    theta = np.maximum(0.0, u @ np.asarray(g0, dtype=np.float64) - 0.5 * smoothness * gamma * (u * u).sum(axis=1))
+    n = len(p)
+    if theta.sum() <= 0:
+        return None, (1 - beta) * p + beta / n, np.zeros(len(u)), theta
+    share = np.zeros(n)
+    np.add.at(share, idx, theta / theta.sum())
+    p_new = (1 - beta) * p + beta * share
+    active = p_new[idx] * (theta > 0)
+    a = active / active.sum()
+    return a @ u, p_new, a, theta
+
+
+class ByzantineRobust(FederatedOptimizer):
+    """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        s = self.s
+        self.phase = "local" if s.local_steps > 1 else "grad"
+        self.byzantine = byzantine_indices(s)
+        self.p = np.full(s.num_silos, 1.0 / s.num_silos)
+        self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
+        self.trust = build_trust_set(s) if s.aggregator in ("gradbant", "fltrust") else None
+        shape, classes = dataset_meta(s)
+        self.model = build_model(s.model, shape, classes, hidden=s.model_hidden)
+        self._round: dict[str, Any] = {}
+
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        cfg = super().round_config(server_round) | {"phase": self.phase}
+        if self.phase == "local":
+            cfg |= {"local-steps": self.s.local_steps, "lr": self.s.lr}
+        return cfg
+
+    # -- the server's reference on the trust set -------------------------------------------
+    def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
+        """g0: the trust-set gradient at w (one message), or the pseudo-gradient of Q local SGD
+        steps of size gamma on trust-set batches of the silos' batch size."""
+        assert self.trust is not None
+        params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
+        x_all, y_all = self.trust.x, self.trust.y
+        rng = np_rng(self.s.seed, "trust-batches", server_round)
+        steps = self.s.local_steps if self.phase == "local" else 1
+        k = self.s.batch_size or len(y_all)
+        start = {key: v.clone() for key, v in params.items()}
+        grad = None
+        for _ in range(steps):
+            idx = torch.as_tensor(rng.choice(len(y_all), size=min(k, len(y_all)), replace=False)) \
+                if k < len(y_all) else torch.arange(len(y_all))
+            live = {key: v.clone().requires_grad_(True) for key, v in params.items()}
+            loss = cross_entropy(torch.func.functional_call(self.model, live, (x_all[idx],)), y_all[idx])
+            grad = dict(zip(live, torch.autograd.grad(loss, list(live.values())), strict=True))
+            params = {key: (params[key] - self.s.lr * grad[key]).detach() for key in params}
+        if self.phase == "grad":
+            assert grad is not None
+            return flatten({key: g.numpy() for key, g in grad.items()})
+        return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
+
+    # -- one round -------------------------------------------------------------------------
+    def train_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, config: ConfigRecord,
+                    timeout: float) -> ArrayRecord:
+        tally = self._last_tally = self.exchange(server_round, arrays, config, grid, timeout)
+        self._round = {}
+        if not tally.valid:
+            log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
+            return arrays
+        w = self._w
+        silo_of = {node: int(m.get("silo-index", -1)) for node, _, m in tally.valid}
+        byz_nodes = {node for node, silo in silo_of.items() if silo in self.byzantine}
+        messages = attack_messages(self.s, server_round, tally.messages, byz_nodes)
+        nodes = [node for node, _, _ in tally.valid]
+        lifted = np.stack([flatten(self.lift(messages[node])) for node in nodes]).astype(np.float64)
+        if self.phase == "local":
+            lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
+        idx = np.array([silo_of[node] for node in nodes])
+        direction, weights = self.aggregate(lifted, idx, w, server_round, len(byz_nodes))
+        self._round = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
+                       "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
+                       "byzantine_answered": len(byz_nodes)}
+        if direction is None:
+            return arrays
+        flat = flatten(w).astype(np.float64) - self.s.lr * direction
+        self._w = wire.unflatten(flat.astype(np.float32), self.layout)
+        return wire.params_to_record(self._w)
+
+    def aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
+                  f: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The round's direction (None: the model stays) and the weight each message got."""
+        rule = self.s.aggregator
+        if rule == "gradbant":
+            g0 = self.reference(w, server_round)
+            direction, self.p, a, theta = gradbant_step(g0, lifted, self.p, idx, self.s.gradbant_beta,
+                                                        self.s.gradbant_smoothness, self.s.lr)
+            self._round_scores = theta
+            if direction is None:
+                log(WARNING, "round %d: every Grad-BANT score is 0; the model is unchanged", server_round)
+            return direction, a
+        spec = RULES[rule]
+        kwargs: dict[str, Any] = {}
+        if "trust_update" in spec.inputs:
+            kwargs["trust_update"] = self.reference(w, server_round)
+        if "f" in spec.inputs:
+            kwargs["f"] = f
+        if "center" in spec.inputs:
+            kwargs["center"] = self.center if self.center is not None else np.zeros(lifted.shape[1])
+        if "tau" in spec.inputs:
+            kwargs["tau"] = self.s.cc_tau
+        try:
+            agg = spec.fn(lifted, **kwargs)
+        except (HonestMajorityRequired, ValueError) as exc:  # e.g. Krum with n - f - 2 < 1 this round
+            log(WARNING, "round %d: %s; the model is unchanged this round", server_round, exc)
+            return None, np.zeros(len(lifted))
+        self.center = agg.vector
+        if not np.any(agg.vector) and rule == "fltrust":
+            return None, agg.weights
+        return agg.vector, agg.weights
+
+    def round_metrics(self) -> dict[str, Any]:
+        return dict(self._round)
+
+    def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        raise NotImplementedError("ByzantineRobust aggregates in train_round (it needs the messages and the silo ids)")
+
