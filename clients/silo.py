@@ -270,6 +270,8 @@ class Silo:
         """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I), on K records
         drawn without replacement (or on the given ``batch``)."""
         x, y = batch if batch is not None else self._batch(spec.batch, rnd, step)
+        if not self.private:  # no clipping, no noise: the plain minibatch gradient (no per-sample pass)
+            return _unflatten(self._mean_gradient(w, x, y), w), batch_loss(self.model, dict(w), x, y)
         grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
         noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, step))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
@@ -288,6 +290,12 @@ class Silo:
         noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, 0))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
         return _unflatten(noisy, w), loss
+
+    def _mean_gradient(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Flat gradient of the mean loss on (x, y) (what the per-sample route averages to)."""
+        params = {k: v.detach().requires_grad_(True) for k, v in w.items()}
+        loss = cross_entropy(torch.func.functional_call(self.model, params, (x,)), y)
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(params.values()))])
 
     def _full_gradient(self, w: Mapping[str, torch.Tensor], chunk: int = 4096) -> dict[str, np.ndarray]:
         """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks."""

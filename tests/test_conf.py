@@ -29,10 +29,13 @@ def test_hydra_defaults_match_pyproject() -> None:
     assert parse_settings(flat) == parse_settings(default_run_config())
 
 
-@pytest.mark.parametrize("group", ["algorithm", "dataset", "model", "privacy", "sketch"])
+@pytest.mark.parametrize("group", ["algorithm", "dataset", "model", "privacy", "sketch", "attack", "+aggregator"])
 def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None:
-    for option in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
-        flat = composed(f"{group}={option}")
+    for option in sorted(p.stem for p in (CONF / group.lstrip("+")).glob("*.yaml")):
+        extra = ["algorithm=gradbant", "trust.size=50"] if group in ("attack", "+aggregator") else []
+        if group == "+aggregator" and option not in ("gradbant", "mean", "fltrust"):
+            extra.append("attack.fraction=0.2")
+        flat = composed(f"{group}={option}", *extra)
         assert set(flat) == set(SCHEMA), (group, option)
         s = parse_settings(flat)
         if group in ("algorithm", "dataset", "model"):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-MODELS = ("logistic", "mlp", "lenet5")
+MODELS = ("logistic", "mlp", "lenet5", "resnet18")
 
 
 class Logistic(nn.Module):
@@ -68,6 +68,18 @@ class LeNet5(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
+def resnet18_groupnorm(in_channels: int, num_classes: int, groups: int = 32) -> nn.Module:
+    """torchvision's ResNet-18 (11.2M parameters) with GroupNorm instead of BatchNorm (per-sample
+    gradients and DP need no batch statistics) and the CIFAR stem: a 3x3 stride-1 first
+    convolution and no max-pool, for 32x32 (or 28x28) images."""
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(min(groups, c), c))
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
 def build_model(
     name: str,
     feature_shape: Sequence[int],
@@ -91,6 +103,10 @@ def build_model(
                 f"model=lenet5 needs square images [C, H, W] with H >= 16; got feature shape {feature_shape}"
             )
         model = LeNet5(feature_shape[0], feature_shape[1], num_classes)
+    elif name == "resnet18":
+        if len(feature_shape) != 3:
+            raise ValueError(f"model=resnet18 needs images [C, H, W]; got feature shape {feature_shape}")
+        model = resnet18_groupnorm(feature_shape[0], num_classes)
     else:
         raise ValueError(f"model={name!r} is unknown; allowed: {', '.join(MODELS)}")
     if generator is not None:
