@@ -198,32 +198,26 @@ def _bool(key: str, value: Any) -> bool:
     raise ConfigError(f"{key} = {value!r} must be true or false")
 
 
-def _hidden(key: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of layer widths, e.g. \"64\" or \"128,64\"")
-    try:
-        widths = tuple(int(w) for w in value.split(",") if w.strip())
-    except ValueError:
-        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of positive integers") from None
-    if any(w < 1 for w in widths):
-        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of positive integers")
-    return widths
+def _int_tuple(lo: int, example: str, what: str) -> Any:
+    """A comma-separated list of integers >= ``lo`` (e.g. layer widths, class indices)."""
+    def parse(key: str, value: Any) -> tuple[int, ...]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}, e.g. {example}")
+        try:
+            out = tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}") from None
+        if any(v < lo for v in out):
+            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}")
+        return out
+
+    return parse
 
 
-def _int_list(key: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of integers, e.g. \"0,1,2\" (\"\": all)")
-    try:
-        out = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"{key} = {value!r} must be a comma-separated list of integers") from None
-    if any(v < 0 for v in out):
-        raise ConfigError(f"{key} = {value!r} must list class indices >= 0")
-    return out
+_hidden = _int_tuple(1, '"64" or "128,64"', "positive integers (layer widths)")
+_int_list = _int_tuple(0, '"0,1,2" ("": all)', "class indices >= 0")
 
 
 def _delta(key: str, value: Any) -> float | None:

@@ -95,13 +95,7 @@ def plot_error_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
             ax.axhline(_mean_std(by_eps[math.inf])[0], ls="--", color=color, alpha=0.7,
                        label=f"{label} (non-private)")
     ax.set_xscale("log")
-    ax.set_xlabel("ε (each silo, certified)")
-    ax.set_ylabel("test error")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, ax, "ε (each silo, certified)", "test error", path)
 
 
 def plot_accuracy_vs_uploads(rows: list[dict[str, str]], path: Path) -> bool:
@@ -125,14 +119,20 @@ def plot_accuracy_vs_uploads(rows: list[dict[str, str]], path: Path) -> bool:
     for i, (kind, runs) in enumerate(sorted(curves.items())):
         for j, (g, acc) in enumerate(runs):
             ax.plot(g, acc, color=f"C{i % 10}", alpha=0.8, label=kind if j == 0 else None)
-    ax.set_xlabel("cumulative uploads G(t) (full-gradient equivalents)")
-    ax.set_ylabel("test accuracy")
+    _save(fig, ax, "cumulative uploads G(t) (full-gradient equivalents)", "test accuracy", path)
+    return True
+
+
+def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:
