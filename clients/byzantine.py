@@ -11,20 +11,12 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from app.attacks import DATA_ATTACKS, byzantine_indices, flip_labels, random_labels
 from app.config import Settings
 from app.data.federated import SiloData
 from app.seeding import np_rng
-from clients.attacks import byzantine_silos, flip_labels, random_labels
 
-#: attacks that a Byzantine silo runs on its own data
-DATA_ATTACKS = ("label-flip", "random-labels")
-
-
-def byzantine_indices(s: Settings) -> set[int]:
-    """The Byzantine silos of this experiment, from (seed, attack.fraction)."""
-    if s.attack_kind == "none" or s.attack_fraction == 0:
-        return set()
-    return {int(i) for i in byzantine_silos(s.num_silos, s.attack_fraction, np_rng(s.seed, "byzantine"))}
+__all__ = ["DATA_ATTACKS", "byzantine_indices", "poison_labels"]
 
 
 def poison_labels(data: SiloData, s: Settings, num_classes: int) -> SiloData:

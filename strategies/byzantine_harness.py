@@ -24,7 +24,7 @@ import numpy as np
 
 from app.config import Settings
 from app.seeding import np_rng
-from clients.attacks import alie, alie_z, gaussian_noise, ipm, sign_flip
+from app.attacks import alie, alie_z, gaussian_noise, ipm, sign_flip
 
 MODEL_ATTACKS = ("sign-flip", "ipm", "alie", "gaussian")
 

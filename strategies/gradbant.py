@@ -41,7 +41,7 @@ from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.privacy.per_sample import cross_entropy
 from app.seeding import np_rng
-from clients.byzantine import byzantine_indices
+from app.attacks import byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
 from strategies.base import FederatedOptimizer, flatten
 from strategies.byzantine_harness import attack_messages

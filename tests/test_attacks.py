@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from clients.attacks import (
+from app.attacks import (
     ATTACKS,
     alie,
     alie_z,

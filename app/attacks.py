@@ -1,6 +1,7 @@
 """Byzantine behaviours of a silo: data-level label attacks and update-level (model) attacks.
 
-Pure numpy functions; every random draw takes an explicit ``numpy.random.Generator``.
+Base layer (shared by the Byzantine silos in clients/ and the simulation's server-side harness in
+strategies/, which must not import each other). Pure numpy functions; every random draw takes an explicit ``numpy.random.Generator``.
 Data-level attacks (``label-flip``, ``random-labels``) change the Byzantine silo's own training
 labels before it trains honestly on them. Update-level attacks replace the update the silo sends;
 the omniscient ones (``ipm``, ``alie``) need the honest updates of the round.
@@ -11,9 +12,13 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.stats import norm
+
+if TYPE_CHECKING:
+    from app.config import Settings
 
 
 def _check_num_classes(num_classes: object) -> int:
@@ -179,5 +184,20 @@ def byzantine_silos(num_silos: int, fraction: float, rng: np.random.Generator) -
     return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
 
 
-__all__ = ["ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
+#: attacks that a Byzantine silo runs on its own data (clients/byzantine.py); the others are applied
+#: to messages by the simulation's server-side harness (strategies/byzantine_harness.py)
+DATA_ATTACKS = ("label-flip", "random-labels")
+
+
+def byzantine_indices(s: "Settings") -> set[int]:
+    """The Byzantine silos of an experiment, from (seed, attack.fraction): public in an experiment,
+    computed the same way by the silos and by the server's harness."""
+    from app.seeding import np_rng
+
+    if s.attack_kind == "none" or s.attack_fraction == 0:
+        return set()
+    return {int(i) for i in byzantine_silos(s.num_silos, s.attack_fraction, np_rng(s.seed, "byzantine"))}
+
+
+__all__ = ["DATA_ATTACKS", "byzantine_indices", "ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
            "random_labels", "sign_flip"]
