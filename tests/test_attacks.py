@@ -1,4 +1,4 @@
-"""clients/attacks.py against answers worked out by hand (in the comments) and an independent
+"""app/attacks.py against answers worked out by hand (in the comments) and an independent
 evaluation of the ALIE formula with scipy's norm.ppf. Fixed seeds; well under a second."""
 
 from __future__ import annotations
