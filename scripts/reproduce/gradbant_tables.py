@@ -135,7 +135,7 @@ def tables_md(results: dict[str, dict[str, Any]]) -> str:
         if rows:
             out += [f"### {title}", "", "| setting | best acc | final acc | G to 60% | G to 80% |", "|---|---|---|---|---|"]
             for key, r in rows.items():
-                out.append(f"| {key} | {pct(r.get('best_acc'))} | {pct(r.get('final_acc'))} | {num(r.get('G60'))} | "
+                out.append(f"| {key.replace('|', ', ')} | {pct(r.get('best_acc'))} | {pct(r.get('final_acc'))} | {num(r.get('G60'))} | "
                            f"{num(r.get('G80'))} |")
             out.append("")
     return "\n".join(out)
