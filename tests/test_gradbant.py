@@ -143,3 +143,21 @@ def test_fashion_mnist_label_flipping_majority_gradbant_learns_fedavg_does_not(t
     fedavg, _, _ = run(tmp_path / "m", cfg | {"aggregator": "mean"})
     assert gb["test_accuracy"] > 0.7  # measured 0.80
     assert fedavg["test_accuracy"] < 0.3  # chance is 0.1; it learns the flipped labels
+
+
+def test_trust_set_appearance_shifts() -> None:
+    from app.data.federated import apply_shift
+
+    rng = np.random.default_rng(0)
+    x = np.zeros((2000, 5), dtype=np.float32)
+    noisy = apply_shift(x, "noise", rng)
+    assert abs(float(noisy.std()) - 0.5) < 0.02 and abs(float(noisy.mean())) < 0.02  # N(0, 0.5^2)
+    img = np.zeros((1, 1, 5, 5), dtype=np.float32)
+    img[0, 0, 2, 2] = 9.0
+    blurred = apply_shift(img, "blur", rng)
+    np.testing.assert_allclose(blurred[0, 0, 1:4, 1:4], np.ones((3, 3)))  # the impulse spreads to its 3x3 block
+    assert blurred[0, 0, 0, 0] == 0 and blurred.sum() == pytest.approx(9.0)
+    flat = np.full((1, 1, 4, 4), 2.0, dtype=np.float32)
+    np.testing.assert_allclose(apply_shift(flat, "blur", rng), flat)  # a constant image is unchanged
+    with pytest.raises(ValueError, match="needs image features"):
+        apply_shift(x, "blur", rng)
