@@ -1,16 +1,19 @@
 """SRHT: subsampled randomised Hadamard transform.
 
-``S = sqrt(m'/k) R H D P`` where
+``S = sqrt(m'/k) R H D P`` per chunk, where
 
-* ``P`` zero-pads the block (m entries) to ``m' = 2^ceil(log2 m)`` (padding, not chunking: one
-  transform per block, at most 2x memory);
+* the block (m entries) is cut into the largest power of two 2^a <= m and the rest, and ``P``
+  zero-pads each chunk to a power of two m' (so only the smaller chunk is padded: a 2,359,296-entry
+  conv layer = 2^21 + 2^18 needs no padding at all, against 4,194,304 with one padded chunk);
+  k is split across the chunks in proportion to their sizes (``pow2_chunks``);
 * ``D = diag(d)``, ``d_i = +-1`` uniform (drawn for the m real entries; the padding is zero);
 * ``H`` the normalised Walsh-Hadamard transform (Sylvester order, ``H = H^T = H^-1``), computed
   by ``fwht`` in torch in O(m' log m');
 * ``R`` keeps k of the m' coordinates, uniform without replacement.
 
-``E[R^T R] = (k/m') I`` so ``E[S^T S] = (m'/k) P^T D H (k/m') H D P = P^T P = I_m``.
-Draw order: signs (randint), then rows (randperm).
+Per chunk ``E[R^T R] = (k/m') I`` so ``E[S^T S] = (m'/k) P^T D H (k/m') H D P = P^T P = I``, and the
+block-diagonal S over the chunks is unbiased too. Draw order: signs (randint, the whole block),
+then each chunk's rows (randperm), largest chunk first.
 """
 
 from __future__ import annotations
@@ -67,28 +70,50 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*lead, m) * (1.0 / math.sqrt(m))
 
 
+def pow2_chunks(m: int, k: int) -> list[tuple[int, int, int, int]]:
+    """(offset, size, padded size, rows) per chunk of a block of m entries with k rows: the
+    largest power of two 2^a <= m is one chunk and the rest (< 2^a) another, padded to a power
+    of two, so the transform pads at most the smaller part; k is split in proportion to the
+    sizes (each chunk gets at least one row). m a power of two, or k = 1: one padded chunk."""
+    big = 1 << (m.bit_length() - 1)
+    if big == m or k < 2:
+        return [(0, m, next_pow2(m), k)]
+    rest = m - big
+    k_big = min(max(round(k * big / m), 1), k - 1)
+    return [(0, big, big, k_big), (big, rest, next_pow2(rest), k - k_big)]
+
+
 class SRHTOperator(BlockOperator):
     def __init__(self, m: int, k: int, seed63: int) -> None:
         super().__init__(m, k, seed63)
-        self.m_pad = next_pow2(m)
-        self.scale = math.sqrt(self.m_pad / k)
+        self.chunks = pow2_chunks(m, k)
+        self.m_pad = sum(c[2] for c in self.chunks)
 
     def _build(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        signs = random_signs(self.m, gen)
-        rows = torch.randperm(self.m_pad, generator=gen)[: self.k]
-        return {"signs": signs, "rows": rows}
+        out = {"signs": random_signs(self.m, gen)}
+        for i, (_, _, padded, rows) in enumerate(self.chunks):
+            out[f"rows{i}"] = torch.randperm(padded, generator=gen)[:rows]
+        return out
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         s = self.structures(x.device, x.dtype)
-        z = x.new_zeros(self.m_pad)
-        z[: self.m] = x * s["signs"]
-        return fwht(z)[s["rows"]] * self.scale
+        signed = x * s["signs"]
+        parts = []
+        for i, (off, size, padded, rows) in enumerate(self.chunks):
+            z = x.new_zeros(padded)
+            z[:size] = signed[off: off + size]
+            parts.append(fwht(z)[s[f"rows{i}"]] * math.sqrt(padded / rows))
+        return torch.cat(parts)
 
     def adjoint(self, y: torch.Tensor) -> torch.Tensor:
         s = self.structures(y.device, y.dtype)
-        z = y.new_zeros(self.m_pad)
-        z[s["rows"]] = y * self.scale
-        return fwht(z)[: self.m] * s["signs"]
+        parts, start = [], 0
+        for i, (_, size, padded, rows) in enumerate(self.chunks):
+            z = y.new_zeros(padded)
+            z[s[f"rows{i}"]] = y[start: start + rows] * math.sqrt(padded / rows)
+            parts.append(fwht(z)[:size])
+            start += rows
+        return torch.cat(parts) * s["signs"]
 
 
 class SRHTSketch(LinearSketch):
