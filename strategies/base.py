@@ -163,6 +163,11 @@ class FederatedOptimizer(Strategy):
                 except wire.ReplyError as exc:
                     log(WARNING, "round %d: dropped training gradient of node %d: %s", server_round,
                         msg.metadata.src_node_id, exc)
+            val = (m.get("val-errors", 0.0), m.get("val-count", 0.0))
+            if not (math.isfinite(val[0]) and math.isfinite(val[1]) and 0 <= val[0] <= val[1]):
+                log(WARNING, "round %d: ignored the validation counts of node %d: %s", server_round,
+                    msg.metadata.src_node_id, val)
+                m = m | {"val-errors": 0.0, "val-count": 0.0}
             for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count", "val-errors",
                       "val-count"):
                 sums[k] = sums.get(k, 0.0) + m.get(k, 0.0)

@@ -238,3 +238,18 @@ def test_gradient_mapping_without_prox_is_the_full_gradient_norm(tmp_path: Path)
         mean = {k: (updates[2 * (r + 1)][k] + updates[2 * (r + 1) + 1][k]) / 2 for k in updates[0]}
         norm = math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in mean.values()))
         assert rows[r]["grad_mapping_norm_eval"] == pytest.approx(norm, rel=1e-4)
+
+
+def test_bad_validation_counts_are_ignored(tmp_path: Path) -> None:
+    """A silo reporting NaN or more validation errors than records cannot skew model selection."""
+    from flwr.app import MetricRecord
+
+    def lie(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type == "evaluate" and node == 1000:
+            metrics = dict(reply.content.metric_records[wire.METRICS])
+            metrics |= {"val-errors": float("nan") if msg.content[wire.CONFIG]["round"] % 2 else 1e6}
+            reply.content.metric_records[wire.METRICS] = MetricRecord(metrics)
+        return reply
+
+    summary, rows, _ = run(tmp_path, {"num-rounds": 2, "validation-fraction": 0.2}, hook=lie)
+    assert all(0 <= r["val_error"] <= 1 for r in rows)
