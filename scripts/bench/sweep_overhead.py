@@ -10,7 +10,7 @@ SuperNode per silo) and reports, per job:
   the first definition counts as "inside a round");
 * both together, the engine's whole cost per job.
 
-    python scripts/bench/sweep_overhead.py [--jobs 5] [--rounds 5]
+    python scripts/bench/sweep_overhead.py [--jobs 5] [--rounds 5] [--cold]
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cold", action="store_true", help="start the engine afresh for every job (sweep.warm-engine=false)")
     args = ap.parse_args(argv)
     rows = []
     for i in range(args.jobs):
         with tempfile.TemporaryDirectory() as tmp:
             cfg = merged_run_config([]) | {"num-rounds": args.rounds, "seed": i, "outputs-dir": tmp, "run-name": "b"}
             t0 = time.perf_counter()
-            res = run_federation(cfg)
+            res = run_federation(cfg, warm=not args.cold)
             wall = time.perf_counter() - t0
         rounds = [float(r["wall_s"]) for r in res["rounds_rows"]]
         startup = rounds[0] - statistics.median(rounds[1:]) if len(rounds) > 1 else 0.0
