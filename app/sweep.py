@@ -251,7 +251,8 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
-        print(f"[sweep] job {job} point {i + 1}/{len(points)} {point}: {metric} {score}", flush=True)
+        if tuning == "grid":
+            print(f"[sweep] job {job} grid point {i + 1}/{len(points)} {point}: {metric} {score}", flush=True)
         if best is None or score < best["score"]:
             best = {"score": score, "point": point, "result": result}
     assert best is not None
