@@ -11,6 +11,7 @@ an in-process grid (app/local_grid.py), not Flower's transport, so hundreds of r
 
   python scripts/reproduce/isrl_compare.py --setup wbcd
   python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --seeds 0 1 2
+  python scripts/reproduce/isrl_compare.py --setup wbcd --algorithms spider spider-alt svrg --diff-clip 0 0.05 0.2
 
 Writes <out>/runs.csv (one row per run) and <out>/table.md; reruns skip runs already in runs.csv.
 """
@@ -60,18 +61,23 @@ ALGORITHM_SETTINGS: dict[str, dict[str, Any]] = {
     "mbsgd": {}, "localsgd": {"local-steps": 5}, "spider": {"spider.q": 5}, "spider-alt": {},
     "svrg": {"svrg.inner-steps": 4}, "proxsgd": {"batch-size": 0}, "plsvrg": {"svrg.inner-steps": 4},
 }
-FIELDS = ["setup", "algorithm", "epsilon", "lr", "clip", "seed", "status", "val_error", "test_error",
+#: algorithms that send gradient differences (the ones ``--diff-clip`` applies to)
+DIFF_ALGORITHMS = ("spider", "spider-alt", "svrg", "plsvrg")
+FIELDS = ["setup", "algorithm", "epsilon", "lr", "clip", "diff_clip", "seed", "status", "val_error", "test_error",
           "grad_mapping_norm", "eps_max_spent", "wall_s", "error"]
 
 
-def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed: int, work: Path) -> dict[str, Any]:
+def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed: int, work: Path,
+            diff_clip: float = 0.0) -> dict[str, Any]:
     cfg = merged_run_config([]) | SETUPS[setup] | ALGORITHM_SETTINGS[algorithm] | {
         "algorithm": algorithm, "lr": lr, "privacy.clip": clip, "seed": seed, "validation-fraction": 0.2,
+        "diff-clip": diff_clip,
         "privacy.epsilon": "inf" if math.isinf(eps) else eps, "privacy.mode": "off" if math.isinf(eps) else "isrl",
         "eval-every": 0, "outputs-dir": str(work / "out"), "run-name": "r", "fail-on-client-error": True,
     }
     cfg["eval-every"] = cfg["num-rounds"]  # evaluate the final model only
-    row: dict[str, Any] = {"setup": setup, "algorithm": algorithm, "epsilon": eps, "lr": lr, "clip": clip, "seed": seed}
+    row: dict[str, Any] = {"setup": setup, "algorithm": algorithm, "epsilon": eps, "lr": lr, "clip": clip,
+                           "diff_clip": diff_clip, "seed": seed}
     t0 = time.perf_counter()
     try:
         run_local(cfg, str(work / "state"))
@@ -84,6 +90,11 @@ def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed
     return row
 
 
+def _dc(row: dict[str, Any]) -> float:
+    """The run's diff-clip (0 in CSVs written before the column existed)."""
+    return float(row.get("diff_clip") or 0.0)
+
+
 def select(rows: list[dict[str, Any]], tune_seeds: set[int] | None = None) -> dict[tuple[str, float], dict[str, Any]]:
     """Per (algorithm, epsilon): the (lr, clip) with the lowest mean validation error over the
     tuning seeds (all seeds if None); ``runs`` holds that point's runs over every seed."""
@@ -92,15 +103,17 @@ def select(rows: list[dict[str, Any]], tune_seeds: set[int] | None = None) -> di
         if tune_seeds is not None and int(r["seed"]) not in tune_seeds:
             continue
         if r["status"] == "completed" and r["val_error"] not in ("", None):
-            by_point.setdefault((r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"])), []).append(r)
+            by_point.setdefault((r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), _dc(r)),
+                                []).append(r)
     best: dict[tuple[str, float], dict[str, Any]] = {}
-    for (algo, eps, lr, clip), runs in by_point.items():
+    for (algo, eps, lr, clip, dc), runs in by_point.items():
         val = statistics.mean(float(r["val_error"]) for r in runs)
         if (algo, eps) not in best or val < best[(algo, eps)]["val"]:
-            best[(algo, eps)] = {"val": val, "lr": lr, "clip": clip, "runs": runs}
+            best[(algo, eps)] = {"val": val, "lr": lr, "clip": clip, "diff_clip": dc, "runs": runs}
     for (algo, eps), b in best.items():
         b["runs"] = [r for r in rows if r["status"] == "completed" and r["algorithm"] == algo
-                     and float(r["epsilon"]) == eps and float(r["lr"]) == b["lr"] and float(r["clip"]) == b["clip"]]
+                     and float(r["epsilon"]) == eps and float(r["lr"]) == b["lr"] and float(r["clip"]) == b["clip"]
+                     and _dc(r) == b["diff_clip"]]
     return best
 
 
@@ -116,7 +129,8 @@ def table(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], 
                 continue
             test = statistics.median(float(r["test_error"]) for r in b["runs"])
             gmap = statistics.median(float(r["grad_mapping_norm"]) for r in b["runs"])
-            cells.append(f"{test:.2%} (‖G‖ {gmap:.3f}; lr {b['lr']:g}, L {b['clip']:g})")
+            dc = f", C {b['diff_clip']:g}" if b["diff_clip"] else ""
+            cells.append(f"{test:.2%} (‖G‖ {gmap:.3f}; lr {b['lr']:g}, L {b['clip']:g}{dc})")
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -164,7 +178,7 @@ def plot(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], e
 
 def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, setup: str, what: str) -> None:
     """Run the jobs not yet in ``rows``, appending each result to the CSV as it finishes."""
-    done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), int(r["seed"])) for r in rows}
+    done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), _dc(r), int(r["seed"])) for r in rows}
     todo = [j for j in jobs if j not in done]
     print(f"[isrl-compare] {setup} {what}: {len(todo)} runs to do, {len(jobs) - len(todo)} already in {csv_path}",
           flush=True)
@@ -173,13 +187,13 @@ def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, set
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         if new:
             writer.writeheader()
-        for i, (algo, eps, lr, clip, seed) in enumerate(todo, 1):
+        for i, (algo, eps, lr, clip, dc, seed) in enumerate(todo, 1):
             with tempfile.TemporaryDirectory() as tmp:
-                row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp))
+                row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp), dc)
             writer.writerow(row)
             fh.flush()
             rows.append({k: str(v) for k, v in row.items()})
-            print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} seed={seed}: "
+            print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} C={dc:g} seed={seed}: "
                   f"{row['status']} val {row.get('val_error')} test {row.get('test_error')} ({row['wall_s']}s)", flush=True)
 
 
@@ -191,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--lr", type=float, nargs="+", default=[0.1, 0.3, 1.0])
     ap.add_argument("--clip", type=float, nargs="+", default=[0.5, 2.0])
+    ap.add_argument("--diff-clip", type=float, nargs="+", default=[0.0],
+                    help="diff-clip values for the difference-based algorithms (0: the paper's 4L/K2 bound)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--retry-failed", action="store_true", help="run again the jobs recorded as failed")
     ap.add_argument("--tune-seeds", type=int, nargs="+", default=None,
@@ -214,10 +230,12 @@ def main(argv: list[str] | None = None) -> None:
                 writer.writeheader()
                 writer.writerows(rows)
     tune = args.tune_seeds if args.tune_seeds is not None else args.seeds
-    grid = list(itertools.product(args.algorithms, args.eps, args.lr, args.clip, tune))
+    grid = [(a, e, lr, c, dc, seed) for a, e, lr, c in itertools.product(args.algorithms, args.eps, args.lr, args.clip)
+            for dc in (args.diff_clip if a in DIFF_ALGORITHMS else [0.0]) for seed in tune]
     _run_jobs(grid, rows, csv_path, args.setup, "tuning grid")
     best = select(rows, set(tune))
-    rest = [(a, e, best[(a, e)]["lr"], best[(a, e)]["clip"], seed) for a in args.algorithms for e in args.eps
+    rest = [(a, e, best[(a, e)]["lr"], best[(a, e)]["clip"], best[(a, e)]["diff_clip"], seed)
+            for a in args.algorithms for e in args.eps
             if (a, e) in best for seed in args.seeds if seed not in tune]
     _run_jobs(rest, rows, csv_path, args.setup, "selected points, remaining seeds")
     best = select(rows, set(tune))
