@@ -81,7 +81,9 @@ def _silo(context: Context) -> Silo:
     state_dir = Path(str(node.get("state-dir", flwr_home / "silofl-state")))
     key = (context.run_id, index, state_dir, ledger_key)
     if key not in _SILOS:
-        for old in [k for k in _SILOS if k[0] != context.run_id]:  # a warm process serves run after run
+        # a warm process (simulation actors, the in-process grid) serves run after run: keep only
+        # the silos of this run, or the old runs' data would pile up in memory
+        for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, state_dir)]:
             del _SILOS[old]
         fed = build_federated_data(s)
         data = fed.silos[index]

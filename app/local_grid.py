@@ -7,6 +7,7 @@ the way to run one federation on the Flower engine."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,7 +54,10 @@ class InProcessGrid:
         return replies
 
 
-def run_local(run_config: dict[str, Any], state_dir: str, run_id: int = 1, hook: ReplyHook | None = None,
+_RUN_IDS = itertools.count(1)
+
+
+def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = None, hook: ReplyHook | None = None,
               node_config: dict[str, Any] | None = None) -> InProcessGrid:
     """Run the ServerApp's main on an in-process grid with ``run_config`` (merged over the
     defaults by the caller); outputs go where the run config says."""
@@ -61,6 +65,7 @@ def run_local(run_config: dict[str, Any], state_dir: str, run_id: int = 1, hook:
 
     import app.server_app as server_app
 
+    run_id = next(_RUN_IDS) if run_id is None else run_id  # a new run id per run, as Flower gives
     grid = InProcessGrid(run_config, int(run_config["num-silos"]), state_dir, run_id=run_id, hook=hook,
                          node_config=node_config)
     server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
