@@ -144,9 +144,8 @@ class ByzantineRobust(FederatedOptimizer):
         rule = self.s.aggregator
         if rule == "gradbant":
             g0 = self.reference(w, server_round)
-            direction, self.p, a, theta = gradbant_step(g0, lifted, self.p, idx, self.s.gradbant_beta,
-                                                        self.s.gradbant_smoothness, self.s.lr)
-            self._round_scores = theta
+            direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.gradbant_beta,
+                                                    self.s.gradbant_smoothness, self.s.lr)
             if direction is None:
                 log(WARNING, "round %d: every Grad-BANT score is 0; the model is unchanged", server_round)
             return direction, a

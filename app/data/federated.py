@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -108,16 +108,23 @@ def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np
 
 
 @functools.lru_cache(maxsize=4)
-def _build(key: tuple) -> FederatedData:
-    import torch
-
-    source, splits, labels, num_classes, vals, _ = _splits(key)
+def _features(key: tuple) -> tuple[np.ndarray, list[Any]]:
+    """The source's features after PCA (if any) and one standardizer per silo: the silos and the
+    server's trust set share this pre-processing (fitted on the silos' training records only)."""
+    source, splits, *_ = _splits(key)
     standardize, pca = key[5], key[10]
     x = source.x
     if pca:  # non-private pre-processing on the pooled training records, like ``pooled`` standardising
-        projection = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), pca)
-        x = projection.apply(x)
-    scalers = standardize_silos(None, [x[tr] for tr, _ in splits], standardize)
+        x = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), pca).apply(x)
+    return x, standardize_silos(None, [x[tr] for tr, _ in splits], standardize)
+
+
+@functools.lru_cache(maxsize=4)
+def _build(key: tuple) -> FederatedData:
+    import torch
+
+    _, splits, labels, num_classes, vals, _ = _splits(key)
+    x, scalers = _features(key)
 
     def tensor(idx: np.ndarray, scaler) -> tuple["torch.Tensor", "torch.Tensor"]:
         return (torch.from_numpy(np.ascontiguousarray(scaler.apply(x[idx]), dtype=np.float32)),
@@ -143,13 +150,11 @@ def build_trust_set(s: Settings) -> TrustSet:
     holds them), restricted to ``trust.classes`` if given, with the ``trust.shift`` applied."""
     import torch
 
-    source, splits, labels, _, _, trust = _splits(data_key(s))
+    _, _, labels, _, _, trust = _splits(data_key(s))
     if not len(trust):
         raise ValueError("trust.size = 0: this run has no trust set")
-    x = source.x
-    if s.pca:
-        x = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), s.pca).apply(x)
-    scaler = standardize_silos(None, [x[tr] for tr, _ in splits], s.standardize)[0]
+    x, scalers = _features(data_key(s))
+    scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity)
     tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
     if s.trust_classes:
         keep = np.isin(ty, s.trust_classes)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -37,6 +36,7 @@ torch.set_num_threads(1)
 from app.config import SKETCH_KINDS  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
+from app.server_app import reach  # noqa: E402
 
 BASE = {"dataset": "fashion-mnist", "partition": "iid", "num-silos": 10, "silos-per-round": 10, "pca": 50,
         "mlp-hidden": "64", "algorithm": "localsgd", "local-steps": 5, "batch-size": 32, "lr": 0.1,
@@ -49,14 +49,6 @@ def run_kind(kind: str, rounds: int, seed: int) -> list[dict[str, Any]]:
                                               "outputs-dir": f"{tmp}/out", "run-name": "r"}
         run_local(cfg, f"{tmp}/state")
         return [json.loads(x) for x in Path(f"{tmp}/out/r/rounds.jsonl").read_text().splitlines()]
-
-
-def uploads_to_reach(rows: list[dict[str, Any]], accuracy: float) -> float:
-    """G(t) at the first round whose test accuracy is at least ``accuracy`` (inf if never)."""
-    for r in rows:
-        if "test_error" in r and 1 - r["test_error"] >= accuracy:
-            return float(r["uploads_G"])
-    return math.inf
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,21 +75,15 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"Target: 80% of the uncompressed run's best accuracy = {target:.2%}.", "",
              "| kind | k/n | best test accuracy | G(t) to reach the target | rounds to reach it | G(R) |",
              "|---|---|---|---|---|---|"]
-    n_params = None
     for kind, rows in results.items():
         best = max(1 - r["test_error"] for r in rows if "test_error" in r)
-        g = uploads_to_reach(rows, target)
-        rnd = next((r["round"] for r in rows if "test_error" in r and 1 - r["test_error"] >= target), None)
-        ratio = rows[0]["uplink_floats"] / (10 * (n_params or _params()))
-        lines.append(f"| {kind} | {ratio:.3f} | {best:.2%} | {'never' if math.isinf(g) else f'{g:.1f}'} | "
+        rnd, g = reach(rows, target)
+        ratio = rows[0]["uploads_G"] / BASE["num-silos"]  # one round of every silo: k/n each
+        lines.append(f"| {kind} | {ratio:.3f} | {best:.2%} | {'never' if g is None else f'{g:.1f}'} | "
                      f"{rnd if rnd else '-'} | {rows[-1]['uploads_G']:.1f} |")
     md = "\n".join(lines)
     (args.out / "table.md").write_text(md + "\n")
     print(md)
-
-
-def _params() -> int:
-    return 50 * 64 + 64 + 64 * 10 + 10  # MLP 50-64-10
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed
         "algorithm": algorithm, "lr": lr, "privacy.clip": clip, "seed": seed, "validation-fraction": 0.2,
         "diff-clip": diff_clip,
         "privacy.epsilon": "inf" if math.isinf(eps) else eps, "privacy.mode": "off" if math.isinf(eps) else "isrl",
-        "eval-every": 0, "outputs-dir": str(work / "out"), "run-name": "r", "fail-on-client-error": True,
+        "outputs-dir": str(work / "out"), "run-name": "r", "fail-on-client-error": True,
     }
     cfg["eval-every"] = cfg["num-rounds"]  # evaluate the final model only
     row: dict[str, Any] = {"setup": setup, "algorithm": algorithm, "epsilon": eps, "lr": lr, "clip": clip,
