@@ -268,7 +268,7 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         "uploads_G": res["rounds_rows"][-1]["uploads_G"] if res["rounds_rows"] else None,
         "rounds_done": len(res["rounds_rows"]), "selected": best["point"] or None,
         "grid_points": len(points), "wall_s": res["wall_s"], "overhead_s": res["overhead_s"], "run_dir": res["run_dir"],
-    } | (best["point"] and {k: v for k, v in best["point"].items()} or {})
+    } | dict(best["point"])
 
 
 def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,9 @@ class FederatedOptimizer(Strategy):
         self._eval_w: dict[str, np.ndarray] = {}
         self.prox = composite_prox(settings)
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
-        self.sent_messages = 0
+        self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
+        self.sent_messages = 0  # this round's instructions and the floats their replies carried
+        self.uplink_floats = 0
         #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
         self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
         self.output_round: int | None = None
@@ -213,9 +215,9 @@ class FederatedOptimizer(Strategy):
         messages = list(self.configure_train(server_round, arrays, config, grid))
         self.sent_messages += len(messages)
         tally = self.classify(server_round, grid.send_and_receive(messages, timeout=timeout), len(messages))
-        n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
-        payload = self._sketch.payload_size if self._sketch is not None else n_params
-        self.uploads += len(tally.valid) * payload / n_params
+        floats = len(tally.valid) * (self._sketch.payload_size if self._sketch is not None else self.n_params)
+        self.uplink_floats += floats
+        self.uploads += floats / self.n_params
         return tally
 
     def round_metrics(self) -> dict[str, Any]:
@@ -301,13 +303,13 @@ class FederatedOptimizer(Strategy):
         result = Result()
         arrays = initial_arrays
         self.wait_for_nodes(grid)
-        n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
         for rnd in range(1, num_rounds + 1):
             t0 = time.perf_counter()
             arrays = self.begin_round(rnd, arrays)
-            uploads_before, self.sent_messages = self.uploads, 0
+            self.sent_messages = self.uplink_floats = 0
             arrays = self.train_round(rnd, arrays, grid, train_config or ConfigRecord(), timeout)
-            self.sampler.offer(rnd, wire.record_to_params(arrays, self.layout, what="global arrays"))
+            if self.s.output == "random":  # only the random output needs the iterates
+                self.sampler.offer(rnd, wire.record_to_params(arrays, self.layout, what="global arrays"))
             tally = self._last_tally
             row: dict[str, Any] = {
                 "round": rnd, "sampled": self.sent_messages, "answered": len(tally.valid),
@@ -315,7 +317,7 @@ class FederatedOptimizer(Strategy):
                 "missing": tally.missing, "eps_max": tally.eps_max(),
                 "train_loss_private_batch": _mean([m.get("loss", math.nan) for _, _, m in tally.valid]),
             }
-            row |= {"uplink_floats": round((self.uploads - uploads_before) * n_params), "uploads_G": self.uploads}
+            row |= {"uplink_floats": self.uplink_floats, "uploads_G": self.uploads}
             row |= self.round_metrics()
             if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
                 ev = self.evaluate_point(rnd, arrays, grid, evaluate_config, timeout)
