@@ -120,14 +120,16 @@ def alie_z(n: int, f: int) -> float:
 
 def alie(honest: np.ndarray, n: int, f: int, z: float | None = None) -> np.ndarray:
     """"A little is enough" (Baruch et al. 2019): coordinate-wise mu + z * sigma over the honest
-    updates [h, d], sigma the population standard deviation (ddof = 0); z = :func:`alie_z` (n, f)
+    updates [h, d], sigma the sample standard deviation (ddof = 1, the unbiased variance, as ByzFL
+    and torch.std compute it; 0 when only one honest update is known); z = :func:`alie_z` (n, f)
     when None. All Byzantine silos send this same vector."""
     h = _check_honest(honest)
     if z is None:
         z = alie_z(n, f)
     elif not math.isfinite(z):
         raise ValueError(f"z must be finite, got {z}")
-    return h.mean(axis=0) + z * h.std(axis=0, ddof=0)
+    sigma = h.std(axis=0, ddof=1) if h.shape[0] > 1 else np.zeros(h.shape[1])
+    return h.mean(axis=0) + z * sigma
 
 
 def gaussian_noise(shape: int | tuple[int, ...], sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -3,14 +3,11 @@
 Node config (set per SuperNode with ``--node-config``; simulation sets the first two):
 ``partition-id`` (this silo's index), ``num-partitions`` (must equal num-silos),
 ``state-dir`` (where the privacy ledger lives; default ``$FLWR_HOME/silofl-state``),
-``ledger-scope`` (``run``: one budget per Flower run, the default; ``node``: one lifetime budget,
-``epsilon-cap`` / ``delta-cap``, for everything this node ever releases), ``data-dir`` (overrides
-the run's data-dir).
-
-The silo's own privacy policy, which the run config (written by whoever submits the run) cannot
-override: ``epsilon-cap`` and ``delta-cap`` (the silo refuses to train in a run that asks for a
-larger budget, or for no privacy at all), and ``noise-seed`` (``os`` forces secret randomness
-whatever the run config says; a real deployment should set it).
+``data-dir`` (overrides the run's data-dir), and the silo's own privacy policy, which the run
+config (written by whoever submits the run) cannot override: ``epsilon-cap``, ``delta-cap``,
+``ledger-scope``, ``noise-seed``, ``evaluation`` and ``evaluation-noise-ratio``
+(app/privacy/policy.py: a node that sets a cap gets a lifetime ledger, OS randomness and no
+evaluation replies unless its operator says otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from flwr.clientapp import ClientApp
 from app import wire
 from app.config import Settings, parse_settings
 from app.data.federated import build_federated_data
+from app.privacy.policy import NodePolicy, node_policy, policy_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.silo import Silo
 
@@ -33,35 +31,21 @@ app = ClientApp()
 _SILOS: dict[tuple, Silo] = {}
 
 
-def _settings(context: Context) -> Settings:
+def _settings(context: Context, policy: NodePolicy) -> Settings:
     s = parse_settings(context.run_config)
     node = context.node_config
     if node.get("data-dir"):
         s = replace(s, data_dir=str(node["data-dir"]))
-    if "noise-seed" in node:
-        seed_mode = str(node["noise-seed"])
-        if seed_mode not in ("run", "os"):
-            raise ValueError(f"node config noise-seed = {seed_mode!r}; allowed: run, os")
-        s = replace(s, privacy=replace(s.privacy, noise_seed=seed_mode))
+    if policy.noise_seed is not None:  # the node's choice (or its capped default, os) wins
+        s = replace(s, privacy=replace(s.privacy, noise_seed=policy.noise_seed))
     return s
-
-
-def policy_violation(s: Settings, node: dict) -> str | None:
-    """Why this silo's own caps forbid training in this run, or None."""
-    eps_cap = node.get("epsilon-cap")
-    delta_cap = node.get("delta-cap")
-    if eps_cap is not None and (not s.privacy.enabled or s.privacy.epsilon > float(eps_cap)):
-        asked = "no privacy" if not s.privacy.enabled else f"epsilon={s.privacy.epsilon:g}"
-        return f"this silo's policy caps epsilon at {float(eps_cap):g}; the run asks for {asked}"
-    if delta_cap is not None and s.privacy.delta is not None and s.privacy.delta > float(delta_cap):
-        return f"this silo's policy caps delta at {float(delta_cap):g}; the run asks for delta={s.privacy.delta:g}"
-    return None
 
 
 def _silo(context: Context) -> Silo:
     """The silo of this node and run (built once per process and reused across rounds)."""
-    s = _settings(context)
     node = context.node_config
+    policy = node_policy(node)
+    s = _settings(context, policy)
     if "partition-id" not in node:
         raise ValueError("node config must set partition-id (this silo's index) and num-partitions")
     index = int(node["partition-id"])
@@ -71,12 +55,7 @@ def _silo(context: Context) -> Silo:
             f"node config partition-id={index}, num-partitions={num} does not fit num-silos = {s.num_silos}; "
             f"start the federation with {s.num_silos} silo nodes"
         )
-    scope = str(node.get("ledger-scope", "run"))
-    if scope not in ("run", "node"):
-        raise ValueError(f"node config ledger-scope = {scope!r}; allowed: run, node")
-    ledger_key = f"run{context.run_id}" if scope == "run" else "node"
-    if scope == "node" and node.get("epsilon-cap") is None:
-        raise ValueError("node config ledger-scope = 'node' needs epsilon-cap (the silo's lifetime budget)")
+    ledger_key = f"run{context.run_id}" if policy.ledger_scope == "run" else "node"
     flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
     state_dir = Path(str(node.get("state-dir", flwr_home / "silofl-state")))
     key = (context.run_id, index, state_dir, ledger_key)
@@ -89,12 +68,15 @@ def _silo(context: Context) -> Silo:
         data = fed.silos[index]
         if s.attack_kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
             data = poison_labels(data, s, fed.num_classes)
+        n = fed.silos[index].n
         ledger_budget = None
-        if scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
-            n = fed.silos[index].n
-            ledger_budget = (float(node["epsilon-cap"]), float(node.get("delta-cap", s.delta_for(n))))
+        if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
+            ledger_budget = (float(policy.epsilon_cap), policy.delta_cap or s.delta_for(n))
+        delta_asked = "1/n^2" if s.privacy.delta is None else f"{s.privacy.delta:g}"
+        violation = policy_violation(policy, s.privacy.enabled, s.privacy.epsilon, s.delta_for(n), delta_asked)
         _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, state_dir, ledger_key,
-                           policy_violation=policy_violation(s, dict(node)), ledger_budget=ledger_budget)
+                           policy_violation=violation, ledger_budget=ledger_budget,
+                           evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio)
     return _SILOS[key]
 
 
@@ -122,3 +104,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 def ledger(msg: Message, context: Context) -> Message:
     """The silo's public privacy record: n, K, budget, releases, epsilon spent."""
     return Message(wire.ledger_reply(_silo(context).ledger_report()), reply_to=msg)
+
+
+@app.query("identity")
+def identity(msg: Message, context: Context) -> Message:
+    """This node's partition id, for the simulation's attack harness (which silos are Byzantine
+    is the experiment's ground truth). The server never weights a silo by it."""
+    return Message(wire.identity_reply(int(context.node_config["partition-id"])), reply_to=msg)

@@ -17,6 +17,8 @@ PLANNED_ALGORITHMS: tuple[str, ...] = ()
 #: aggregation rules of the Byzantine-robust line (algorithm = gradbant); strategies/aggregation.py
 AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
                "centered-clipping")
+#: rules that need num-silos > 2f + 2 (Krum's neighbour count), not only an honest majority
+KRUM_AGGREGATORS = ("krum", "multi-krum")
 #: rules that score updates against the server's trust set
 TRUST_AGGREGATORS = ("gradbant", "fltrust")
 ATTACKS = ("none", "label-flip", "random-labels", "sign-flip", "ipm", "alie", "gaussian")
@@ -371,6 +373,11 @@ def _check_byzantine(s: Settings) -> None:
             f"aggregator = {s.aggregator!r} needs an honest majority, but attack.fraction = {s.attack_fraction:g} "
             f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
             "use gradbant, fltrust or mean, or a smaller fraction")
+    if s.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = strategies.aggregation.min_clients
+        raise ConfigError(
+            f"aggregator = {s.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
+            f"{s.attack_fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
+            "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
     if s.attack_kind == "alie" and not s.attack_alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")

@@ -59,3 +59,17 @@ def planned_release_counts(s: Settings, rounds: int) -> Counter[str]:
     for rnd in range(1, rounds + 1):
         counts.update(round_phases(s, rnd))
     return counts
+
+
+def evaluation_rounds(s: Settings) -> list[int]:
+    """The rounds after which the server evaluates the model (``eval-every``; always the last)."""
+    if not s.eval_every:
+        return []
+    return [r for r in range(1, s.num_rounds + 1) if r % s.eval_every == 0 or r == s.num_rounds]
+
+
+def planned_evaluations(s: Settings) -> int:
+    """How many evaluation requests a silo plans for: one per evaluation round, plus one of the
+    output iterate when ``output`` = random. A silo answering privately calibrates for these."""
+    rounds = len(evaluation_rounds(s))
+    return rounds + (1 if rounds and s.output == "random" else 0)

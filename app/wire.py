@@ -19,7 +19,7 @@ ARRAYS = "arrays"  # w_r, server -> silo
 PREV_ARRAYS = "prev_arrays"  # w_{r-1} or a snapshot, server -> silo
 CONFIG = "config"  # round, phase, batch sizes, step size, clip, ...
 UPDATE = "update"  # the silo's message, silo -> server
-METRICS = "metrics"  # num-examples, eps-spent, sigma, ...
+METRICS = "metrics"  # eps-spent (and the batch loss when privacy is off)
 STATUS = "status"  # present when a silo refuses: code + reason
 SKETCH = "sketch"  # the single array of a sketched update (payload of S x)
 
@@ -68,12 +68,12 @@ def record_to_params(record: Any, layout: Layout | None = None, *, what: str = "
     return out
 
 
-def unflatten(flat: np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
-    """A flat vector -> named arrays in ``layout`` order (float32)."""
+def unflatten(flat: np.ndarray, layout: Layout, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """A flat vector -> named arrays in ``layout`` order (float32 unless ``dtype`` says)."""
     out, offset = {}, 0
     for key, shape in layout.items():
         size = int(np.prod(shape))
-        out[key] = np.asarray(flat[offset: offset + size], dtype=np.float32).reshape(shape)
+        out[key] = np.asarray(flat[offset: offset + size], dtype=dtype).reshape(shape)
         offset += size
     if offset != flat.size:
         raise ReplyError(f"flat update has {flat.size} values, layout needs {offset}")
@@ -141,9 +141,7 @@ def read_update(content: RecordDict, layout: Layout) -> tuple[dict[str, np.ndarr
     if UPDATE not in content.array_records:
         raise ReplyError(f"reply has no ArrayRecord named {UPDATE!r} (keys: {list(content.keys())})")
     update = record_to_params(content.array_records[UPDATE], layout, what=UPDATE)
-    metrics = read_metrics(content, ("num-examples", "eps-spent"))
-    if metrics["num-examples"] < 1:
-        raise ReplyError(f"metrics['num-examples'] = {metrics['num-examples']} must be >= 1")
+    metrics = read_metrics(content, ("eps-spent",))
     return update, metrics
 
 
@@ -159,6 +157,23 @@ def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[s
 
 
 LEDGER = "ledger"
+IDENTITY = "identity"
+
+
+def identity_reply(partition_id: int) -> RecordDict:
+    """A node's answer to the attack harness's one-time identity query (simulations only)."""
+    return RecordDict({IDENTITY: ConfigRecord({"partition-id": int(partition_id)})})
+
+
+def read_identity(content: RecordDict, num_partitions: int) -> int:
+    """The partition id in an identity reply: an integer in [0, num_partitions), else ReplyError."""
+    try:
+        value = content.config_records[IDENTITY]["partition-id"]
+    except (KeyError, TypeError) as exc:
+        raise ReplyError(f"identity reply is malformed: {exc}") from exc
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < num_partitions:
+        raise ReplyError(f"identity reply partition-id = {value!r} is not an integer in [0, {num_partitions})")
+    return int(value)
 
 
 def ledger_reply(report: Mapping[str, Any]) -> RecordDict:

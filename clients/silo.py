@@ -15,6 +15,14 @@ Releases (one Gaussian mechanism each, see app/privacy/accounting.py):
   + N(0, sigma^2 I) on one batch of K2 records, w' = w_{r-1} (SPIDER) or the snapshot (SVRG); replace-one
   sensitivity 4L/K2 (the paper's branch for unknown smoothness beta), or, with
   ``diff-clip`` C > 0, each per-record difference clipped to C: sensitivity 2C/K2.
+* ``eval`` (node config ``evaluation="private"`` only): noisy error counts and clipped loss
+  sums of the current model (app/privacy/evaluation.py), one unsampled Gaussian release.
+
+What the server sends is never trusted: rows are clipped so that any model, even one crafted to
+overflow a record's gradient, gives a release of the stated sensitivity (app/privacy/clipping.py);
+each release is written to the ledger before it is computed, and its noise and batch are keyed
+to the ledger's sequence number for it, never to the round number the server sends, so a
+release's randomness never repeats (with ``noise-seed="os"`` it comes from the OS CSPRNG).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +46,11 @@ from app.data.split import fixed_size_batch
 from app.models import build_model
 from app.privacy.accounting import Release, calibrate_noise_multiplier, group_releases
 from app.privacy.clipping import clip_rows, mean_sensitivity
+from app.privacy.evaluation import EVAL_SENSITIVITY, clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
 from app.privacy.mechanism import add_gaussian_noise
 from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
-from app.schedule import planned_release_counts
+from app.schedule import planned_evaluations, planned_release_counts
 from app.seeding import derive_seed, np_rng, torch_gen
 from app.sketch.broadcast import sketch_from_config
 from app.sketch.powersgd import PowerSGDState
@@ -66,11 +74,15 @@ class ReleaseSpec:
         return 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.sensitivity
 
 
-def release_plan(s: Settings, n: int, clip: float) -> list[ReleaseSpec]:
+def release_plan(s: Settings, n: int, clip: float, evaluations: int = 0,
+                 evaluation_weight: float = 1.0) -> list[ReleaseSpec]:
     """Every kind of release the algorithm will ask this silo for over ``planned_rounds``
-    rounds (the silo plans for being sampled in every round; app/schedule.py). z is filled in
-    by calibration; ``weight`` is each kind's relative noise multiplier (the budget split)."""
+    rounds (the silo plans for being sampled in every round; app/schedule.py), plus
+    ``evaluations`` private evaluations. z is filled in by calibration; ``weight`` is each
+    kind's relative noise multiplier (the budget split)."""
     counts = planned_release_counts(s, s.planned_rounds())
+    if evaluations:
+        counts["eval"] = evaluations
     batch = s.batch_for(n)
     plan = []
     for phase, count in sorted(counts.items()):
@@ -87,6 +99,8 @@ def release_plan(s: Settings, n: int, clip: float) -> list[ReleaseSpec]:
             plan.append(ReleaseSpec("grad", batch, count, mean_sensitivity(clip, batch), weight=weight))
         elif phase == "disjoint":
             plan.append(ReleaseSpec("disjoint", batch, count, mean_sensitivity(clip, batch), disjoint=True))
+        elif phase == "eval":
+            plan.append(ReleaseSpec("eval", n, count, EVAL_SENSITIVITY, weight=evaluation_weight))
         else:
             raise ValueError(f"no release spec for phase {phase!r}")
     return plan
@@ -97,12 +111,16 @@ class Silo:
 
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
                  state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
-                 ledger_budget: tuple[float, float] | None = None) -> None:
+                 ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
+                 evaluation_noise_ratio: float = 1.0) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
-        ledger refuses whatever would take the total past the lifetime budget."""
+        ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
+        the node's evaluation policy (open | private | off, app/privacy/policy.py)."""
         self.s = settings
         self.policy_violation = policy_violation
+        self.evaluation = evaluation
+        self.evaluation_noise_ratio = evaluation_noise_ratio
         self.data = data
         self.device = torch.device(_pick_device(settings.device))
         self.model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden).to(self.device)
@@ -131,7 +149,8 @@ class Silo:
         gradients), so with the default ratio 1 every kind has the same z and sigma proportional
         to its sensitivity. Proxsgd's secret block permutation is drawn here and stored with the
         calibration, so every process serving this silo uses the same disjoint blocks."""
-        plan = release_plan(self.s, self.n, self.clip)
+        evaluations = planned_evaluations(self.s) if self.evaluation == "private" and self.private else 0
+        plan = release_plan(self.s, self.n, self.clip, evaluations, self.evaluation_noise_ratio)
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         cal = self.ledger.calibration
@@ -153,21 +172,27 @@ class Silo:
 
     # -- messages -------------------------------------------------------------------------
     def train(self, content: RecordDict) -> RecordDict:
-        """Answer a training instruction with an update, or a refusal."""
+        """Answer a training instruction with an update, or a refusal. Everything in the
+        instruction is checked before the release is recorded; the release is recorded (and its
+        sequence number reserved) before anything is computed from the silo's records."""
         if self.policy_violation:
             return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
         params, config, prev = wire.read_instruction(content)
-        rnd = int(config.get("round", 0))
+        rnd = _config_int(config, "round", 0)
         phase = str(config.get("phase", ""))
-        spec = self.plan.get(phase)
+        spec = self.plan.get(phase) if phase in TRAINING_PHASES else None
         if spec is None:
-            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {sorted(self.plan)}")
-        steps = int(config.get("local-steps", 1)) if phase == "local" else 1
+            served = sorted(p for p in self.plan if p in TRAINING_PHASES)
+            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {served}")
+        steps = _config_int(config, "local-steps", 1) if phase == "local" else 1
         if phase == "local" and steps != self.s.local_steps:
             return self._refuse(wire.REFUSED_CONFIG,
                                 f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
+        lr = _config_float(config, "lr", self.s.lr) if phase == "local" else self.s.lr
         if phase == "diff" and prev is None:
             return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
+        w0 = self._tensors(params)
+        w_prev = self._tensors(prev) if phase == "diff" and prev is not None else None
         if phase == "disjoint":  # Algorithm 6: round r uses block r of the secret permutation, once
             releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
             blocks = self.n // spec.batch
@@ -177,24 +202,22 @@ class Silo:
         else:
             releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
         try:
-            self.ledger.check(releases, exclusive_round=rnd if phase == "disjoint" else None)
+            spent, seq = self.ledger.record_release(releases, round_=rnd, exclusive_round=phase == "disjoint")
         except BudgetExceededError as exc:
             return self._refuse(wire.REFUSED_BUDGET, str(exc))
 
-        t0 = time.perf_counter()
-        w0 = self._tensors(params)
         if phase in ("grad", "anchor"):
-            update, loss = self._noisy_gradient(w0, spec, rnd, 0)
+            update, loss = self._noisy_gradient(w0, spec, seq, 0)
         elif phase == "disjoint":
-            update, loss = self._noisy_gradient(w0, spec, rnd, 0, batch=self._block(spec.batch, rnd))
+            update, loss = self._noisy_gradient(w0, spec, seq, 0, batch=self._block(spec.batch, rnd))
         elif phase == "diff":
-            update, loss = self._noisy_difference(w0, self._tensors(prev), spec, rnd)
+            assert w_prev is not None
+            update, loss = self._noisy_difference(w0, w_prev, spec, seq)
         else:
             w = dict(w0)
             loss = 0.0
-            lr = float(config.get("lr", self.s.lr))
             for q in range(steps):
-                g, step_loss = self._noisy_gradient(w, spec, rnd, q)
+                g, step_loss = self._noisy_gradient(w, spec, seq, q)
                 loss += step_loss / steps
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
@@ -206,27 +229,37 @@ class Silo:
         if sketch is not None:  # post-processing of the noised update: privacy unchanged
             flat = torch.cat([update[k].reshape(-1) for k in update]).detach().cpu()
             reply_arrays = {wire.SKETCH: sketch.compress(flat).numpy()}
-        spent = self.ledger.record(releases, round_=rnd, exclusive_round=phase == "disjoint")
-        metrics = {
-            "num-examples": float(spec.batch),
-            "silo-index": float(self.data.index),
-            "eps-spent": spent,
-            "sigma": spec.sigma,
-            "noise-multiplier": spec.noise_multiplier,
-            "train-seconds": time.perf_counter() - t0,
-            "uplink-floats": float(sum(a.size for a in reply_arrays.values())),
-        }
+        if not all(np.all(np.isfinite(a)) for a in reply_arrays.values()):
+            # post-processing of the (finite) noisy release with the server's own numbers (its
+            # model, its step size): saying so reveals nothing more about the records
+            return self._refuse(wire.REFUSED_CONFIG, "the update computed from the model and step size sent is not "
+                                "finite (values beyond float32 range); the release was recorded")
+        metrics = {"eps-spent": spent}
         if not self.private:  # a loss computed on private records is itself a release
             metrics["loss"] = loss
         return wire.update_reply(reply_arrays, metrics)
 
     def evaluate(self, content: RecordDict) -> RecordDict:
-        """Evaluation-only statistics of the current model (NOT covered by the DP guarantee):
-        test errors on the silo's held-out split, the mean loss on its training split and, when
-        the server asks (``train-gradient``), the full gradient of that mean loss, from which the
-        server computes the gradient mapping ||G_eta||."""
+        """Answer an evaluation request as the node's policy says (app/privacy/policy.py):
+
+        * ``open``: exact test errors on the silo's held-out split, the mean loss on its training
+          split and, when the server asks (``train-gradient``), the full gradient of that mean
+          loss, from which the server computes ||G_eta|| (NOT covered by the DP guarantee);
+        * ``private``: noisy counts and clipped loss sums, one Gaussian release charged to the
+          ledger (app/privacy/evaluation.py); no gradient;
+        * ``off``: a refusal. A silo whose policy refuses the run refuses its evaluation too."""
+        if self.policy_violation:
+            return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
+        if self.evaluation == "off":
+            return self._refuse(wire.REFUSED_POLICY, "this silo's policy answers no evaluation requests "
+                                "(node config evaluation = 'off')")
+        if self.evaluation == "private" and not self.private:
+            return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
+                                "'private'), which needs a private run")
         params, config, _ = wire.read_instruction(content)
         w = self._tensors(params)
+        if self.evaluation == "private":
+            return self._private_evaluation(w, _config_int(config, "round", 0))
         with torch.no_grad():
             logits = torch.func.functional_call(self.model, w, (self.test_x,))
             test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
@@ -244,6 +277,35 @@ class Silo:
         arrays = self._full_gradient(w) if config.get("train-gradient") else None
         return wire.metrics_reply(metrics, arrays)
 
+    def _private_evaluation(self, w: Mapping[str, torch.Tensor], rnd: int) -> RecordDict:
+        """Noisy error counts and clipped loss sums (one ``eval`` release, recorded first)."""
+        spec = self.plan["eval"]
+        try:
+            spent, seq = self.ledger.record_release([Release("eval", self.n, self.n, spec.noise_multiplier, 1)],
+                                                    round_=rnd)
+        except BudgetExceededError as exc:
+            return self._refuse(wire.REFUSED_BUDGET, str(exc))
+        stats: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        with torch.no_grad():
+            splits = [("test", self.test_x, self.test_y), ("train", self.train_x, self.train_y)]
+            if self.val_y is not None and len(self.val_y):
+                splits.append(("val", self.val_x, self.val_y))
+            for name, x, y in splits:
+                logits = torch.func.functional_call(self.model, dict(w), (x,))
+                if name != "train":
+                    stats[f"{name}-errors"] = float((logits.argmax(1) != y).sum().item())
+                    counts[f"{name}-errors"] = float(len(y))
+                if name != "val":
+                    per_record = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+                    stats[f"{name}-loss-sum"] = clipped_loss_sum(per_record)
+                    counts[f"{name}-loss-sum"] = float(len(y))
+        noisy = noisy_statistics(stats, counts, spec.noise_multiplier, self._torch_gen(seq, "eval-noise", 0))
+        metrics = noisy | {"test-count": float(len(self.test_y)), "train-count": float(self.n), "eps-spent": spent}
+        if "val-errors" in noisy:
+            metrics["val-count"] = counts["val-errors"]
+        return wire.metrics_reply(metrics)
+
     def ledger_report(self) -> dict[str, Any]:
         """What anyone needs to recompute this silo's epsilon: n, K, delta, budget and every
         kind of release with its count, noise multiplier and sampling scheme."""
@@ -256,7 +318,8 @@ class Silo:
         return {
             "silo": self.data.index, "n": self.n, "batch": self.s.batch_for(self.n), "delta": self.delta,
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
-            "sigma": next(iter(self.plan.values())).sigma,
+            "sigma": next(r.sigma for r in self.plan.values() if r.phase in TRAINING_PHASES),
+            "evaluation": self.evaluation,
             "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "sensitivity": r.sensitivity,
                          "noise_multiplier": r.noise_multiplier, "sigma": r.sigma, "disjoint": r.disjoint}
                         for r in self.plan.values()],
@@ -265,29 +328,30 @@ class Silo:
         }
 
     # -- internals ------------------------------------------------------------------------
-    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, rnd: int, step: int,
+    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, seq: int, step: int,
                         batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], float]:
-        """One release: clipped mean of K per-sample gradients plus N(0, sigma^2 I), on K records
-        drawn without replacement (or on the given ``batch``)."""
-        x, y = batch if batch is not None else self._batch(spec.batch, rnd, step)
+        """One release (ledger sequence number ``seq``, local step ``step``): clipped mean of K
+        per-sample gradients plus N(0, sigma^2 I), on K records drawn without replacement (or on
+        the given ``batch``)."""
+        x, y = batch if batch is not None else self._batch(spec.batch, seq, step)
         if not self.private:  # no clipping, no noise: the plain minibatch gradient (no per-sample pass)
             return _unflatten(self._mean_gradient(w, x, y), w), batch_loss(self.model, dict(w), x, y)
         grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
-        noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, step))
+        noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen(seq, "noise", step))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
         return _unflatten(noisy, w), loss
 
     def _noisy_difference(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], spec: ReleaseSpec,
-                          rnd: int) -> tuple[dict[str, torch.Tensor], float]:
+                          seq: int) -> tuple[dict[str, torch.Tensor], float]:
         """One SPIDER difference release on one batch of K2 records (see the module docstring)."""
-        x, y = self._batch(spec.batch, rnd, 0)
+        x, y = self._batch(spec.batch, seq, 0)
         g_now = per_sample_grads(self.model, dict(w), x, y)
         g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
         if self.s.diff_clip > 0 and self.private:
             diffs = clip_rows(g_now - g_prev, self.s.diff_clip)
         else:
             diffs = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
-        noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen("noise", rnd, 0))
+        noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen(seq, "noise", 0))
         loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
         return _unflatten(noisy, w), loss
 
@@ -308,9 +372,9 @@ class Silo:
                 total[k] += g
         return {k: v.detach().cpu().numpy() for k, v in total.items()}
 
-    def _batch(self, k: int, rnd: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, k: int, seq: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K of the n records, uniformly without replacement."""
-        idx = torch.as_tensor(fixed_size_batch(self.n, k, self._np_rng("batch", rnd, step)), device=self.device)
+        idx = torch.as_tensor(fixed_size_batch(self.n, k, self._np_rng(seq, "batch", step)), device=self.device)
         return self.train_x[idx], self.train_y[idx]
 
     def _block(self, k: int, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,15 +388,19 @@ class Silo:
         self._check_layout(w)
         return w
 
-    def _np_rng(self, *parts: Any) -> np.random.Generator:
+    def _np_rng(self, seq: int, *parts: Any) -> np.random.Generator:
+        """The generator of release ``seq`` (its ledger sequence number) for ``parts``: the OS
+        CSPRNG with ``noise-seed="os"``; else derived from (run seed, silo, seq, parts), which
+        makes simulations reproducible and lets whoever knows the seed recompute it."""
         if self.s.privacy.noise_seed == "os":
             return np.random.default_rng(secrets.randbits(128))
-        return np_rng(self.s.seed, "silo", self.data.index, *parts)
+        return np_rng(self.s.seed, "silo", self.data.index, "release", seq, *parts)
 
-    def _torch_gen(self, *parts: Any) -> torch.Generator:
+    def _torch_gen(self, seq: int, *parts: Any) -> torch.Generator:
+        """Like :meth:`_np_rng`, for torch draws (on the CPU)."""
         if self.s.privacy.noise_seed == "os":
             return torch.Generator().manual_seed(secrets.randbits(63))
-        return torch_gen(self.s.seed, "silo", self.data.index, *parts)
+        return torch_gen(self.s.seed, "silo", self.data.index, "release", seq, *parts)
 
     def _check_layout(self, w: Mapping[str, torch.Tensor]) -> None:
         expected = {k: tuple(v.shape) for k, v in self.model.named_parameters()}
@@ -342,6 +410,26 @@ class Silo:
 
     def _refuse(self, code: str, reason: str) -> RecordDict:
         return wire.refusal_reply(code, reason, {"eps-spent": self.ledger.spent()})
+
+
+#: the release kinds a training instruction may ask for (``eval`` is served by evaluate only)
+TRAINING_PHASES = ("grad", "local", "anchor", "diff", "disjoint")
+
+
+def _config_int(config: Mapping[str, Any], key: str, default: int) -> int:
+    """An integer from the server's config, or ReplyError (a refusal, never a crash)."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise wire.ReplyError(f"config[{key!r}] = {value!r} is not an integer")
+    return int(value)
+
+
+def _config_float(config: Mapping[str, Any], key: str, default: float) -> float:
+    """A finite number from the server's config, or ReplyError."""
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise wire.ReplyError(f"config[{key!r}] = {value!r} is not a finite number")
+    return float(value)
 
 
 def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

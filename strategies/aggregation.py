@@ -19,8 +19,11 @@ centered-clipping      exact coefficient a_i of u_i in ``vector = a_0 * center +
 =====================  ==========================================================================
 
 Honest-majority rules take the number ``f`` of Byzantine clients and raise
-:class:`HonestMajorityRequired` when f >= m/2; :func:`needs_honest_majority` tells a results
-table which rules to print as "n/a" in that regime.
+:class:`HonestMajorityRequired` when f >= m/2; Krum and Multi-Krum need more, Blanchard et al.'s
+n > 2f + 2 (at n = 2f + 1 or 2f + 2 the f colluding identical rows that IPM and ALIE send are
+each other's n - f - 2 nearest neighbours, score 0, and Krum picks one of them every time).
+:func:`min_clients` gives the smallest n each rule accepts for a given f, which the config check
+(and so a results table's "n/a") uses.
 """
 
 from __future__ import annotations
@@ -153,6 +156,9 @@ def krum_scores(updates: np.ndarray, f: int) -> np.ndarray:
 def _krum_scores(u: np.ndarray, f: object, rule: str) -> np.ndarray:
     n = u.shape[0]
     fi = _check_honest_majority(rule, f, n)
+    if n <= 2 * fi + 2:
+        raise HonestMajorityRequired(f"{rule} needs n > 2f + 2 (Blanchard et al. 2017): f = {fi} Byzantine of "
+                                     f"n = {n} clients; with n <= 2f + 2 colluding identical updates always win")
     k = n - fi - 2
     if k < 1:
         raise ValueError(f"{rule} needs n - f - 2 >= 1 neighbours: n = {n}, f = {fi} gives n - f - 2 = {k}")
@@ -318,6 +324,18 @@ def needs_honest_majority(name: str) -> bool:
         raise ValueError(f"unknown aggregation rule {name!r}; known: {sorted(RULES)}") from None
 
 
+#: rules whose guarantee needs n > 2f + 2 (Blanchard et al. 2017), not only n > 2f
+KRUM_RULES = ("krum", "multi-krum")
+
+
+def min_clients(name: str, f: int) -> int:
+    """The smallest number of clients n for which rule ``name`` accepts f Byzantine ones:
+    2f + 3 for Krum and Multi-Krum, 2f + 1 for the other honest-majority rules, 1 otherwise."""
+    if name in KRUM_RULES:
+        return 2 * f + 3
+    return 2 * f + 1 if needs_honest_majority(name) else 1
+
+
 __all__ = ["RULES", "Aggregate", "HonestMajorityRequired", "Rule", "centered_clipping", "coordinate_median",
-           "fltrust", "geometric_median", "krum", "krum_scores", "mean", "multi_krum", "needs_honest_majority",
+           "fltrust", "geometric_median", "krum", "krum_scores", "mean", "min_clients", "multi_krum", "needs_honest_majority",
            "trimmed_mean"]

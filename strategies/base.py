@@ -5,6 +5,13 @@ M of the N silo nodes uniformly at random (the paper's Assumption 3), sends them
 every reply (an invalid, refused or failed reply counts as a dropped silo and never stops the
 round), applies its server step to the valid updates, optionally evaluates, and records the round.
 Subclasses define the phase silos run and the server step.
+
+Nothing in a reply is trusted for identity or weight: a silo is the node Flower delivered its
+reply from (``src_node_id``), mapped once to a slot by :class:`NodeRoster`; a reply from a node
+that was not asked, or a second reply from one node in one exchange, is ignored. Every update is
+bounded (:data:`MAX_UPDATE_ABS` per coordinate, as sent and after lifting a sketch), and a server
+step that would leave a non-finite model or one outside float32's range is skipped and logged,
+so no reply can crash the server or poison the model with inf/NaN.
 """
 
 from __future__ import annotations
@@ -31,6 +38,46 @@ from app.sketch.broadcast import sketch_from_config, sketch_round_config
 from app.seeding import np_rng
 
 RoundCallback = Callable[[dict[str, Any]], None]
+
+#: the largest |value| accepted in an update, as sent and after lifting (2^64 ~ 1.8e19). Honest
+#: updates are many orders of magnitude below it; with it, sums and squared norms of up to 10^9
+#: coordinates stay finite in float64, and 10^6 rounds of steps of size lr <= 1 cannot take a
+#: float32 model out of range.
+MAX_UPDATE_ABS = float(2.0 ** 64)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class NodeRoster:
+    """The server's own map from Flower node ids (what Flower authenticates as a reply's source)
+    to silo slots 0..N-1: the nodes connected at the start in sorted order, later ones appended.
+    Grad-BANT's per-silo momentum and every per-silo weight are indexed by this slot, never by
+    anything a reply says."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, int] = {}
+
+    def add(self, nodes: Iterable[int]) -> None:
+        for node in sorted(nodes):
+            self.slots.setdefault(int(node), len(self.slots))
+
+    def slot(self, node: int) -> int:
+        self.add([node])
+        return self.slots[int(node)]
+
+
+def check_bounded(what: str, values: np.ndarray) -> None:
+    """ReplyError unless every value is finite with |value| <= MAX_UPDATE_ABS."""
+    arr = np.asarray(values)
+    if not np.all(np.isfinite(arr)):
+        raise wire.ReplyError(f"{what} contains NaN or inf")
+    peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+    if peak > MAX_UPDATE_ABS:
+        raise wire.ReplyError(f"{what} has |value| {peak:.3g} > {MAX_UPDATE_ABS:.3g}, the bound on any update")
+
+
+def model_in_range(w: dict[str, np.ndarray]) -> bool:
+    """Whether every value of the model is finite and representable in float32."""
+    return all(np.all(np.isfinite(v)) and float(np.max(np.abs(v), initial=0.0)) <= FLOAT32_MAX for v in w.values())
 
 
 @dataclass
@@ -88,7 +135,8 @@ class FederatedOptimizer(Strategy):
         self.rows: list[dict[str, Any]] = []
         self._last_tally = ReplyTally()
         self._w: dict[str, np.ndarray] = {}
-        self._sent = 0
+        self._sent_nodes: list[int] = []
+        self.roster = NodeRoster()
         self._sketch: Sketch | None = None
         self._eval_w: dict[str, np.ndarray] = {}
         self.prox = composite_prox(settings)
@@ -121,7 +169,7 @@ class FederatedOptimizer(Strategy):
         """Sample M silos and send each w_r with the round's config."""
         self._w = wire.record_to_params(arrays, self.layout, what="global arrays")
         nodes = self.sample_nodes(grid, server_round)
-        self._sent = len(nodes)
+        self._sent_nodes = list(nodes)
         cfg = dict(config) | self.round_config(server_round)
         self._sketch = sketch_from_config(cfg, list(self.layout.values()))
         prev = self.prev_arrays(server_round)
@@ -131,11 +179,12 @@ class FederatedOptimizer(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate the replies and apply the server step; None (model unchanged) when no silo
         answered with a valid update."""
-        tally = self._last_tally = self.classify(server_round, replies, self._sent)
+        tally = self._last_tally = self.classify(server_round, replies, self._sent_nodes)
         if not tally.valid:
             log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
             return None, None
-        self._w = self.server_step(self._w, [u for _, u, _ in tally.valid])
+        if not self.accept_model(server_round, self.server_step(self._w, [u for _, u, _ in tally.valid])):
+            return None, None
         metrics = MetricRecord({"answered": len(tally.valid), "eps-max": tally.eps_max()})
         return wire.params_to_record(self._w), metrics
 
@@ -148,31 +197,44 @@ class FederatedOptimizer(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         sums: dict[str, float] = {}
         grads: list[dict[str, np.ndarray]] = []
+        refused: list[int] = []
+        answered: set[int] = set()
         for msg in replies:
+            node = msg.metadata.src_node_id
+            if node in answered:
+                log(WARNING, "round %d: ignored a second evaluation reply of node %d", server_round, node)
+                continue
+            answered.add(node)
             if msg.has_error():
                 self._client_error(msg, "evaluate")
+                continue
+            if wire.refusal_of(msg.content) is not None:  # the silo's policy (evaluation off, or budget)
+                refused.append(node)
                 continue
             try:
                 m = wire.read_metrics(msg.content, ("test-errors", "test-count", "train-loss-sum", "train-count"),
                                       what="evaluate metrics")
+                check_evaluation_metrics(m)
             except wire.ReplyError as exc:
-                log(WARNING, "round %d: dropped evaluation reply of node %d: %s", server_round, msg.metadata.src_node_id, exc)
+                log(WARNING, "round %d: dropped evaluation reply of node %d: %s", server_round, node, exc)
                 continue
             if wire.TRAIN_GRADIENT in msg.content.array_records:
                 try:
-                    grads.append(wire.record_to_params(msg.content.array_records[wire.TRAIN_GRADIENT], self.layout,
-                                                       what=wire.TRAIN_GRADIENT))
+                    grad = wire.record_to_params(msg.content.array_records[wire.TRAIN_GRADIENT], self.layout,
+                                                 what=wire.TRAIN_GRADIENT)
+                    check_bounded(wire.TRAIN_GRADIENT, flatten(grad))
+                    grads.append(grad)
                 except wire.ReplyError as exc:
-                    log(WARNING, "round %d: dropped training gradient of node %d: %s", server_round,
-                        msg.metadata.src_node_id, exc)
+                    log(WARNING, "round %d: dropped training gradient of node %d: %s", server_round, node, exc)
             val = (m.get("val-errors", 0.0), m.get("val-count", 0.0))
             if not (math.isfinite(val[0]) and math.isfinite(val[1]) and 0 <= val[0] <= val[1]):
-                log(WARNING, "round %d: ignored the validation counts of node %d: %s", server_round,
-                    msg.metadata.src_node_id, val)
+                log(WARNING, "round %d: ignored the validation counts of node %d: %s", server_round, node, val)
                 m = m | {"val-errors": 0.0, "val-count": 0.0}
             for k in ("test-errors", "test-count", "test-loss-sum", "train-loss-sum", "train-count", "val-errors",
                       "val-count"):
                 sums[k] = sums.get(k, 0.0) + m.get(k, 0.0)
+        if refused:
+            log(INFO, "round %d: %d silo node(s) declined evaluation by their policy", server_round, len(refused))
         if not sums or sums.get("test-count", 0) <= 0:
             return None
         out = {
@@ -205,8 +267,19 @@ class FederatedOptimizer(Strategy):
         if not tally.valid:
             log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
             return arrays
-        self._w = self.server_step(self._w, [u for _, u, _ in tally.valid])
+        if not self.accept_model(server_round, self.server_step(self._w, [u for _, u, _ in tally.valid])):
+            return arrays
         return wire.params_to_record(self._w)
+
+    def accept_model(self, server_round: int, new_w: dict[str, np.ndarray]) -> bool:
+        """Take ``new_w`` as the model, unless it is non-finite or outside float32's range: then
+        the step is skipped (the model stays) and logged."""
+        if not model_in_range(new_w):
+            log(WARNING, "round %d: the server step would leave a non-finite model (or one outside float32's "
+                "range); the step is skipped and the model is unchanged", server_round)
+            return False
+        self._w = {k: np.asarray(v, dtype=np.float32) for k, v in new_w.items()}
+        return True
 
     def exchange(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
                  timeout: float) -> ReplyTally:
@@ -214,7 +287,8 @@ class FederatedOptimizer(Strategy):
         the messages sent and the uplink (in full-gradient equivalents, G(t))."""
         messages = list(self.configure_train(server_round, arrays, config, grid))
         self.sent_messages += len(messages)
-        tally = self.classify(server_round, grid.send_and_receive(messages, timeout=timeout), len(messages))
+        tally = self.classify(server_round, grid.send_and_receive(messages, timeout=timeout),
+                              [m.metadata.dst_node_id for m in messages])
         floats = len(tally.valid) * (self._sketch.payload_size if self._sketch is not None else self.n_params)
         self.uplink_floats += floats
         self.uploads += floats / self.n_params
@@ -238,11 +312,13 @@ class FederatedOptimizer(Strategy):
         return [nodes[i] for i in sorted(chosen)]
 
     def wait_for_nodes(self, grid: Grid) -> list[int]:
-        """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start)."""
+        """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start);
+        the nodes seen are added to the roster."""
         deadline = time.monotonic() + self.node_wait_s
         while True:
             nodes = list(grid.get_node_ids())
             if len(nodes) >= self.s.num_silos:
+                self.roster.add(nodes)
                 return nodes
             if time.monotonic() > deadline:
                 raise RuntimeError(
@@ -250,13 +326,19 @@ class FederatedOptimizer(Strategy):
                 )
             time.sleep(0.2)
 
-    def classify(self, server_round: int, replies: Iterable[Message], sent: int) -> ReplyTally:
-        """Sort replies into valid / refused / malformed / failed; nothing here raises."""
+    def classify(self, server_round: int, replies: Iterable[Message], sent_to: Iterable[int]) -> ReplyTally:
+        """Sort replies into valid / refused / malformed / failed; nothing here raises. Only the
+        first reply of each node that was sent an instruction counts; others are ignored."""
         tally = ReplyTally()
-        seen = 0
+        expected = set(sent_to)
+        answered: set[int] = set()
         for msg in replies:
-            seen += 1
             node = msg.metadata.src_node_id
+            if node not in expected or node in answered:
+                log(WARNING, "round %d: ignored a reply from node %d (%s)", server_round, node,
+                    "a second reply in this exchange" if node in answered else "not sent an instruction")
+                continue
+            answered.add(node)
             if msg.has_error():
                 tally.errors[node] = self._client_error(msg, "train")
                 continue
@@ -273,7 +355,7 @@ class FederatedOptimizer(Strategy):
                 continue
             tally.valid.append((node, update, metrics))
             tally.messages[node] = message
-        tally.missing = max(sent - seen, 0)
+        tally.missing = len(expected - answered)
         return tally
 
     def read_update(self, content: Any) -> tuple[dict[str, np.ndarray], dict[str, float], np.ndarray]:
@@ -281,9 +363,13 @@ class FederatedOptimizer(Strategy):
         its metrics, and the message vector as sent (flat update, or payload y)."""
         if self._sketch is None:
             update, metrics = wire.read_update(content, self.layout)
-            return update, metrics, flatten(update)
+            message = flatten(update)
+            check_bounded("update", message)
+            return update, metrics, message
         payload, metrics = wire.read_update(content, {wire.SKETCH: (self._sketch.payload_size,)})
-        return self.lift(payload[wire.SKETCH]), metrics, np.asarray(payload[wire.SKETCH], dtype=np.float32)
+        message = np.asarray(payload[wire.SKETCH], dtype=np.float32)
+        check_bounded("sketch payload", message)
+        return self.lift(message), metrics, message
 
     def lift(self, message: np.ndarray) -> dict[str, np.ndarray]:
         """S^T y in the model's layout for this round's sketch (the identity without one)."""
@@ -293,6 +379,7 @@ class FederatedOptimizer(Strategy):
             flat = self._sketch.decompress(torch.as_tensor(np.asarray(message, dtype=np.float32))).numpy()
         except PayloadError as exc:
             raise wire.ReplyError(f"sketch payload rejected: {exc}") from exc
+        check_bounded("lifted update S^T y", flat)
         return wire.unflatten(flat, self.layout)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
@@ -354,6 +441,23 @@ class FederatedOptimizer(Strategy):
         self.client_errors.append(text)
         log(WARNING, "ClientApp failure: %s", text)
         return text
+
+
+#: the largest record count an evaluation reply may claim (a silo's split sizes)
+MAX_EVAL_COUNT = 1e12
+
+
+def check_evaluation_metrics(m: dict[str, float]) -> None:
+    """ReplyError unless the evaluation counts and sums are possible: 0 <= errors <= count <=
+    MAX_EVAL_COUNT, finite loss sums >= 0 (so one silo cannot claim an impossible error rate)."""
+    for count_key in ("test-count", "train-count"):
+        if not 0 <= m[count_key] <= MAX_EVAL_COUNT:
+            raise wire.ReplyError(f"{count_key} = {m[count_key]} is not a possible record count")
+    if not 0 <= m["test-errors"] <= m["test-count"]:
+        raise wire.ReplyError(f"test-errors = {m['test-errors']} is not in [0, test-count = {m['test-count']}]")
+    for key in ("test-loss-sum", "train-loss-sum"):
+        if key in m and not (math.isfinite(m[key]) and m[key] >= 0):
+            raise wire.ReplyError(f"{key} = {m[key]} is not a finite sum >= 0")
 
 
 def _mean(values: list[float]) -> float:

@@ -22,6 +22,11 @@ SGD steps of size gamma on batches of the trust set (as FLTrust does). The basel
 centered-clipping; strategies/aggregation.py) get the same lifted pseudo-gradients and step
 x_{t+1} = x_t - gamma * rule(u_1..u_m); Krum & co. are told f = the number of Byzantine silos
 among the round's replies (an oracle, as in the papers' experiments).
+
+Identity: p is indexed by the server's own slot for each Flower node (strategies/base.py
+NodeRoster), never by anything a reply says. Which nodes are Byzantine is the experiment's
+ground truth, used only by the attack harness and the reported Byzantine weight: when an attack
+is configured the server asks each node once, at the start, for its partition id.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -75,6 +80,7 @@ class ByzantineRobust(FederatedOptimizer):
         self.phase = "local" if s.local_steps > 1 else "grad"
         self.byzantine = byzantine_indices(s)
         self.p = np.full(s.num_silos, 1.0 / s.num_silos)
+        self.byzantine_nodes: set[int] | None = None  # learnt once, only when an attack is configured
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
         self.trust = build_trust_set(s) if s.aggregator in ("gradbant", "fltrust") else None
         shape, classes = dataset_meta(s)
@@ -120,14 +126,18 @@ class ByzantineRobust(FederatedOptimizer):
             log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
             return arrays
         w = self._w
-        silo_of = {node: int(m.get("silo-index", -1)) for node, _, m in tally.valid}
-        byz_nodes = {node for node, silo in silo_of.items() if silo in self.byzantine}
-        messages = attack_messages(self.s, server_round, tally.messages, byz_nodes)
         nodes = [node for node, _, _ in tally.valid]
-        lifted = np.stack([flatten(self.lift(messages[node])) for node in nodes]).astype(np.float64)
+        byz_nodes = self.byzantine_among(grid, nodes, timeout)
+        messages = attack_messages(self.s, server_round, tally.messages, byz_nodes)
+        # the honest replies were lifted (and bounded) once when they were validated; only the
+        # messages the harness replaced are lifted here
+        lifted = np.stack([flatten(u) if messages[node] is tally.messages[node] else flatten(self.lift(messages[node]))
+                           for node, u, _ in tally.valid]).astype(np.float64)
         if self.phase == "local":
             lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
-        idx = np.array([silo_of[node] for node in nodes])
+        idx = np.array([self.roster.slot(node) for node in nodes])
+        if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
+            self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
         direction, weights = self.aggregate(lifted, idx, w, server_round, len(byz_nodes))
         self._round = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                        "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
@@ -135,8 +145,28 @@ class ByzantineRobust(FederatedOptimizer):
         if direction is None:
             return arrays
         flat = flatten(w).astype(np.float64) - self.s.lr * direction
-        self._w = wire.unflatten(flat.astype(np.float32), self.layout)
+        if not self.accept_model(server_round, wire.unflatten(flat, self.layout, dtype=np.float64)):
+            return arrays
         return wire.params_to_record(self._w)
+
+    def byzantine_among(self, grid: Grid, nodes: list[int], timeout: float) -> set[int]:
+        """The Byzantine nodes among ``nodes`` (the experiment's ground truth; empty without an
+        attack). Learnt once by asking every node its partition id; an answer that is not a
+        valid, unique partition id marks nobody."""
+        if self.s.attack_kind == "none" or not self.byzantine:
+            return set()
+        if self.byzantine_nodes is None:
+            msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.identity")
+                    for n in sorted(grid.get_node_ids())]
+            claims: dict[int, int] = {}
+            for reply in grid.send_and_receive(msgs, timeout=timeout):
+                try:
+                    claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
+                except wire.ReplyError as exc:
+                    log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
+            counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
+            self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
+        return self.byzantine_nodes & set(nodes)
 
     def aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
                   f: int) -> tuple[np.ndarray | None, np.ndarray]:

@@ -26,7 +26,7 @@ from logging import WARNING
 from typing import Any
 
 from app import wire
-from strategies.base import FederatedOptimizer, ReplyTally, mean_update
+from strategies.base import FederatedOptimizer, ReplyTally, mean_update, model_in_range
 
 
 class FedSPIDERAlt(FederatedOptimizer):
@@ -58,6 +58,9 @@ class FedSPIDERAlt(FederatedOptimizer):
             self._last_tally, self.g = self._ask("grad", server_round, w0, None, grid, config, timeout)
             return arrays
         w1 = self.prox({k: w0[k] - eta * self.g[k] for k in w0}, eta)
+        if not model_in_range(w1):
+            self.accept_model(server_round, w1)  # logs the skipped step; the model stays at w0
+            return arrays
         diff_tally, d = self._ask("diff", server_round, w1, w0, grid, config, timeout)
         if d is None:
             log(WARNING, "round %d: no silo answered the difference upload; no second step", server_round)
@@ -65,6 +68,9 @@ class FedSPIDERAlt(FederatedOptimizer):
         else:
             v = {k: (self.g[k] + d[k]).astype(np.float32) for k in d}
             w2 = self.prox({k: w1[k] - eta * v[k] for k in w1}, eta)
+            if not model_in_range(w2):
+                log(WARNING, "round %d: the second step would leave float32's range; it is skipped", server_round)
+                v, w2 = self.g, w1
         grad_tally, g = self._ask("grad", server_round, w2, None, grid, config, timeout)
         self.g = g if g is not None else v
         self._last_tally = diff_tally.merge(grad_tally)

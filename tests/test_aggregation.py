@@ -84,12 +84,11 @@ def test_fltrust_shape_mismatch():
 # ----------------------------------------------------------------------------------------- krum
 
 def test_krum_spec_example_with_tie():
-    # {(0,0), (1,0), (0,1), (10,10)}, n = 4, f = 1 -> n - f - 2 = 1 nearest neighbour.
-    # squared distances: 01 = 1, 02 = 1, 12 = 2, 03 = 200, 13 = 81+100 = 181, 23 = 181.
-    # scores: 0 -> 1, 1 -> 1 (to 0), 2 -> 1 (to 0), 3 -> 181.  Tie -> lowest index 0.
-    u = A([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [10.0, 10.0]])
-    np.testing.assert_allclose(krum_scores(u, 1), [1.0, 1.0, 1.0, 181.0])
-    r = krum(u, 1)
+    # the unit square {(0,0), (1,0), (0,1), (1,1)}, n = 4, f = 0 -> n - f - 2 = 2 nearest
+    # neighbours, each at squared distance 1: every score is 2.  Tie -> lowest index 0.
+    u = A([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    np.testing.assert_allclose(krum_scores(u, 0), [2.0, 2.0, 2.0, 2.0])
+    r = krum(u, 0)
     np.testing.assert_array_equal(r.vector, [0.0, 0.0])
     np.testing.assert_array_equal(r.weights, [1.0, 0.0, 0.0, 0.0])
 
@@ -120,11 +119,11 @@ def test_multi_krum():
         multi_krum(KRUM5, 1, m_select=6)
 
 
-def test_krum_needs_enough_neighbours():
-    # n = 3, f = 1: honest majority holds (1 < 1.5) but n - f - 2 = 0
-    with pytest.raises(ValueError, match="n = 3, f = 1 gives n - f - 2 = 0") as e:
-        krum(A([[0.0], [1.0], [2.0]]), 1)
-    assert not isinstance(e.value, HonestMajorityRequired)
+def test_krum_needs_n_above_2f_plus_2():
+    # n = 3, f = 1: an honest majority (1 < 1.5) but not Blanchard et al.'s n > 2f + 2
+    for rule in (krum, multi_krum):
+        with pytest.raises(HonestMajorityRequired, match="needs n > 2f \\+ 2"):
+            rule(A([[0.0], [1.0], [2.0]]), 1)
 
 
 # -------------------------------------------------------------------------------- trimmed mean

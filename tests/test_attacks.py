@@ -4,6 +4,7 @@ evaluation of the ALIE formula with scipy's norm.ppf. Fixed seeds; well under a 
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -104,13 +105,18 @@ def test_alie_z_refuses_byzantine_majority():
 
 
 def test_alie_vector():
-    # honest column 0: (1, 3) -> mu 2, population sd 1; column 1: (0, 0) -> mu 0, sd 0;
-    # column 2: (2, 6) -> mu 4, sd 2.  z = 1.5 -> (2 + 1.5, 0, 4 + 3) = (3.5, 0, 7)
+    # honest column 0: (1, 3) -> mu 2, sample sd (ddof 1) sqrt(2); column 1: (0, 0) -> mu 0,
+    # sd 0; column 2: (2, 6) -> mu 4, sd 2 sqrt(2).  z = 1.5 -> (2 + 1.5 r2, 0, 4 + 3 r2)
+    r2 = math.sqrt(2.0)
     honest = A([[1.0, 0.0, 2.0], [3.0, 0.0, 6.0]])
-    np.testing.assert_allclose(alie(honest, n=10, f=8, z=1.5), [3.5, 0.0, 7.0])
+    np.testing.assert_allclose(alie(honest, n=10, f=8, z=1.5), [2 + 1.5 * r2, 0.0, 4 + 3 * r2])
+    # the same with statistics.stdev (the sample standard deviation), an independent implementation
+    np.testing.assert_allclose(alie(honest, n=10, f=8, z=1.5)[2], 4 + 1.5 * statistics.stdev([2.0, 6.0]))
     # z from the formula: n = 10, f = 4 -> z = Phi^-1(0.8)
     z = norm.ppf(0.8)
-    np.testing.assert_allclose(alie(honest, n=10, f=4), [2 + z, 0.0, 4 + 2 * z])
+    np.testing.assert_allclose(alie(honest, n=10, f=4), [2 + z * r2, 0.0, 4 + 2 * r2 * z])
+    # one honest update: no spread can be estimated, the attack sends it unchanged
+    np.testing.assert_allclose(alie(honest[:1], n=10, f=8, z=1.5), honest[0])
     with pytest.raises(ValueError, match="pass z explicitly"):
         alie(honest, n=10, f=8)
 

@@ -133,17 +133,27 @@ class PrivacyLedger:
                exclusive_round: bool = False) -> float:
         """Check, then append ``new`` to the file (atomically, under the lock). Returns epsilon
         spent after. ``exclusive_round``: refuse if ``new``'s kind was already released in ``round_``."""
+        return self.record_release(new, round_=round_, extra=extra, exclusive_round=exclusive_round)[0]
+
+    def record_release(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None,
+                       exclusive_round: bool = False) -> tuple[float, int]:
+        """:meth:`record`, also returning the release's sequence number: the number of rows the
+        ledger held before it. Rows are only ever appended under the lock, so every release of
+        this ledger gets its own number, whatever round the server says it is, even when
+        several processes serve the silo; the silo keys its noise and batch draws to it
+        (a release's randomness never repeats)."""
         with self._locked():
             self._reload()
             after = self._check_loaded(new, round_ if exclusive_round else None)
+            seq = len(self.releases)
             stamp = time.time()
-            for r in new:
-                row = asdict(r) | {"round": int(round_), "time": stamp}
+            for i, r in enumerate(new):
+                row = asdict(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
                 if extra:
                     row |= extra
                 self.releases.append(row)
             self._save()
-        return after
+        return after, seq
 
     def set_calibration(self, calibration: dict[str, Any]) -> None:
         """Store the noise plan so a restarted silo keeps the same noise multiplier."""

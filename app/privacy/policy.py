@@ -1,0 +1,112 @@
+"""A silo's own privacy policy, read from its node config (never from the run config).
+
+The run config is written by whoever submits the run (the server side), so everything that
+protects the silo's records is decided here, by the silo's operator:
+
+``epsilon-cap`` / ``delta-cap``
+    the largest (epsilon, delta) the silo agrees to; a run asking for more, for ``delta="auto"``
+    whose 1/n^2 is above the cap, or for no privacy at all is refused.
+``ledger-scope``
+    ``node``: one lifetime ledger for everything the node ever releases, with the caps as its
+    budget (the default when a cap is set); ``run``: one ledger and budget per Flower run (the
+    default without caps, i.e. in simulations; with a cap only when the operator says so).
+``noise-seed``
+    ``os``: noise and batches from the OS CSPRNG (the default when a cap is set); ``run``:
+    derived from the run seed (reproducible simulations; the server can recompute them).
+``evaluation``
+    ``open``: exact evaluation statistics and, on request, the full training gradient (outside
+    the DP guarantee; the default without caps, as in the paper's experiments); ``private``:
+    noisy error counts and clipped loss sums, each evaluation a Gaussian release charged to the
+    ledger and planned in the calibration; ``off``: evaluation is refused (the default when a
+    cap is set).
+``evaluation-noise-ratio``
+    with ``evaluation="private"``: an evaluation's noise multiplier relative to the training
+    releases' (default 1).
+
+A node "sets a cap" when it has ``epsilon-cap`` or ``delta-cap``: that is how an operator says
+this node guards real records, and every default above then takes the safe side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LEDGER_SCOPES = ("run", "node")
+NOISE_SEEDS = ("run", "os")
+EVALUATION_POLICIES = ("open", "private", "off")
+#: node-config keys this module reads (besides the silo's identity and paths, read by the ClientApp)
+POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio")
+
+
+class PolicyError(ValueError):
+    """A node-config policy value is malformed."""
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    epsilon_cap: float | None = None
+    delta_cap: float | None = None
+    ledger_scope: str = "run"
+    #: None: the run config decides (only possible without caps)
+    noise_seed: str | None = None
+    evaluation: str = "open"
+    evaluation_noise_ratio: float = 1.0
+
+    @property
+    def capped(self) -> bool:
+        return self.epsilon_cap is not None or self.delta_cap is not None
+
+
+def _choice(node: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str | None) -> str | None:
+    if key not in node:
+        return default
+    value = str(node[key])
+    if value not in allowed:
+        raise PolicyError(f"node config {key} = {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _positive(node: Mapping[str, Any], key: str, hi: float | None = None) -> float | None:
+    if key not in node:
+        return None
+    try:
+        value = float(node[key])
+    except (TypeError, ValueError):
+        raise PolicyError(f"node config {key} = {node[key]!r} must be a number") from None
+    if not (math.isfinite(value) and value > 0 and (hi is None or value < hi)):
+        allowed = "(0, inf)" if hi is None else f"(0, {hi:g})"
+        raise PolicyError(f"node config {key} = {node[key]!r} is out of range; allowed: {allowed}")
+    return value
+
+
+def node_policy(node: Mapping[str, Any]) -> NodePolicy:
+    """Parse the policy keys of a node config, with the defaults described above."""
+    eps_cap = _positive(node, "epsilon-cap")
+    delta_cap = _positive(node, "delta-cap", hi=1.0)
+    capped = eps_cap is not None or delta_cap is not None
+    scope = _choice(node, "ledger-scope", LEDGER_SCOPES, "node" if eps_cap is not None else "run")
+    if scope == "node" and eps_cap is None:
+        raise PolicyError("node config ledger-scope = 'node' needs epsilon-cap (the silo's lifetime budget)")
+    ratio = _positive(node, "evaluation-noise-ratio")
+    return NodePolicy(
+        epsilon_cap=eps_cap, delta_cap=delta_cap, ledger_scope=str(scope),
+        noise_seed=_choice(node, "noise-seed", NOISE_SEEDS, "os" if capped else None),
+        evaluation=str(_choice(node, "evaluation", EVALUATION_POLICIES, "off" if capped else "open")),
+        evaluation_noise_ratio=1.0 if ratio is None else ratio,
+    )
+
+
+def policy_violation(policy: NodePolicy, private: bool, epsilon: float, delta: float, delta_asked: str) -> str | None:
+    """Why this silo's caps forbid training in this run (or None). ``delta`` is the delta the
+    silo would use (1/n^2 for ``auto``), ``delta_asked`` how the run config said it."""
+    if policy.capped and not private:
+        return "this silo's policy sets a privacy cap; the run asks for no privacy"
+    if policy.epsilon_cap is not None and epsilon > policy.epsilon_cap:
+        return f"this silo's policy caps epsilon at {policy.epsilon_cap:g}; the run asks for epsilon={epsilon:g}"
+    if policy.delta_cap is not None and delta > policy.delta_cap:
+        return (f"this silo's policy caps delta at {policy.delta_cap:g}; the run asks for delta={delta_asked} "
+                f"= {delta:.3g} for this silo (set privacy.delta <= {policy.delta_cap:g})")
+    return None
