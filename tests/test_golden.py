@@ -1,0 +1,82 @@
+"""Golden runs: fixed-seed 4-round in-process federations whose rounds.jsonl and the summary's
+numbers must stay bit-identical across refactors (DESIGN.md section 4).
+
+Each configuration below is run through the real ServerApp and ClientApp on the in-process grid
+and compared with ``tests/golden/<name>.json``: every round row (wall time left out) and, from
+summary.json, the test error, the output round and each silo's eps_spent, sigma and releases.
+Floats are compared exactly (JSON round-trips a float64 exactly).
+
+A change that moves these numbers on purpose re-records them and says why in its commit:
+
+    SILOFL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_federation import run
+
+GOLDEN = Path(__file__).parent / "golden"
+RECORD = os.environ.get("SILOFL_RECORD_GOLDEN") == "1"
+
+ALGORITHMS: dict[str, dict[str, Any]] = {
+    "mbsgd": {},
+    "localsgd": {"local-steps": 2, "lr": 0.2},
+    "proxsgd": {"prox.kind": "l2", "prox.strength": 0.01},
+    "spider": {"spider.q": 2, "batch-size": 64},
+    "spider-alt": {"batch-size": 64},
+    "svrg": {"svrg.inner-steps": 2, "batch-size": 64},
+    "plsvrg": {"svrg.inner-steps": 1, "plsvrg.restarts": 2, "output": "random"},
+}
+ROBUST = {"algorithm": "gradbant", "partition": "iid", "num-silos": 4, "silos-per-round": 4, "model": "logistic",
+          "privacy.mode": "off", "batch-size": 32, "trust.size": 60, "attack.kind": "sign-flip",
+          "attack.fraction": 0.5}
+
+
+def _configs() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for algo, extra in ALGORITHMS.items():
+        for privacy in ("isrl", "off"):
+            for sketch in ("none", "srht"):
+                out[f"{algo}-{privacy}-{sketch}"] = {"algorithm": algo, "privacy.mode": privacy,
+                                                     "sketch.kind": sketch} | extra
+    for sketch in ("none", "srht"):
+        out[f"gradbant-sign-flip-{sketch}"] = ROBUST | {"sketch.kind": sketch}
+    out["gradbant-label-flip-local-fltrust"] = ROBUST | {"attack.kind": "label-flip", "aggregator": "fltrust",
+                                                         "local-steps": 2, "lr": 0.2}
+    return out
+
+
+CONFIGS = _configs()
+
+
+def _observed(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "rounds": [{k: v for k, v in r.items() if k != "wall_s"} for r in rows],
+        "summary": {
+            "status": summary["status"], "test_error": summary["test_error"], "output_round": summary["output_round"],
+            "silos": [{k: s[k] for k in ("silo", "n", "eps_spent", "sigma", "releases")} for s in summary["silos"]],
+        },
+    }
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_golden_run(tmp_path: Path, name: str) -> None:
+    summary, rows, _ = run(tmp_path, {"num-rounds": 4, "seed": 3} | CONFIGS[name])
+    observed = json.loads(json.dumps(_observed(summary, rows)))
+    path = GOLDEN / f"{name}.json"
+    if RECORD:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"config": CONFIGS[name], **observed}, indent=1, sort_keys=True) + "\n")
+    expected = json.loads(path.read_text())
+    assert expected["config"] == CONFIGS[name], "the configuration changed: re-record on purpose"
+    assert observed["summary"] == expected["summary"]
+    assert len(observed["rounds"]) == len(expected["rounds"])
+    for got, want in zip(observed["rounds"], expected["rounds"], strict=True):
+        assert got == want, f"round {want.get('round')}"
