@@ -15,6 +15,7 @@ RUN python -m venv .venv && .venv/bin/pip install -q --upgrade pip \
     && .venv/bin/python scripts/print_requirements.py > /tmp/req.txt \
     && .venv/bin/pip install -q -r /tmp/req.txt
 COPY . .
+RUN .venv/bin/pip install -q --no-deps -e .
 ENV PATH=/silofl/.venv/bin:$PATH FLWR_HOME=/silofl/.flwr FLWR_TELEMETRY_ENABLED=0 \
     FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 OMP_NUM_THREADS=1
 VOLUME ["/state"]

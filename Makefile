@@ -7,16 +7,20 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export OMP_NUM_THREADS := 1
 
-.PHONY: run test setup bench clean stop
+.PHONY: run test test-fast setup bench clean stop
 
-# Dependencies come from pyproject.toml; the project itself is not installed (Flower ships it
-# to the SuperLink as an app bundle, and pytest imports it from the repository root).
+# Dependencies come from pyproject.toml; then the project itself is installed in editable mode
+# (app, strategies and clients importable from any directory, e.g. `python scripts/...`; edits
+# take effect without reinstalling). --no-deps: the requirements are already installed, nothing
+# is re-resolved; the build backend (hatchling) is fetched by pip's build isolation. `flwr run`
+# still ships the sources to the SuperLink as an app bundle (app.launch stages them).
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
 	$(BIN)/python scripts/print_requirements.py --dev > $(VENV)/requirements.txt
 	$(BIN)/pip install -q -r $(VENV)/requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
 setup: $(BIN)/.installed
@@ -24,8 +28,15 @@ setup: $(BIN)/.installed
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
 
+# Every test, as CI runs them (.ci/run).
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+# The fast part alone, for the edit-test loop: leaves out the tests marked slow (long or many
+# in-process federations) and e2e (real Flower federations). Markers: pyproject.toml,
+# [tool.pytest.ini_options]. Same as: python -m pytest -m "not slow and not e2e"
+test-fast: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not e2e"
 
 bench: setup
 	$(BIN)/python scripts/bench/per_sample_grads.py

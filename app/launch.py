@@ -20,12 +20,12 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 import time
 import tomllib
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
 
     outputs = Path(settings.outputs_dir)
     outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
-    name = settings.run_name or (
-        f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{settings.algorithm}-{settings.dataset}"
-        f"-eps{settings.privacy.epsilon:g}-seed{settings.seed}"
-    )
+    # The ServerApp's name for the run, fixed here and passed as run-name so that the launcher
+    # knows where summary.json will be. Flower's run id is not known before the run starts: the
+    # five-digit suffix that tells apart runs started in the same second is drawn here instead.
+    from app.server_app import run_name
+
+    name = run_name(settings, secrets.randbelow(100_000))
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
     run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())

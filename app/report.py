@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from app.results import load_rounds
 
 
 def load_rows(sweep_dir: Path) -> list[dict[str, str]]:
@@ -105,7 +106,7 @@ def plot_accuracy_vs_uploads(rows: list[dict[str, str]], path: Path) -> bool:
         run_dir = Path(r.get("run_dir") or "")
         if r["status"] != "completed" or not (run_dir / "rounds.jsonl").exists():
             continue
-        pts = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        pts = load_rounds(run_dir / "rounds.jsonl")
         pts = [p for p in pts if p.get("test_error") is not None]
         curves[r.get("sketch.kind", "none")].append(([p["uploads_G"] for p in pts], [1 - p["test_error"] for p in pts]))
     if set(curves) <= {"none"}:

@@ -1,7 +1,7 @@
 """Print the project's dependencies from pyproject.toml, one per line (for `pip install -r`).
 
-The project itself is not installed: Flower ships it to the SuperLink as an app bundle, and
-pytest imports it from the repository root. ``--dev`` adds the test dependencies.
+``make setup`` installs these first, then the project itself in editable mode without
+dependencies (``pip install --no-deps -e .``). ``--dev`` adds the test dependencies.
 """
 
 import sys

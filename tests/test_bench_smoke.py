@@ -32,6 +32,7 @@ def bench(monkeypatch: pytest.MonkeyPatch):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_sketch_cost_quick(bench, capsys: pytest.CaptureFixture[str]) -> None:
     out = bench("sketch_cost").main(["--quick"])
     rows = out["rows"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 import subprocess
 import sys
@@ -35,9 +34,7 @@ from app.data import (
     standardize_silos,
     train_test_split_indices,
 )
-
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
-HAS_FASHION = os.path.isdir(FASHION_DIR)
+from tests.helpers import FASHION_DIR, HAS_FASHION
 
 
 def rng(seed: int = 0) -> np.random.Generator:

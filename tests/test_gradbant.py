@@ -3,8 +3,6 @@ and federations under attack."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from flwr.app import Message
@@ -12,8 +10,7 @@ from flwr.app import Message
 from app import wire
 from app.config import ConfigError, parse_settings
 from strategies.gradbant import gradbant_step
-from tests.test_data import FASHION_DIR, HAS_FASHION
-from tests.test_federation import run
+from tests.helpers import FASHION_DIR, HAS_FASHION
 
 ROBUST = {"algorithm": "gradbant", "dataset": "digits", "num-silos": 10, "silos-per-round": 10, "partition": "iid",
           "model": "logistic", "privacy.mode": "off", "lr": 0.5, "num-rounds": 12, "batch-size": 32, "trust.size": 60}
@@ -53,7 +50,7 @@ def test_all_zero_scores_leave_the_model_unchanged_and_reset_towards_uniform() -
     np.testing.assert_allclose(p, [0.5 * 0.7 + 0.25, 0.5 * 0.3 + 0.25])  # (1 - beta) p + beta / n
 
 
-def test_all_zero_round_in_the_federation_keeps_the_model(tmp_path: Path) -> None:
+def test_all_zero_round_in_the_federation_keeps_the_model(federation) -> None:
     """Every silo is Byzantine-like in round 2 (the hook negates and scales all replies): Grad-BANT
     gives every one score 0, so round 3 starts from round 2's point."""
     sent: dict[int, dict] = {}
@@ -70,32 +67,32 @@ def test_all_zero_round_in_the_federation_keeps_the_model(tmp_path: Path) -> Non
                 reply.content[wire.UPDATE][k] = Array((-50.0 * arr).astype(np.float32))
         return reply
 
-    _, rows, _ = run(tmp_path, ROBUST | {"num-rounds": 3, "eval-every": 0}, hook=hook)
+    _, rows, _ = federation(ROBUST | {"num-rounds": 3, "eval-every": 0}, hook=hook)
     for k in sent[2]:
         np.testing.assert_array_equal(sent[2][k], sent[3][k])
     assert rows[1]["silo_weights"] and not any(rows[1]["silo_weights"].values())
 
 
 @pytest.mark.parametrize("attack", ["sign-flip", "ipm", "alie", "label-flip"])
-def test_gradbant_survives_a_byzantine_majority(tmp_path: Path, attack: str) -> None:
+def test_gradbant_survives_a_byzantine_majority(federation, attack: str) -> None:
     """60% of the silos Byzantine: Grad-BANT still learns digits (10 classes, chance 90% error).
     Messages pointing against the trust gradient (sign flip, IPM) get (almost) no weight; ALIE
     stays close to the honest mean by design, so it may keep some weight without doing harm.
     The plain mean is ruined by sign flips."""
     extra = {"attack.alie-z": 1.0} if attack == "alie" else {}
-    summary, rows, _ = run(tmp_path / "g", ROBUST | {"attack.kind": attack, "attack.fraction": 0.6} | extra)
+    summary, rows, _ = federation(ROBUST | {"attack.kind": attack, "attack.fraction": 0.6} | extra, sub="g")
     assert summary["status"] == "completed" and summary["test_error"] < 0.15
     assert all(r["byzantine_answered"] == 6 for r in rows)
     if attack in ("sign-flip", "ipm"):
         assert np.mean([r["byzantine_weight"] for r in rows]) < 0.05
     if attack == "sign-flip":
-        mean, _, _ = run(tmp_path / "m", ROBUST | {"aggregator": "mean", "attack.kind": attack, "attack.fraction": 0.6})
+        mean, _, _ = federation(ROBUST | {"aggregator": "mean", "attack.kind": attack, "attack.fraction": 0.6}, sub="m")
         assert mean["test_error"] is None or mean["test_error"] > 0.5
 
 
-def test_gradbant_with_a_sketch_and_local_steps(tmp_path: Path) -> None:
-    summary, rows, _ = run(tmp_path, ROBUST | {"sketch.kind": "srht", "sketch.ratio": 0.5, "local-steps": 3,
-                                               "attack.kind": "sign-flip", "attack.fraction": 0.3, "lr": 0.2})
+def test_gradbant_with_a_sketch_and_local_steps(federation) -> None:
+    summary, rows, _ = federation(ROBUST | {"sketch.kind": "srht", "sketch.ratio": 0.5, "local-steps": 3,
+                                            "attack.kind": "sign-flip", "attack.fraction": 0.3, "lr": 0.2})
     assert summary["status"] == "completed" and summary["test_error"] < 0.2
     assert rows[-1]["uploads_G"] == pytest.approx(12 * 10 * rows[0]["uplink_floats"] / 10 / 650, rel=1e-6)
     assert summary["rounds_to_60"] is not None and summary["uploads_G_to_60"] <= rows[-1]["uploads_G"]
@@ -113,9 +110,9 @@ def test_honest_majority_rules_refuse_a_byzantine_majority() -> None:
 
 @pytest.mark.parametrize("rule", ["mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median",
                                   "geometric-median", "centered-clipping"])
-def test_every_baseline_rule_runs_in_the_federation(tmp_path: Path, rule: str) -> None:
-    summary, rows, _ = run(tmp_path, ROBUST | {"aggregator": rule, "num-rounds": 4, "attack.kind": "sign-flip",
-                                               "attack.fraction": 0.2, "cc.tau": 10.0})
+def test_every_baseline_rule_runs_in_the_federation(federation, rule: str) -> None:
+    summary, rows, _ = federation(ROBUST | {"aggregator": rule, "num-rounds": 4, "attack.kind": "sign-flip",
+                                            "attack.fraction": 0.2, "cc.tau": 10.0})
     assert summary["status"] == "completed" and len(rows) == 4
     assert all(len(r["silo_weights"]) == 10 for r in rows)
 
@@ -134,15 +131,15 @@ def test_trust_set_is_disjoint_from_every_silo() -> None:
 
 
 @pytest.mark.skipif(not HAS_FASHION, reason=f"{FASHION_DIR} absent (Debian package dataset-fashion-mnist)")
-def test_fashion_mnist_label_flipping_majority_gradbant_learns_fedavg_does_not(tmp_path: Path) -> None:
+def test_fashion_mnist_label_flipping_majority_gradbant_learns_fedavg_does_not(federation) -> None:
     """10 IID Fashion-MNIST silos, 6 of them train on flipped labels (y -> 9 - y). FedAvg follows
     the majority and learns the flipped task; Grad-BANT, scoring against the trust set, learns."""
     cfg = {"algorithm": "gradbant", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
            "silos-per-round": 10, "pca": 50, "model": "mlp", "mlp-hidden": "64", "privacy.mode": "off",
            "local-steps": 10, "batch-size": 64, "lr": 0.2, "trust.size": 500, "num-rounds": 8, "eval-every": 8,
            "attack.kind": "label-flip", "attack.fraction": 0.6}
-    gb, _, _ = run(tmp_path / "g", cfg)
-    fedavg, _, _ = run(tmp_path / "m", cfg | {"aggregator": "mean"})
+    gb, _, _ = federation(cfg, sub="g")
+    fedavg, _, _ = federation(cfg | {"aggregator": "mean"}, sub="m")
     assert gb["test_accuracy"] > 0.7  # measured 0.80
     assert fedavg["test_accuracy"] < 0.3  # chance is 0.1; it learns the flipped labels
 

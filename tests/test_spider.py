@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dp_accounting as dpa
 import numpy as np
 import pytest
-import torch
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Error, Message
 from scipy.optimize import minimize
 
 from app import wire
 from app.config import parse_settings
-from app.data.federated import build_federated_data
 from app.launch import merged_run_config
-from tests.test_federation import run
+from tests.helpers import logistic_objective
 
 
-def final_weights(tmp_path: Path, cfg: dict, hook=None) -> tuple[dict, dict[str, np.ndarray], list[Message]]:
+def final_weights(federation, cfg: dict, hook=None, sub: str = "") -> tuple[dict, dict[str, np.ndarray], list[Message]]:
+    """The run's summary, the last model sent to silo 1000 for evaluation, every train message."""
     seen: list[dict] = []
     sent: list[Message] = []
 
@@ -30,43 +27,28 @@ def final_weights(tmp_path: Path, cfg: dict, hook=None) -> tuple[dict, dict[str,
             sent.append(msg)
         return hook(node, msg, reply) if hook else reply
 
-    summary, _, _ = run(tmp_path, cfg, hook=spy)
+    summary, _, _ = federation(cfg, hook=spy, sub=sub)
     return summary, seen[-1], sent
 
 
-def test_q1_is_minibatch_sgd(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_q1_is_minibatch_sgd(federation) -> None:
     """With q = 1 every round is an anchor round: the same seeds give MB-SGD's iterates."""
     common = {"num-rounds": 4, "privacy.epsilon": 3.0}
-    _, w_spider, _ = final_weights(tmp_path / "s", common | {"algorithm": "spider", "spider.q": 1,
-                                                              "spider.anchor-batch": 64})
-    _, w_mbsgd, _ = final_weights(tmp_path / "m", common | {"algorithm": "mbsgd", "batch-size": 64})
+    _, w_spider, _ = final_weights(federation, common | {"algorithm": "spider", "spider.q": 1,
+                                                         "spider.anchor-batch": 64}, sub="s")
+    _, w_mbsgd, _ = final_weights(federation, common | {"algorithm": "mbsgd", "batch-size": 64}, sub="m")
     for k in w_mbsgd:
         np.testing.assert_array_equal(w_spider[k], w_mbsgd[k])
 
 
-def _objective(settings, lam: float):
-    """F(w) = (1/N) sum_i mean_{x in silo i} CE(w; x) + (lam/2)||w||^2 for logistic regression
-    with 2 outputs: the objective the federation minimises (uniform average over silos)."""
-    fed = build_federated_data(settings)
-    data = [(s.train_x.double(), s.train_y) for s in fed.silos]
-
-    def f(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        t = torch.tensor(theta, requires_grad=True)
-        W, b = t[:60].reshape(2, 30), t[60:]
-        loss = sum(torch.nn.functional.cross_entropy(x @ W.T + b, y) for x, y in data) / len(data)
-        loss = loss + lam / 2 * (t ** 2).sum()
-        loss.backward()
-        return float(loss.detach()), t.grad.numpy()
-
-    return f
-
-
-def test_non_private_spider_reaches_the_l2_regularised_optimum(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_non_private_spider_reaches_the_l2_regularised_optimum(federation) -> None:
     lam = 0.05
     cfg = {"algorithm": "spider", "model": "logistic", "privacy.mode": "off", "prox.kind": "l2",
            "prox.strength": lam, "spider.q": 5, "batch-size": 64, "num-rounds": 200, "lr": 1.0, "eval-every": 50}
-    summary, w, _ = final_weights(tmp_path, cfg)
-    f = _objective(parse_settings(merged_run_config([]) | {k: v for k, v in cfg.items()}), lam)
+    summary, w, _ = final_weights(federation, cfg)
+    f = logistic_objective(parse_settings(merged_run_config([]) | {k: v for k, v in cfg.items()}), lam)
     best = minimize(f, np.zeros(62), jac=True, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 5000})
     theta = np.concatenate([w["linear.weight"].ravel(), w["linear.bias"]]).astype(np.float64)
     gap = f(theta)[0] - best.fun
@@ -75,7 +57,7 @@ def test_non_private_spider_reaches_the_l2_regularised_optimum(tmp_path: Path) -
     assert summary["grad_mapping_norm_eval"] < 1e-3  # the prox-gradient mapping vanishes at the optimum
 
 
-def test_silo_dropout_does_not_break_spider(tmp_path: Path) -> None:
+def test_silo_dropout_does_not_break_spider(federation) -> None:
     """Both silos miss round 1 (no anchor yet: round 2 asks for an anchor again) and silo 1001
     misses every third round; the run completes and learns."""
     def drop(node: int, msg: Message, reply: Message) -> Message:
@@ -88,7 +70,7 @@ def test_silo_dropout_does_not_break_spider(tmp_path: Path) -> None:
 
     cfg = {"algorithm": "spider", "spider.q": 4, "batch-size": 64, "num-rounds": 12, "fail-on-client-error": False,
            "privacy.mode": "off", "partition": "iid"}  # the mechanics under dropout, without noise
-    summary, _, sent = final_weights(tmp_path, cfg, hook=drop)
+    summary, _, sent = final_weights(federation, cfg, hook=drop)
     phases = {}
     for m in sent:
         c = m.content[wire.CONFIG]
@@ -98,9 +80,10 @@ def test_silo_dropout_does_not_break_spider(tmp_path: Path) -> None:
     assert summary["status"] == "completed" and summary["test_error"] < 0.15
 
 
-def test_spider_privacy_counts_anchor_and_difference_releases(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_spider_privacy_counts_anchor_and_difference_releases(federation) -> None:
     cfg = {"algorithm": "spider", "spider.q": 3, "batch-size": 64, "num-rounds": 7, "privacy.epsilon": 2.0}
-    summary, _, _ = final_weights(tmp_path, cfg)
+    summary, _, _ = final_weights(federation, cfg)
     for silo in summary["silos"]:
         kinds = {r["kind"]: r for r in silo["releases"]}
         assert kinds["anchor"]["count"] == 3 and kinds["diff"]["count"] == 4  # rounds 1, 4, 7 are anchors

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
+import pytest
 from flwr.app import Error, Message
 from scipy.optimize import minimize
 
 from app import wire
 from app.config import parse_settings
 from app.launch import merged_run_config
-from tests.test_federation import run
-from tests.test_spider import _objective
+from tests.helpers import logistic_objective
 
 LAM = 0.05
 CONVEX = {"model": "logistic", "privacy.mode": "off", "prox.kind": "l2", "prox.strength": LAM, "batch-size": 32,
           "lr": 1.0, "eval-every": 1}
 
 
-def objective_per_round(tmp_path: Path, cfg: dict) -> list[float]:
+def objective_per_round(federation, cfg: dict, sub: str = "") -> list[float]:
     iterates: list[dict] = []
 
     def spy(node: int, msg: Message, reply: Message) -> Message:
@@ -27,18 +25,19 @@ def objective_per_round(tmp_path: Path, cfg: dict) -> list[float]:
             iterates.append(wire.record_to_params(msg.content[wire.ARRAYS]))
         return reply
 
-    run(tmp_path, cfg, hook=spy)
-    f = _objective(parse_settings(merged_run_config([]) | cfg), LAM)
+    federation(cfg, hook=spy, sub=sub)
+    f = logistic_objective(parse_settings(merged_run_config([]) | cfg), LAM)
     return [f(np.concatenate([w["linear.weight"].ravel(), w["linear.bias"]]).astype(np.float64))[0] for w in iterates]
 
 
-def test_svrg_reaches_the_optimum_in_fewer_rounds_than_mbsgd(tmp_path: Path) -> None:
+def test_svrg_reaches_the_optimum_in_fewer_rounds_than_mbsgd(federation) -> None:
     rounds = 60
-    f = _objective(parse_settings(merged_run_config([]) | CONVEX), LAM)
+    f = logistic_objective(parse_settings(merged_run_config([]) | CONVEX), LAM)
     best = minimize(f, np.zeros(62), jac=True, method="L-BFGS-B", options={"gtol": 1e-10, "maxiter": 5000}).fun
-    svrg = np.array(objective_per_round(tmp_path / "svrg", CONVEX | {"algorithm": "svrg", "num-rounds": rounds,
-                                                                       "svrg.inner-steps": 5})) - best
-    mbsgd = np.array(objective_per_round(tmp_path / "mbsgd", CONVEX | {"algorithm": "mbsgd", "num-rounds": rounds})) - best
+    svrg = np.array(objective_per_round(federation, CONVEX | {"algorithm": "svrg", "num-rounds": rounds,
+                                                              "svrg.inner-steps": 5}, sub="svrg")) - best
+    mbsgd = np.array(objective_per_round(federation, CONVEX | {"algorithm": "mbsgd", "num-rounds": rounds},
+                                         sub="mbsgd")) - best
 
     def first_below(gaps: np.ndarray, tol: float = 1e-4) -> int:
         hits = np.nonzero(gaps < tol)[0]
@@ -48,7 +47,7 @@ def test_svrg_reaches_the_optimum_in_fewer_rounds_than_mbsgd(tmp_path: Path) -> 
     assert first_below(svrg) < first_below(mbsgd), (first_below(svrg), first_below(mbsgd))
 
 
-def test_svrg_survives_a_missing_snapshot_and_dropouts(tmp_path: Path) -> None:
+def test_svrg_survives_a_missing_snapshot_and_dropouts(federation) -> None:
     sent: list[Message] = []
 
     def drop(node: int, msg: Message, reply: Message) -> Message:
@@ -60,18 +59,19 @@ def test_svrg_survives_a_missing_snapshot_and_dropouts(tmp_path: Path) -> None:
             return Message(Error(code=0, reason="silo offline"), reply_to=msg)
         return reply
 
-    summary, rows, _ = run(tmp_path, {"algorithm": "svrg", "svrg.inner-steps": 3, "num-rounds": 10, "batch-size": 32,
-                                      "partition": "iid", "privacy.mode": "off", "fail-on-client-error": False},
-                           hook=drop)
+    summary, rows, _ = federation({"algorithm": "svrg", "svrg.inner-steps": 3, "num-rounds": 10, "batch-size": 32,
+                                   "partition": "iid", "privacy.mode": "off", "fail-on-client-error": False},
+                                  hook=drop)
     phases = {int(m.content[wire.CONFIG]["round"]): m.content[wire.CONFIG]["phase"] for m in sent}
     assert phases[1] == phases[2] == "anchor" and phases[3] == "diff" and phases[5] == "anchor"
     assert all(wire.PREV_ARRAYS in m.content for m in sent if m.content[wire.CONFIG]["phase"] == "diff")
     assert summary["status"] == "completed" and summary["test_error"] < 0.15
 
 
-def test_svrg_plans_snapshots_and_inner_steps(tmp_path: Path) -> None:
-    summary, _, _ = run(tmp_path, {"algorithm": "svrg", "svrg.inner-steps": 4, "num-rounds": 10, "batch-size": 32,
-                                   "privacy.epsilon": 3.0, "eval-every": 0})
+@pytest.mark.slow
+def test_svrg_plans_snapshots_and_inner_steps(federation) -> None:
+    summary, _, _ = federation({"algorithm": "svrg", "svrg.inner-steps": 4, "num-rounds": 10, "batch-size": 32,
+                                "privacy.epsilon": 3.0, "eval-every": 0})
     for silo in summary["silos"]:
         kinds = {r["kind"]: r for r in silo["releases"]}
         assert kinds["anchor"]["batch"] == silo["n"] and kinds["anchor"]["count"] == 2  # rounds 1 and 6

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from app.models.zoo import build_model  # noqa: E402
-from app.privacy.clipping import clip_rows  # noqa: E402
-from app.privacy.mechanism import add_gaussian_noise  # noqa: E402
-from app.privacy.per_sample import model_params, per_sample_grads  # noqa: E402
-from app.seeding import torch_gen  # noqa: E402
+from app.models.zoo import build_model
+from app.privacy.clipping import clip_rows
+from app.privacy.mechanism import add_gaussian_noise
+from app.privacy.per_sample import model_params, per_sample_grads
+from app.seeding import torch_gen
 
 SPECS = [("MLP 30-5-2", "mlp", (30,), 2, (5,)), ("MLP 50-64-2", "mlp", (50,), 2, (64,)),
          ("LeNet-5 3x32x32", "lenet5", (3, 32, 32), 10, ())]

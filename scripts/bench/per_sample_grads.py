@@ -17,27 +17,21 @@ Usage (from the repository root)::
 
 from __future__ import annotations
 
+import argparse
+import copy
+import os
+import platform
+import statistics
 import sys
-from pathlib import Path
+import time
+import warnings
+from collections.abc import Callable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import torch
+from torch import nn
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from app.models.zoo import build_model, num_params  # noqa: E402
-from app.privacy.per_sample import (  # noqa: E402
+from app.models.zoo import build_model, num_params
+from app.privacy.per_sample import (
     model_params,
     per_sample_grads,
     per_sample_grads_loop,

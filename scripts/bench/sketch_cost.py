@@ -47,34 +47,29 @@ table and the two target checks of the issue as PASS/FAIL lines.
 
 from __future__ import annotations
 
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+import torch
 
-import argparse  # noqa: E402
-import ctypes  # noqa: E402
-import datetime  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
-
-from app.sketch import SKETCH_KINDS, Sketch, make_sketch  # noqa: E402
-from app.sketch.base import LinearSketch  # noqa: E402
-from app.sketch.dense import DenseOperator  # noqa: E402
-from app.sketch.fjlt import FJLTOperator  # noqa: E402
+from app.sketch import SKETCH_KINDS, Sketch, make_sketch
+from app.sketch.base import LinearSketch
+from app.sketch.dense import DenseOperator
+from app.sketch.fjlt import FJLTOperator
 
 #: Kinds whose S is a dense matrix regenerated on every call (the issue's memory check).
 DENSE_KINDS = ("gaussian", "rademacher", "adaptive")

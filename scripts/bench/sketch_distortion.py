@@ -49,33 +49,29 @@ The full run takes about 16 minutes on one thread of the project's 2-core machin
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
 import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-for _p in (REPO_ROOT, Path(__file__).resolve().parent):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import torch
+from torch import nn
+from torch.nn import functional as F
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
+from app.seeding import derive_seed, np_rng
+from app.sketch import SKETCH_KINDS, Sketch, make_sketch
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-from app.seeding import derive_seed, np_rng  # noqa: E402
-from app.sketch import SKETCH_KINDS, Sketch, make_sketch  # noqa: E402
-from sketch_cost import dense_rate, dense_work, fjlt_nnz  # noqa: E402
+# the sibling benchmark: this script's directory is sys.path[0] when it runs as a script
+from sketch_cost import dense_rate, dense_work, fjlt_nnz
 
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 FJLT_BYTES_PER_NNZ = 28  # int64 row + int64 col + float32 value cached, + int64 position at build

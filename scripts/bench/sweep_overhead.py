@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from app.launch import merged_run_config  # noqa: E402
-from app.sweep import run_federation  # noqa: E402
+from app.launch import merged_run_config
+from app.sweep import run_federation
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -36,6 +34,7 @@ torch.set_num_threads(1)
 from app.config import SKETCH_KINDS  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
+from app.results import load_rounds  # noqa: E402
 from app.server_app import reach  # noqa: E402
 
 BASE = {"dataset": "fashion-mnist", "partition": "iid", "num-silos": 10, "silos-per-round": 10, "pca": 50,
@@ -48,7 +47,7 @@ def run_kind(kind: str, rounds: int, seed: int) -> list[dict[str, Any]]:
         cfg = merged_run_config([]) | BASE | {"sketch.kind": kind, "num-rounds": rounds, "seed": seed,
                                               "outputs-dir": f"{tmp}/out", "run-name": "r"}
         run_local(cfg, f"{tmp}/state")
-        return [json.loads(x) for x in Path(f"{tmp}/out/r/rounds.jsonl").read_text().splitlines()]
+        return load_rounds(f"{tmp}/out/r/rounds.jsonl")
 
 
 def main(argv: list[str] | None = None) -> None:

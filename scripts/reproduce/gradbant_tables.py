@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -42,8 +40,9 @@ torch.set_num_threads(1)
 from app.config import ConfigError, parse_settings  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
+from app.results import load_rounds  # noqa: E402
 
-BASE = {"algorithm": "gradbant", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
+BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
         "silos-per-round": 10, "pca": 50, "model": "mlp", "mlp-hidden": "64", "privacy.mode": "off",
         "local-steps": 10, "batch-size": 64, "lr": 0.2, "trust.size": 500, "eval-every": 1}
 ATTACKS = {"none": {}, "label flip 60%": {"attack.kind": "label-flip", "attack.fraction": 0.6},
@@ -65,7 +64,7 @@ def run_one(overrides: dict[str, Any], rounds: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         run_local(cfg, f"{tmp}/s")
         summary = json.loads(Path(f"{tmp}/o/r/summary.json").read_text())
-        rows = [json.loads(x) for x in Path(f"{tmp}/o/r/rounds.jsonl").read_text().splitlines()]
+        rows = load_rounds(f"{tmp}/o/r/rounds.jsonl")
     acc = [1 - r["test_error"] for r in rows if r.get("test_error") is not None]
     return {"status": summary["status"], "best_acc": max(acc) if acc else None, "final_acc": acc[-1] if acc else None,
             "G60": summary["uploads_G_to_60"], "G80": summary["uploads_G_to_80"],

@@ -25,13 +25,11 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: threads only contend
 
 import torch  # noqa: E402

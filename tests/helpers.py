@@ -1,0 +1,61 @@
+"""Helpers shared by several test modules (tests/conftest.py turns ``run`` into the
+``federation`` fixture). Import them from here, never from another test module."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+#: Fashion-MNIST idx files of the Debian package dataset-fashion-mnist (installed by .ci/run).
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+HAS_FASHION = os.path.isdir(FASHION_DIR)
+
+
+def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None, *,
+        run_id: int = 1, name: str = "t") -> tuple[dict, list[dict], Any]:
+    """One federation of the real ServerApp and ClientApp on the in-process grid (no Flower
+    runtime): the pyproject defaults with ``overrides``, outputs under ``tmp_path/out/<name>``,
+    the silos' state (ledgers) under ``tmp_path/state``. Returns (summary.json, the rows of
+    rounds.jsonl, the grid with every message sent)."""
+    from app.launch import merged_run_config
+    from app.local_grid import run_local
+    from app.results import load_rounds
+
+    cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": name} | overrides
+    grid = run_local(cfg, str(tmp_path / "state"), run_id=run_id, hook=hook, node_config=node_config)
+    out = tmp_path / "out" / name
+    return json.loads((out / "summary.json").read_text()), load_rounds(out / "rounds.jsonl"), grid
+
+
+def analytic_gaussian_delta(sigma: float, sensitivity: float, eps: float) -> float:
+    """Balle & Wang (2018), Theorem 8: the exact delta(eps) of the Gaussian mechanism."""
+    a = sensitivity / (2 * sigma)
+    b = eps * sigma / sensitivity
+    return norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b)
+
+
+def logistic_objective(settings, lam: float):
+    """F(w) = (1/N) sum_i mean_{x in silo i} CE(w; x) + (lam/2)||w||^2 for logistic regression
+    with 2 outputs: the objective the federation minimises (uniform average over silos)."""
+    import torch
+
+    from app.data.federated import build_federated_data
+
+    fed = build_federated_data(settings)
+    data = [(s.train_x.double(), s.train_y) for s in fed.silos]
+
+    def f(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        t = torch.tensor(theta, requires_grad=True)
+        W, b = t[:60].reshape(2, 30), t[60:]
+        loss = sum(torch.nn.functional.cross_entropy(x @ W.T + b, y) for x, y in data) / len(data)
+        loss = loss + lam / 2 * (t ** 2).sum()
+        loss.backward()
+        return float(loss.detach()), t.grad.numpy()
+
+    return f
