@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import norm
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -115,6 +114,8 @@ def alie_z(n: int, f: int) -> float:
     if not 0.0 < p < 1.0:
         raise ValueError(f"alie_z: Phi^-1 argument (n - s)/n = ({n} - {s})/{n} = {p} is not in (0, 1) "
                          f"for n = {n}, f = {f}; pass z explicitly to alie()")
+    from scipy.stats import norm  # scipy.stats takes seconds to import: only where ALIE needs it
+
     return float(norm.ppf(p))
 
 
@@ -182,13 +183,19 @@ def byzantine_silos(num_silos: int, fraction: float, rng: np.random.Generator) -
         raise ValueError(f"num_silos must be an integer >= 1, got {n}")
     if isinstance(fraction, bool) or not (0.0 <= fraction <= 0.9):
         raise ValueError(f"fraction must be in [0, 0.9], got {fraction!r}")
-    k = min(max(math.floor(fraction * n + 1e-9), 0), n - 1)
-    return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+    return np.sort(rng.choice(n, size=byzantine_count(n, fraction), replace=False)).astype(np.int64)
+
+
+def byzantine_count(num_silos: int, fraction: float) -> int:
+    """f = floor(fraction * N) (computed as floor(fraction * N + 1e-9) so that e.g. 0.29 * 100
+    gives 29, not 28 from floating-point error), capped to [0, N - 1]: at least one silo is honest."""
+    return min(max(math.floor(fraction * num_silos + 1e-9), 0), num_silos - 1)
 
 
 #: attacks that a Byzantine silo runs on its own data (clients/byzantine.py); the others are applied
 #: to messages by the simulation's server-side harness (strategies/byzantine_harness.py)
-DATA_ATTACKS = ("label-flip", "random-labels")
+DATA_ATTACKS = tuple(name for name, info in ATTACKS.items() if info.level == "data")
+MODEL_ATTACKS = tuple(name for name, info in ATTACKS.items() if info.level == "update")
 
 
 def byzantine_indices(s: "Settings") -> set[int]:
@@ -196,10 +203,11 @@ def byzantine_indices(s: "Settings") -> set[int]:
     computed the same way by the silos and by the server's harness."""
     from app.seeding import np_rng
 
-    if s.attack_kind == "none" or s.attack_fraction == 0:
+    if s.attack.kind == "none" or s.attack.fraction == 0:
         return set()
-    return {int(i) for i in byzantine_silos(s.num_silos, s.attack_fraction, np_rng(s.seed, "byzantine"))}
+    return {int(i) for i in byzantine_silos(s.num_silos, s.attack.fraction, np_rng(s.seed, "byzantine"))}
 
 
-__all__ = ["DATA_ATTACKS", "byzantine_indices", "ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
+__all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_count", "byzantine_indices",
+           "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
            "random_labels", "sign_flip"]

@@ -66,7 +66,7 @@ def _silo(context: Context) -> Silo:
             del _SILOS[old]
         fed = build_federated_data(s)
         data = fed.silos[index]
-        if s.attack_kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
+        if s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
             data = poison_labels(data, s, fed.num_classes)
         n = fed.silos[index].n
         ledger_budget = None
@@ -86,7 +86,7 @@ def train(msg: Message, context: Context) -> Message:
     try:
         content = silo.train(msg.content)
     except wire.ReplyError as exc:  # a malformed instruction is refused, not a crash
-        content = wire.refusal_reply(wire.REFUSED_CONFIG, str(exc), {"eps-spent": silo.ledger.spent()})
+        content = wire.Refusal(wire.REFUSED_CONFIG, str(exc), silo.ledger.spent()).encode()
     return Message(content, reply_to=msg)
 
 
@@ -96,17 +96,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     try:
         content = silo.evaluate(msg.content)
     except wire.ReplyError as exc:
-        content = wire.refusal_reply(wire.REFUSED_CONFIG, str(exc), {"eps-spent": silo.ledger.spent()})
+        content = wire.Refusal(wire.REFUSED_CONFIG, str(exc), silo.ledger.spent()).encode()
     return Message(content, reply_to=msg)
 
 
-@app.query("ledger")
+@app.query(wire.LEDGER)
 def ledger(msg: Message, context: Context) -> Message:
     """The silo's public privacy record: n, K, budget, releases, epsilon spent."""
     return Message(wire.ledger_reply(_silo(context).ledger_report()), reply_to=msg)
 
 
-@app.query("identity")
+@app.query(wire.IDENTITY)
 def identity(msg: Message, context: Context) -> Message:
     """This node's partition id, for the simulation's attack harness (which silos are Byzantine
     is the experiment's ground truth). The server never weights a silo by it."""

@@ -12,33 +12,47 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ALGORITHMS = ("mbsgd", "localsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg", "gradbant")
-PLANNED_ALGORITHMS: tuple[str, ...] = ()
-#: aggregation rules of the Byzantine-robust line (algorithm = gradbant); strategies/aggregation.py
+from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, get_algorithm
+from app.attacks import ATTACKS as ATTACK_REGISTRY, byzantine_count
+from app.data.partition import PARTITIONS as PARTITION_REGISTRY
+from app.data.preprocess import STANDARDIZE_MODES
+from app.data.sources import SOURCES
+from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
+from app.prox import PROX_KINDS as PROX_REGISTRY
+
+ALGORITHMS = tuple(ALGORITHM_REGISTRY)
+#: the algorithms whose server step is a prox step (not local SGD, whose message is a model delta,
+#: nor the robust line, which steps with its aggregation rule)
+PROX_ALGORITHMS = tuple(name for name, algo in ALGORITHM_REGISTRY.items() if algo.prox_step)
+ATTACKS = ("none", *ATTACK_REGISTRY)
+DATASETS = SOURCES
+PARTITIONS = PARTITION_REGISTRY
+STANDARDIZE = STANDARDIZE_MODES
+PROX_KINDS = PROX_REGISTRY
+NOISE_SEEDS = POLICY_NOISE_SEEDS
+# The option lists below belong to modules that import torch (sketches, models, mechanisms) or
+# sit above this layer (the aggregation rules in strategies/): copied here so that parsing a
+# config stays light, and tests/test_config.py checks that each copy equals its registry.
+#: aggregation rules of the Byzantine-robust line (= "gradbant" + strategies.aggregation.RULES)
 AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
                "centered-clipping")
-#: rules that need num-silos > 2f + 2 (Krum's neighbour count), not only an honest majority
-KRUM_AGGREGATORS = ("krum", "multi-krum")
 #: rules that score updates against the server's trust set
 TRUST_AGGREGATORS = ("gradbant", "fltrust")
-ATTACKS = ("none", "label-flip", "random-labels", "sign-flip", "ipm", "alie", "gaussian")
+#: rules that need num-silos > 2f + 2 (= strategies.aggregation.KRUM_RULES)
+KRUM_AGGREGATORS = ("krum", "multi-krum")
+#: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS)
 TRUST_SHIFTS = ("none", "noise", "blur")
-#: the algorithms whose server step is a prox step (all but local SGD, whose message is a model delta).
-PROX_ALGORITHMS = ("mbsgd", "proxsgd", "spider", "spider-alt", "svrg", "plsvrg")
 #: which iterate the run returns: the last one, or one drawn uniformly from w_1..w_R (the paper's w_priv).
 OUTPUTS = ("last", "random")
-DATASETS = ("wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic")
-PARTITIONS = ("label", "even-odd-pairs", "dirichlet", "iid", "mixing")
+#: = app.models.MODELS
 MODELS = ("logistic", "mlp", "lenet5", "resnet18")
-STANDARDIZE = ("pooled", "local", "none")
+#: "off" + app.privacy.mechanism.MECHANISMS; "shuffle" is the shuffle-DP issue
 PRIVACY_MODES = ("off", "isrl")
 PLANNED_PRIVACY_MODES = ("shuffle",)
-NOISE_SEEDS = ("run", "os")
-#: Sketches a silo can apply to its (already noised) update; PowerSGD keeps per-silo state
-#: (warm start, error feedback) across the rounds the silo takes part in.
+#: "none" + app.sketch.SKETCH_KINDS. PowerSGD keeps per-silo state (warm start, error feedback)
+#: across the rounds the silo takes part in.
 SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
                 "adaptive", "powersgd")
-PROX_KINDS = ("none", "l1", "l2", "elastic-net", "group-lasso", "l2-ball", "box")  # = app.prox.PROX_KINDS
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -69,6 +83,76 @@ class PrivacySettings:
 
 
 @dataclass(frozen=True)
+class ProxSettings:
+    """The composite loss's f1 (app/prox.py): ``prox.kind``, its ``strength`` and elastic net's ``l2``."""
+
+    kind: str = "none"
+    strength: float = 0.0
+    l2: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpiderSettings:
+    #: anchor every q rounds
+    q: int = 5
+    #: K1 of the anchors (0: the full batch n)
+    anchor_batch: int = 0
+
+
+@dataclass(frozen=True)
+class SVRGSettings:
+    #: inner steps Q per snapshot
+    inner_steps: int = 5
+
+
+@dataclass(frozen=True)
+class PLSVRGSettings:
+    #: S stages (restarts)
+    restarts: int = 2
+
+
+@dataclass(frozen=True)
+class SketchSettings:
+    """The silos' compressor (app/sketch/): kind, k/n, the adaptive sketch's JL epsilon, per layer
+    or whole-vector, PowerSGD's error feedback."""
+
+    kind: str = "none"
+    ratio: float = 0.5
+    epsilon: float = 0.3
+    layerwise: bool = True
+    error_feedback: bool = True
+
+
+@dataclass(frozen=True)
+class RobustSettings:
+    """The Byzantine-robust line: the aggregation rule, the server's trust set, the rules' knobs."""
+
+    aggregator: str = "gradbant"
+    trust_size: int = 0
+    trust_classes: tuple[int, ...] = ()
+    trust_shift: str = "none"
+    gradbant_beta: float = 0.5
+    gradbant_smoothness: float = 1.0
+    cc_tau: float = 1.0
+
+
+@dataclass(frozen=True)
+class AttackSettings:
+    """The experiment's Byzantine silos (app/attacks.py)."""
+
+    kind: str = "none"
+    fraction: float = 0.0
+    ipm_epsilon: float = 0.5
+    alie_z: float = 0.0
+    noise_std: float = 1.0
+
+
+#: the nested groups of Settings, by attribute name
+GROUPS = {"privacy": PrivacySettings, "prox": ProxSettings, "spider": SpiderSettings, "svrg": SVRGSettings,
+          "plsvrg": PLSVRGSettings, "sketch": SketchSettings, "robust": RobustSettings, "attack": AttackSettings}
+
+
+@dataclass(frozen=True)
 class Settings:
     algorithm: str = "mbsgd"
     dataset: str = "wbcd"
@@ -93,32 +177,15 @@ class Settings:
     local_steps: int = 1
     seed: int = 0
     eval_every: int = 1
-    prox_kind: str = "none"
-    prox_strength: float = 0.0
-    prox_l2: float = 0.0
-    spider_q: int = 5
-    spider_anchor_batch: int = 0
     diff_clip: float = 0.0
-    svrg_inner_steps: int = 5
-    plsvrg_restarts: int = 2
     output: str = "last"
-    sketch_kind: str = "none"
-    sketch_ratio: float = 0.5
-    sketch_epsilon: float = 0.3
-    sketch_layerwise: bool = True
-    sketch_error_feedback: bool = True
-    aggregator: str = "gradbant"
-    trust_size: int = 0
-    trust_classes: tuple[int, ...] = ()
-    trust_shift: str = "none"
-    gradbant_beta: float = 0.5
-    gradbant_smoothness: float = 1.0
-    cc_tau: float = 1.0
-    attack_kind: str = "none"
-    attack_fraction: float = 0.0
-    attack_ipm_epsilon: float = 0.5
-    attack_alie_z: float = 0.0
-    attack_noise_std: float = 1.0
+    prox: ProxSettings = field(default_factory=lambda: ProxSettings())
+    spider: SpiderSettings = field(default_factory=lambda: SpiderSettings())
+    svrg: SVRGSettings = field(default_factory=lambda: SVRGSettings())
+    plsvrg: PLSVRGSettings = field(default_factory=lambda: PLSVRGSettings())
+    sketch: SketchSettings = field(default_factory=lambda: SketchSettings())
+    robust: RobustSettings = field(default_factory=lambda: RobustSettings())
+    attack: AttackSettings = field(default_factory=lambda: AttackSettings())
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
@@ -130,7 +197,7 @@ class Settings:
         """Every setting, for summary.json."""
         d = asdict(self)
         d["model_hidden"] = list(self.model_hidden)
-        d["trust_classes"] = list(self.trust_classes)
+        d["robust"]["trust_classes"] = list(self.robust.trust_classes)
         return d
 
     def delta_for(self, n: int) -> float:
@@ -138,11 +205,11 @@ class Settings:
         return self.privacy.delta if self.privacy.delta is not None else 1.0 / (n * n)
 
     def batch_for(self, n: int) -> int:
-        """K for a silo with n training records (batch-size 0 means full batch, K = n, except
-        for proxsgd, where it means K = floor(n / R) so that the R rounds use disjoint blocks)."""
+        """K for a silo with n training records: ``batch-size``, or when it is 0 the algorithm's
+        default (the full batch K = n; for proxsgd K = floor(n / R), disjoint blocks)."""
         if self.batch_size:
             return self.batch_size
-        return n // self.planned_rounds() if self.algorithm == "proxsgd" else n
+        return get_algorithm(self.algorithm).default_batch(self, n)
 
     def planned_rounds(self) -> int:
         return self.privacy.planned_rounds or self.num_rounds
@@ -222,6 +289,17 @@ _hidden = _int_tuple(1, '"64" or "128,64"', "positive integers (layer widths)")
 _int_list = _int_tuple(0, '"0,1,2" ("": all)', "class indices >= 0")
 
 
+#: old algorithm names still accepted: "gradbant" ran the robust line with any ``aggregator``
+#: (Grad-BANT is the default rule), so ``algorithm=gradbant aggregator=krum`` ran Krum
+ALGORITHM_ALIASES = {"gradbant": "robust"}
+
+
+def _algorithm(key: str, value: Any) -> str:
+    if isinstance(value, str) and value in ALGORITHM_ALIASES:
+        return ALGORITHM_ALIASES[value]
+    return _str(ALGORITHMS)(key, value)
+
+
 def _delta(key: str, value: Any) -> float | None:
     if isinstance(value, str) and value.strip().lower() in ("auto", "1/n^2", "1/n2"):
         return None
@@ -230,7 +308,7 @@ def _delta(key: str, value: Any) -> float | None:
 
 
 SCHEMA: dict[str, tuple[str, Any]] = {
-    "algorithm": ("algorithm", _str(ALGORITHMS, PLANNED_ALGORITHMS)),
+    "algorithm": ("algorithm", _algorithm),
     "dataset": ("dataset", _str(DATASETS)),
     "data-dir": ("data_dir", _str()),
     "partition": ("partition", _str(PARTITIONS)),
@@ -250,32 +328,32 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "local-steps": ("local_steps", _num(1, 100_000, integer=True)),
     "seed": ("seed", _num(0, 2**62, integer=True)),
     "eval-every": ("eval_every", _num(0, None, integer=True)),
-    "prox.kind": ("prox_kind", _str(PROX_KINDS)),
-    "prox.strength": ("prox_strength", _num(0, None)),
-    "prox.l2": ("prox_l2", _num(0, None)),
-    "spider.q": ("spider_q", _num(1, 1_000_000, integer=True)),
-    "spider.anchor-batch": ("spider_anchor_batch", _num(0, None, integer=True)),
+    "prox.kind": ("prox.kind", _str(PROX_KINDS)),
+    "prox.strength": ("prox.strength", _num(0, None)),
+    "prox.l2": ("prox.l2", _num(0, None)),
+    "spider.q": ("spider.q", _num(1, 1_000_000, integer=True)),
+    "spider.anchor-batch": ("spider.anchor_batch", _num(0, None, integer=True)),
     "diff-clip": ("diff_clip", _num(0, None)),
-    "svrg.inner-steps": ("svrg_inner_steps", _num(1, 1_000_000, integer=True)),
-    "plsvrg.restarts": ("plsvrg_restarts", _num(1, 1_000_000, integer=True)),
+    "svrg.inner-steps": ("svrg.inner_steps", _num(1, 1_000_000, integer=True)),
+    "plsvrg.restarts": ("plsvrg.restarts", _num(1, 1_000_000, integer=True)),
     "output": ("output", _str(OUTPUTS)),
-    "sketch.kind": ("sketch_kind", _str(SKETCH_KINDS)),
-    "sketch.error-feedback": ("sketch_error_feedback", _bool),
-    "sketch.ratio": ("sketch_ratio", _num(0, 1, lo_open=True)),
-    "sketch.epsilon": ("sketch_epsilon", _num(0, 1, lo_open=True, hi_open=True)),
-    "sketch.layerwise": ("sketch_layerwise", _bool),
-    "aggregator": ("aggregator", _str(AGGREGATORS)),
-    "trust.size": ("trust_size", _num(0, 1_000_000, integer=True)),
-    "trust.classes": ("trust_classes", _int_list),
-    "trust.shift": ("trust_shift", _str(TRUST_SHIFTS)),
-    "gradbant.beta": ("gradbant_beta", _num(0, 1, lo_open=True)),
-    "gradbant.smoothness": ("gradbant_smoothness", _num(0, None)),
-    "cc.tau": ("cc_tau", _num(0, None, lo_open=True)),
-    "attack.kind": ("attack_kind", _str(ATTACKS)),
-    "attack.fraction": ("attack_fraction", _num(0, 0.9)),
-    "attack.ipm-epsilon": ("attack_ipm_epsilon", _num(0, None, lo_open=True)),
-    "attack.alie-z": ("attack_alie_z", _num(0, None)),
-    "attack.noise-std": ("attack_noise_std", _num(0, None)),
+    "sketch.kind": ("sketch.kind", _str(SKETCH_KINDS)),
+    "sketch.error-feedback": ("sketch.error_feedback", _bool),
+    "sketch.ratio": ("sketch.ratio", _num(0, 1, lo_open=True)),
+    "sketch.epsilon": ("sketch.epsilon", _num(0, 1, lo_open=True, hi_open=True)),
+    "sketch.layerwise": ("sketch.layerwise", _bool),
+    "aggregator": ("robust.aggregator", _str(AGGREGATORS)),
+    "trust.size": ("robust.trust_size", _num(0, 1_000_000, integer=True)),
+    "trust.classes": ("robust.trust_classes", _int_list),
+    "trust.shift": ("robust.trust_shift", _str(TRUST_SHIFTS)),
+    "gradbant.beta": ("robust.gradbant_beta", _num(0, 1, lo_open=True)),
+    "gradbant.smoothness": ("robust.gradbant_smoothness", _num(0, None)),
+    "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
+    "attack.kind": ("attack.kind", _str(ATTACKS)),
+    "attack.fraction": ("attack.fraction", _num(0, 0.9)),
+    "attack.ipm-epsilon": ("attack.ipm_epsilon", _num(0, None, lo_open=True)),
+    "attack.alie-z": ("attack.alie_z", _num(0, None)),
+    "attack.noise-std": ("attack.noise_std", _num(0, None)),
     "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
     "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
     "privacy.delta": ("privacy.delta", _delta),
@@ -321,15 +399,13 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(SCHEMA)}")
     top: dict[str, Any] = {}
-    priv: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for key, value in run_config.items():
         attr, parser = SCHEMA[key]
         parsed = parser(key, value)
-        if attr.startswith("privacy."):
-            priv[attr.split(".", 1)[1]] = parsed
-        else:
-            top[attr] = parsed
-    settings = Settings(**top, privacy=PrivacySettings(**priv))
+        group, _, field_name = attr.rpartition(".")
+        (groups[group] if group else top)[field_name] = parsed
+    settings = Settings(**top, **{name: GROUPS[name](**values) for name, values in groups.items()})
     _check_relations(settings)
     return settings
 
@@ -343,15 +419,15 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(
             f"privacy.planned-rounds = {s.privacy.planned_rounds} is out of range; allowed: [0, num-rounds = {s.num_rounds}]"
         )
-    if s.prox_kind != "none" and s.algorithm not in PROX_ALGORITHMS:
-        raise ConfigError(f"prox.kind = {s.prox_kind!r} is not supported by algorithm = {s.algorithm!r}; allowed: none "
+    if s.prox.kind != "none" and s.algorithm not in PROX_ALGORITHMS:
+        raise ConfigError(f"prox.kind = {s.prox.kind!r} is not supported by algorithm = {s.algorithm!r}; allowed: none "
                           f"(the server's prox step is part of {', '.join(PROX_ALGORITHMS)})")
-    if s.prox_kind == "l2-ball" and s.prox_strength <= 0:
-        raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind l2-ball; allowed: (0, inf)")
-    if s.prox_kind == "box" and s.prox_strength <= 0:
-        raise ConfigError(f"prox.strength = {s.prox_strength!r} is out of range for prox.kind box; allowed: (0, inf)")
-    if s.algorithm == "plsvrg" and s.plsvrg_restarts > s.num_rounds:
-        raise ConfigError(f"plsvrg.restarts = {s.plsvrg_restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
+    if s.prox.kind == "l2-ball" and s.prox.strength <= 0:
+        raise ConfigError(f"prox.strength = {s.prox.strength!r} is out of range for prox.kind l2-ball; allowed: (0, inf)")
+    if s.prox.kind == "box" and s.prox.strength <= 0:
+        raise ConfigError(f"prox.strength = {s.prox.strength!r} is out of range for prox.kind box; allowed: (0, inf)")
+    if s.algorithm == "plsvrg" and s.plsvrg.restarts > s.num_rounds:
+        raise ConfigError(f"plsvrg.restarts = {s.plsvrg.restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
     _check_byzantine(s)
@@ -359,34 +435,34 @@ def _check_relations(s: Settings) -> None:
 
 def _check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
-    if s.attack_kind != "none" and s.algorithm != "gradbant":
-        raise ConfigError(f"attack.kind = {s.attack_kind!r} needs algorithm = 'gradbant' (the Byzantine-robust "
+    if s.attack.kind != "none" and s.algorithm != "robust":
+        raise ConfigError(f"attack.kind = {s.attack.kind!r} needs algorithm = 'robust' (the Byzantine-robust "
                           f"training loop); got algorithm = {s.algorithm!r}")
-    if s.algorithm != "gradbant":
+    if s.algorithm != "robust":
         return
-    if s.aggregator in TRUST_AGGREGATORS and s.trust_size < 1:
-        raise ConfigError(f"trust.size = {s.trust_size} is out of range for aggregator {s.aggregator!r}; allowed: "
+    if s.robust.aggregator in TRUST_AGGREGATORS and s.robust.trust_size < 1:
+        raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {s.robust.aggregator!r}; allowed: "
                           "[1, number of records) (the server's trust set, e.g. 500)")
-    byz = min(math.floor(s.attack_fraction * s.num_silos + 1e-9), s.num_silos - 1) if s.attack_kind != "none" else 0
-    if s.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
+    byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0
+    if s.robust.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
         raise ConfigError(
-            f"aggregator = {s.aggregator!r} needs an honest majority, but attack.fraction = {s.attack_fraction:g} "
+            f"aggregator = {s.robust.aggregator!r} needs an honest majority, but attack.fraction = {s.attack.fraction:g} "
             f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
             "use gradbant, fltrust or mean, or a smaller fraction")
-    if s.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = strategies.aggregation.min_clients
+    if s.robust.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = strategies.aggregation.min_clients
         raise ConfigError(
-            f"aggregator = {s.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
-            f"{s.attack_fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
+            f"aggregator = {s.robust.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
+            f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
             "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
-    if s.attack_kind == "alie" and not s.attack_alie_z and byz >= s.num_silos / 2:
+    if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")
 
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
     """Checks that need the data: K <= n for every silo."""
-    if s.spider_anchor_batch > min(train_sizes):
-        raise ConfigError(f"spider.anchor-batch = {s.spider_anchor_batch} is out of range; allowed: "
+    if s.spider.anchor_batch > min(train_sizes):
+        raise ConfigError(f"spider.anchor-batch = {s.spider.anchor_batch} is out of range; allowed: "
                           f"[0, {min(train_sizes)}] (the smallest silo's n; 0 means K1 = n)")
     smallest = min(train_sizes)
     if s.algorithm == "proxsgd":  # disjoint blocks: K * R <= n for every silo

@@ -14,7 +14,7 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -55,7 +55,7 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
 
 def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
     """Ask every silo for its public privacy record (for summary.json)."""
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.ledger")
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.LEDGER_QUERY)
             for n in sorted(grid.get_node_ids())]
     silos = []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
@@ -92,7 +92,7 @@ def main(grid: Grid, context: Context) -> None:
     feature_shape, num_classes = dataset_meta(s)
     model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
     layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
-    initial = wire.params_to_record({k: v.detach().numpy() for k, v in model.named_parameters()})
+    initial = {k: v.detach().numpy() for k, v in model.named_parameters()}
 
     def on_round(row: dict[str, Any]) -> None:
         recorder.round(row)
@@ -102,16 +102,16 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
-    strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
+    result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
     # the run's output: the last iterate, or (output = random) the paper's w_priv ~ Unif{w_1..w_R}
-    out_eval = strategy.output_metrics if s.output == "random" else last_eval
+    out_eval = result.metrics if s.output == "random" else last_eval
     failed = bool(strategy.client_errors) and s.fail_on_client_error
     summary = {
         "status": "failed" if failed else "completed",
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
-        "output": s.output, "output_round": strategy.output_round,
+        "output": s.output, "output_round": result.round,
         "test_error": out_eval.get("test_error"),
         "test_accuracy": None if out_eval.get("test_error") is None else 1.0 - out_eval["test_error"],
         "train_loss": out_eval.get("train_loss"),

@@ -22,9 +22,7 @@ only. Tuning itself is not private (the paper's Appendix I says the same of its 
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import hashlib
 import itertools
 import json
@@ -33,11 +31,15 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app import wire
 from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
+from app.filelock import exclusive_lock
+from app.launch import flower_env
+from app.results import load_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS_DIR = Path("outputs") / "sweeps"
@@ -62,16 +64,6 @@ class ResultsFile:
         self.path = path
         self.fields = RESULT_FIELDS + sorted(SCHEMA)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
     def rows(self) -> list[dict[str, str]]:
         if not self.path.exists():
             return []
@@ -82,7 +74,7 @@ class ResultsFile:
         return any(r["job"] == job and r["status"] == "completed" for r in self.rows())
 
     def append(self, row: Mapping[str, Any]) -> None:
-        with self._locked():
+        with exclusive_lock(self.path.with_suffix(".lock")):
             new = not self.path.exists()
             with self.path.open("a", newline="") as fh:
                 writer = csv.DictWriter(fh, fieldnames=self.fields, extrasaction="ignore")
@@ -101,12 +93,9 @@ def _cell(v: Any) -> Any:
 
 # -- one federation on Flower's simulation engine -------------------------------------------
 def engine_env() -> None:
-    """What every Flower process of a sweep needs (inherited by the Ray workers)."""
-    os.environ.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
-    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    """What every Flower process of a sweep needs (inherited by the Ray workers): the launcher's
+    environment (app.launch.flower_env) set in this process, plus Ray's accelerator setting."""
+    os.environ.update(flower_env(ROOT))
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
@@ -188,7 +177,8 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
 
     client.train()(forward("train"))
     client.evaluate()(forward("evaluate"))
-    client.query("ledger")(forward("ledger"))
+    client.query(wire.LEDGER)(forward("ledger"))
+    client.query(wire.IDENTITY)(forward("identity"))  # the attack harness's ground truth
     return server, client
 
 
@@ -214,7 +204,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True) -> dict[str, A
     if not (out / "summary.json").exists():
         raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
     summary = json.loads((out / "summary.json").read_text())
-    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    rounds = load_rounds(out / "rounds.jsonl")
     inside = sum(float(r["wall_s"]) for r in rounds)
     return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
 

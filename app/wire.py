@@ -1,23 +1,37 @@
-"""Message keys and (de)serialisation of arrays, configs and metrics.
+"""The typed wire: every message between the server and a silo, and its Flower records.
+
+Messages are dataclasses with ``encode()`` (to a Flower ``RecordDict``) and ``decode()`` (from
+one, validated): :class:`Instruction` (server -> silo, train), :class:`TrainReply` and
+:class:`Refusal` (silo -> server), :class:`EvaluateRequest` / :class:`EvaluateReply`, the ledger
+report and the identity answer. Record and field names live only in this module. Decoding checks
+format (keys, types, shapes, finiteness); what a reply's values may be (bounds, identity,
+duplicates) is checked by the server's reply validation (strategies/replies.py).
 
 This is the only base-layer module that imports Flower. Everything that arrives from the
-network is validated here: a malformed reply raises :class:`ReplyError` (the strategy then
-drops that silo for the round), never anything else.
+network is validated here: a malformed message raises :class:`ReplyError` (the strategy then
+drops that silo for the round; a silo answers with a refusal), never anything else. The
+low-level helpers (:func:`instruction`, :func:`refusal_of`, the record names) stay public so
+tests can build and inspect hostile messages.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
+
+from app.algorithms.base import Phase
+from app.sketch.broadcast import RoundSketch
 
 # Record keys (DESIGN.md section 3).
 ARRAYS = "arrays"  # w_r, server -> silo
 PREV_ARRAYS = "prev_arrays"  # w_{r-1} or a snapshot, server -> silo
-CONFIG = "config"  # round, phase, batch sizes, step size, clip, ...
+CONFIG = "config"  # round, phase, the round's sketch; local-steps and lr for local releases
 UPDATE = "update"  # the silo's message, silo -> server
 METRICS = "metrics"  # eps-spent (and the batch loss when privacy is off)
 STATUS = "status"  # present when a silo refuses: code + reason
@@ -131,7 +145,7 @@ def read_metrics(content: RecordDict, required: tuple[str, ...], *, what: str = 
     for key in required:
         if key not in out:
             raise ReplyError(f"{what}: missing {key!r}")
-        if math.isnan(out[key]) or (math.isinf(out[key]) and key != "eps-spent"):
+        if math.isnan(out[key]) or (math.isinf(out[key]) and key != EPS_SPENT):
             raise ReplyError(f"{what}[{key!r}] = {out[key]} is not finite")
     return out
 
@@ -141,12 +155,201 @@ def read_update(content: RecordDict, layout: Layout) -> tuple[dict[str, np.ndarr
     if UPDATE not in content.array_records:
         raise ReplyError(f"reply has no ArrayRecord named {UPDATE!r} (keys: {list(content.keys())})")
     update = record_to_params(content.array_records[UPDATE], layout, what=UPDATE)
-    metrics = read_metrics(content, ("eps-spent",))
+    metrics = read_metrics(content, (EPS_SPENT,))
     return update, metrics
 
 
+# -- typed messages ------------------------------------------------------------------------------
+# config and metric field names (only here)
+ROUND, PHASE, LOCAL_STEPS, LR = "round", "phase", "local-steps", "lr"
+SKETCH_FIELDS = {"kind": "sketch-kind", "ratio": "sketch-ratio", "epsilon": "sketch-epsilon",
+                 "layerwise": "sketch-layerwise", "seed": "sketch-seed", "error_feedback": "sketch-error-feedback"}
+EPS_SPENT, LOSS = "eps-spent", "loss"
+
+
+def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ReplyError(f"config[{key!r}] = {value!r} is not an integer")
+    return int(value)
+
+
+def _float(config: Mapping[str, Any], key: str) -> float:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ReplyError(f"config[{key!r}] = {value!r} is not a finite number")
+    return float(value)
+
+
+def _phase(value: Any) -> Phase:
+    try:
+        return Phase(str(value))
+    except ValueError:
+        raise ReplyError(f"phase {value!r} is unknown; known: {', '.join(p.value for p in Phase)}") from None
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """Server -> silo: release ``phase`` at ``arrays`` (w_r), in round ``round``; ``prev`` is the
+    second point of a difference release; ``sketch`` the round's broadcast sketch;
+    ``local_steps`` and ``lr`` (local releases only) the local SGD the silo runs."""
+
+    round: int
+    phase: Phase
+    arrays: Mapping[str, np.ndarray]
+    prev: Mapping[str, np.ndarray] | None = None
+    sketch: RoundSketch | None = None
+    local_steps: int | None = None
+    lr: float | None = None
+
+    def encode(self) -> RecordDict:
+        config: dict[str, Any] = {ROUND: int(self.round), PHASE: str(self.phase)}
+        if self.local_steps is not None:
+            config[LOCAL_STEPS] = int(self.local_steps)
+        if self.lr is not None:
+            config[LR] = float(self.lr)
+        if self.sketch is not None:
+            config |= _encode_sketch(self.sketch)
+        return instruction(params_to_record(self.arrays), config,
+                           None if self.prev is None else params_to_record(self.prev))
+
+    @classmethod
+    def decode(cls, content: RecordDict) -> Instruction:
+        arrays, config, prev = read_instruction(content)
+        rnd = _int(config, ROUND, 0)
+        return cls(round=rnd, phase=_phase(config.get(PHASE, "")), arrays=arrays, prev=prev,
+                   sketch=_decode_sketch(config, rnd),
+                   local_steps=_int(config, LOCAL_STEPS) if LOCAL_STEPS in config else None,
+                   lr=_float(config, LR) if LR in config else None)
+
+
+def _encode_sketch(sketch: RoundSketch) -> dict[str, Any]:
+    cfg = {SKETCH_FIELDS["kind"]: sketch.kind, SKETCH_FIELDS["ratio"]: float(sketch.ratio),
+           SKETCH_FIELDS["epsilon"]: float(sketch.epsilon), SKETCH_FIELDS["layerwise"]: bool(sketch.layerwise),
+           SKETCH_FIELDS["seed"]: int(sketch.seed)}
+    if sketch.kind == "powersgd":
+        cfg[SKETCH_FIELDS["error_feedback"]] = bool(sketch.error_feedback)
+    return cfg
+
+
+def _decode_sketch(config: Mapping[str, Any], rnd: int) -> RoundSketch | None:
+    kind = str(config.get(SKETCH_FIELDS["kind"], "none"))
+    if kind == "none":
+        return None
+    try:
+        return RoundSketch(kind=kind, ratio=_float(config, SKETCH_FIELDS["ratio"]),
+                           epsilon=_float(config, SKETCH_FIELDS["epsilon"]),
+                           layerwise=bool(config.get(SKETCH_FIELDS["layerwise"], False)),
+                           seed=_int(config, SKETCH_FIELDS["seed"]), round=rnd,
+                           error_feedback=bool(config.get(SKETCH_FIELDS["error_feedback"], True)))
+    except ValueError as exc:
+        raise ReplyError(f"the round's sketch is malformed: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """Silo -> server: the release (the flat update in the model's layout, or the sketch payload
+    under :data:`SKETCH`), the epsilon the silo has spent, and the batch loss without privacy."""
+
+    update: Mapping[str, np.ndarray]
+    eps_spent: float
+    loss: float | None = None
+
+    def encode(self) -> RecordDict:
+        metrics = {EPS_SPENT: float(self.eps_spent)} | ({} if self.loss is None else {LOSS: float(self.loss)})
+        return update_reply(self.update, metrics)
+
+    @classmethod
+    def decode(cls, content: RecordDict, layout: Layout) -> TrainReply:
+        update, metrics = read_update(content, layout)
+        loss = metrics.get(LOSS)
+        if loss is not None and not math.isfinite(loss):
+            raise ReplyError(f"metrics[{LOSS!r}] = {loss} is not finite")
+        return cls(update, metrics[EPS_SPENT], loss)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Silo -> server: a deliberate refusal with a code (:data:`REFUSED_BUDGET`, ...) and a reason."""
+
+    code: str
+    reason: str
+    eps_spent: float
+
+    def encode(self) -> RecordDict:
+        return refusal_reply(self.code, self.reason, {EPS_SPENT: float(self.eps_spent)})
+
+    @classmethod
+    def decode(cls, content: RecordDict) -> Refusal | None:
+        """The refusal in ``content``, or None when it is not one."""
+        found = refusal_of(content)
+        if found is None:
+            return None
+        spent = content.metric_records[METRICS].get(EPS_SPENT, math.nan) if METRICS in content.metric_records else math.nan
+        return cls(found[0], found[1], float(spent) if isinstance(spent, (int, float)) else math.nan)
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """Server -> silo: evaluate ``arrays``; ``train_gradient`` asks for the full training
+    gradient (answered only by a silo whose policy is ``open``)."""
+
+    round: int
+    arrays: Mapping[str, np.ndarray]
+    train_gradient: bool = False
+
+    def encode(self) -> RecordDict:
+        return instruction(params_to_record(self.arrays), {ROUND: int(self.round), TRAIN_GRADIENT: self.train_gradient})
+
+    @classmethod
+    def decode(cls, content: RecordDict) -> EvaluateRequest:
+        arrays, config, _ = read_instruction(content)
+        return cls(_int(config, ROUND, 0), arrays, bool(config.get(TRAIN_GRADIENT, False)))
+
+
+#: EvaluateReply field -> metric name
+_EVAL_FIELDS = {"test_errors": "test-errors", "test_count": "test-count", "test_loss_sum": "test-loss-sum",
+                "train_loss_sum": "train-loss-sum", "train_count": "train-count", "val_errors": "val-errors",
+                "val_count": "val-count", "eps_spent": EPS_SPENT}
+_EVAL_REQUIRED = ("test_errors", "test_count", "train_loss_sum", "train_count")
+
+
+@dataclass(frozen=True)
+class EvaluateReply:
+    """Silo -> server: error counts and loss sums of the model on the silo's splits (exact, or
+    noised by a private silo), optionally the full training gradient."""
+
+    test_errors: float
+    test_count: float
+    train_loss_sum: float
+    train_count: float
+    test_loss_sum: float = 0.0
+    val_errors: float | None = None
+    val_count: float | None = None
+    eps_spent: float = 0.0
+    gradient: Mapping[str, np.ndarray] | None = None
+
+    def encode(self) -> RecordDict:
+        metrics = {_EVAL_FIELDS[name]: float(getattr(self, name)) for name in _EVAL_FIELDS
+                   if getattr(self, name) is not None}
+        return metrics_reply(metrics, self.gradient)
+
+    @classmethod
+    def decode(cls, content: RecordDict, layout: Layout) -> tuple[EvaluateReply, str | None]:
+        """The reply, and why its training gradient was dropped (None when absent or valid)."""
+        m = read_metrics(content, tuple(_EVAL_FIELDS[name] for name in _EVAL_REQUIRED), what="evaluate metrics")
+        gradient, dropped = None, None
+        if TRAIN_GRADIENT in content.array_records:
+            try:
+                gradient = record_to_params(content.array_records[TRAIN_GRADIENT], layout, what=TRAIN_GRADIENT)
+            except ReplyError as exc:
+                dropped = str(exc)
+        fields = {name: m[key] for name, key in _EVAL_FIELDS.items() if key in m}
+        return cls(**fields, gradient=gradient), dropped
+
+
 def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray] | None]:
-    """A silo reads the server's message: (w_r, config, w_{r-1} or None)."""
+    """The raw parts of a server message: (w_r, config, w_{r-1} or None)."""
     if ARRAYS not in content.array_records or CONFIG not in content.config_records:
         raise ReplyError(f"instruction must carry {ARRAYS!r} and {CONFIG!r}; got {list(content.keys())}")
     arrays = record_to_params(content.array_records[ARRAYS], what=ARRAYS)
@@ -158,6 +361,9 @@ def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[s
 
 LEDGER = "ledger"
 IDENTITY = "identity"
+#: message types of the two queries a ServerApp sends besides train and evaluate
+LEDGER_QUERY = f"{MessageType.QUERY}.{LEDGER}"
+IDENTITY_QUERY = f"{MessageType.QUERY}.{IDENTITY}"
 
 
 def identity_reply(partition_id: int) -> RecordDict:
@@ -178,15 +384,11 @@ def read_identity(content: RecordDict, num_partitions: int) -> int:
 
 def ledger_reply(report: Mapping[str, Any]) -> RecordDict:
     """A silo's public privacy record (JSON text in a ConfigRecord)."""
-    import json
-
     return RecordDict({LEDGER: ConfigRecord({"json": json.dumps(report)})})
 
 
 def read_ledger(content: RecordDict) -> dict[str, Any]:
     """Parse :func:`ledger_reply`; raises ReplyError when malformed."""
-    import json
-
     try:
         data = json.loads(str(content.config_records[LEDGER]["json"]))
     except (KeyError, ValueError) as exc:

@@ -22,7 +22,7 @@ __all__ = ["DATA_ATTACKS", "byzantine_indices", "poison_labels"]
 def poison_labels(data: SiloData, s: Settings, num_classes: int) -> SiloData:
     """The silo's training labels flipped (y -> C - 1 - y) or drawn at random."""
     y = data.train_y.numpy()
-    if s.attack_kind == "label-flip":
+    if s.attack.kind == "label-flip":
         new = flip_labels(y, num_classes)
     else:
         new = random_labels(y, num_classes, np_rng(s.seed, "random-labels", data.index))

@@ -31,7 +31,7 @@ import hashlib
 import math
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,67 +44,17 @@ from app.config import Settings
 from app.data.federated import SiloData
 from app.data.split import fixed_size_batch
 from app.models import build_model
-from app.privacy.accounting import Release, calibrate_noise_multiplier, group_releases
-from app.privacy.clipping import clip_rows, mean_sensitivity
-from app.privacy.evaluation import EVAL_SENSITIVITY, clipped_loss_sum, noisy_statistics
+from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, group_releases
+from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
+from app.privacy.clipping import clip_rows
+from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from app.privacy.mechanism import add_gaussian_noise
-from app.privacy.per_sample import batch_loss, cross_entropy, per_sample_grads
-from app.schedule import planned_evaluations, planned_release_counts
+from app.privacy.mechanism import make_mechanism
+from app.models.losses import cross_entropy
+from app.privacy.per_sample import batch_loss, per_sample_grads
 from app.seeding import derive_seed, np_rng, torch_gen
-from app.sketch.broadcast import sketch_from_config
+from app.sketch.broadcast import build_sketch
 from app.sketch.powersgd import PowerSGDState
-
-@dataclass(frozen=True)
-class ReleaseSpec:
-    """One kind of release the silo plans: K records, how many times, its replace-one L2
-    sensitivity, and the calibrated noise multiplier z (sigma = z * sensitivity)."""
-
-    phase: str
-    batch: int
-    count: int
-    sensitivity: float
-    noise_multiplier: float = 0.0
-    weight: float = 1.0
-    disjoint: bool = False
-
-    @property
-    def sigma(self) -> float:
-        """Noise standard deviation; 0 without privacy (z = 0, and no clipping: infinite sensitivity)."""
-        return 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.sensitivity
-
-
-def release_plan(s: Settings, n: int, clip: float, evaluations: int = 0,
-                 evaluation_weight: float = 1.0) -> list[ReleaseSpec]:
-    """Every kind of release the algorithm will ask this silo for over ``planned_rounds``
-    rounds (the silo plans for being sampled in every round; app/schedule.py), plus
-    ``evaluations`` private evaluations. z is filled in by calibration; ``weight`` is each
-    kind's relative noise multiplier (the budget split)."""
-    counts = planned_release_counts(s, s.planned_rounds())
-    if evaluations:
-        counts["eval"] = evaluations
-    batch = s.batch_for(n)
-    plan = []
-    for phase, count in sorted(counts.items()):
-        if phase == "local":
-            plan.append(ReleaseSpec("local", batch, count * s.local_steps, mean_sensitivity(clip, batch)))
-        elif phase == "anchor":  # SPIDER: K1 records; SVRG / PL-SVRG snapshot: the full local gradient
-            k1 = min(s.spider_anchor_batch or n, n) if s.algorithm == "spider" else n
-            plan.append(ReleaseSpec("anchor", k1, count, mean_sensitivity(clip, k1), weight=s.privacy.anchor_noise_ratio))
-        elif phase == "diff":
-            diff_sens = 2.0 * s.diff_clip / batch if s.diff_clip > 0 else 2.0 * mean_sensitivity(clip, batch)
-            plan.append(ReleaseSpec("diff", batch, count, diff_sens))
-        elif phase == "grad":
-            weight = s.privacy.anchor_noise_ratio if s.algorithm == "spider-alt" else 1.0
-            plan.append(ReleaseSpec("grad", batch, count, mean_sensitivity(clip, batch), weight=weight))
-        elif phase == "disjoint":
-            plan.append(ReleaseSpec("disjoint", batch, count, mean_sensitivity(clip, batch), disjoint=True))
-        elif phase == "eval":
-            plan.append(ReleaseSpec("eval", n, count, EVAL_SENSITIVITY, weight=evaluation_weight))
-        else:
-            raise ValueError(f"no release spec for phase {phase!r}")
-    return plan
-
 
 class Silo:
     """One silo's state: data, model template, ledger and noise calibration."""
@@ -150,7 +100,8 @@ class Silo:
         to its sensitivity. Proxsgd's secret block permutation is drawn here and stored with the
         calibration, so every process serving this silo uses the same disjoint blocks."""
         evaluations = planned_evaluations(self.s) if self.evaluation == "private" and self.private else 0
-        plan = release_plan(self.s, self.n, self.clip, evaluations, self.evaluation_noise_ratio)
+        plan = release_plan(get_algorithm(self.s.algorithm), self.s, self.n, self.clip, evaluations,
+                            self.evaluation_noise_ratio)
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         cal = self.ledger.calibration
@@ -162,7 +113,7 @@ class Silo:
                 scale = 0.0
             else:
                 scale = calibrate_noise_multiplier(
-                    [Release(r.phase, self.n, r.batch, r.weight, r.count, r.disjoint) for r in plan],
+                    [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
                     self.run_epsilon, self.delta)
             self.block_seed = (secrets.randbits(63) if self.s.privacy.noise_seed == "os"
                                else derive_seed(self.s.seed, "silo", self.data.index, "disjoint-blocks"))
@@ -174,26 +125,26 @@ class Silo:
     def train(self, content: RecordDict) -> RecordDict:
         """Answer a training instruction with an update, or a refusal. Everything in the
         instruction is checked before the release is recorded; the release is recorded (and its
-        sequence number reserved) before anything is computed from the silo's records."""
+        sequence number reserved) before anything is computed from the silo's records. The
+        pipeline is clip -> mechanism -> sketch."""
         if self.policy_violation:
             return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
-        params, config, prev = wire.read_instruction(content)
-        rnd = _config_int(config, "round", 0)
-        phase = str(config.get("phase", ""))
+        ins = wire.Instruction.decode(content)
+        phase, rnd = ins.phase, ins.round
         spec = self.plan.get(phase) if phase in TRAINING_PHASES else None
         if spec is None:
-            served = sorted(p for p in self.plan if p in TRAINING_PHASES)
-            return self._refuse(wire.REFUSED_CONFIG, f"phase {phase!r} not served; this silo was set up for {served}")
-        steps = _config_int(config, "local-steps", 1) if phase == "local" else 1
-        if phase == "local" and steps != self.s.local_steps:
+            served = sorted(str(p) for p in self.plan if p in TRAINING_PHASES)
+            return self._refuse(wire.REFUSED_CONFIG, f"phase {str(phase)!r} not served; this silo was set up for {served}")
+        steps = (ins.local_steps or 1) if phase == Phase.LOCAL else 1
+        if phase == Phase.LOCAL and steps != self.s.local_steps:
             return self._refuse(wire.REFUSED_CONFIG,
                                 f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
-        lr = _config_float(config, "lr", self.s.lr) if phase == "local" else self.s.lr
-        if phase == "diff" and prev is None:
+        lr = ins.lr if phase == Phase.LOCAL and ins.lr is not None else self.s.lr
+        if phase == Phase.DIFF and ins.prev is None:
             return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
-        w0 = self._tensors(params)
-        w_prev = self._tensors(prev) if phase == "diff" and prev is not None else None
-        if phase == "disjoint":  # Algorithm 6: round r uses block r of the secret permutation, once
+        w0 = self._tensors(ins.arrays)
+        w_prev = self._tensors(ins.prev) if phase == Phase.DIFF and ins.prev is not None else None
+        if phase == Phase.DISJOINT:  # Algorithm 6: round r uses block r of the secret permutation, once
             releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
             blocks = self.n // spec.batch
             if not 1 <= rnd <= blocks:
@@ -202,15 +153,15 @@ class Silo:
         else:
             releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
         try:
-            spent, seq = self.ledger.record_release(releases, round_=rnd, exclusive_round=phase == "disjoint")
+            spent, seq = self.ledger.record_release(releases, round_=rnd, exclusive=phase == Phase.DISJOINT)
         except BudgetExceededError as exc:
             return self._refuse(wire.REFUSED_BUDGET, str(exc))
 
-        if phase in ("grad", "anchor"):
+        if phase in (Phase.GRAD, Phase.ANCHOR):
             update, loss = self._noisy_gradient(w0, spec, seq, 0)
-        elif phase == "disjoint":
+        elif phase == Phase.DISJOINT:
             update, loss = self._noisy_gradient(w0, spec, seq, 0, batch=self._block(spec.batch, rnd))
-        elif phase == "diff":
+        elif phase == Phase.DIFF:
             assert w_prev is not None
             update, loss = self._noisy_difference(w0, w_prev, spec, seq)
         else:
@@ -222,9 +173,9 @@ class Silo:
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
         layout = [tuple(v.shape) for v in w0.values()]
-        if config.get("sketch-kind") == "powersgd" and self.powersgd_state is None:
+        if ins.sketch is not None and ins.sketch.kind == "powersgd" and self.powersgd_state is None:
             self.powersgd_state = PowerSGDState(layout)  # kept across this silo's rounds (in memory)
-        sketch = sketch_from_config(config, layout, self.powersgd_state)
+        sketch = build_sketch(ins.sketch, layout, self.powersgd_state)
         reply_arrays = {k: v.detach().cpu().numpy() for k, v in update.items()}
         if sketch is not None:  # post-processing of the noised update: privacy unchanged
             flat = torch.cat([update[k].reshape(-1) for k in update]).detach().cpu()
@@ -234,10 +185,8 @@ class Silo:
             # model, its step size): saying so reveals nothing more about the records
             return self._refuse(wire.REFUSED_CONFIG, "the update computed from the model and step size sent is not "
                                 "finite (values beyond float32 range); the release was recorded")
-        metrics = {"eps-spent": spent}
-        if not self.private:  # a loss computed on private records is itself a release
-            metrics["loss"] = loss
-        return wire.update_reply(reply_arrays, metrics)
+        # a loss computed on private records is itself a release: only without privacy
+        return wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Answer an evaluation request as the node's policy says (app/privacy/policy.py):
@@ -256,32 +205,30 @@ class Silo:
         if self.evaluation == "private" and not self.private:
             return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
                                 "'private'), which needs a private run")
-        params, config, _ = wire.read_instruction(content)
-        w = self._tensors(params)
+        req = wire.EvaluateRequest.decode(content)
+        w = self._tensors(req.arrays)
         if self.evaluation == "private":
-            return self._private_evaluation(w, _config_int(config, "round", 0))
+            return self._private_evaluation(w, req.round)
         with torch.no_grad():
             logits = torch.func.functional_call(self.model, w, (self.test_x,))
             test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
             errors = (logits.argmax(1) != self.test_y).sum().item()
         train_loss = batch_loss(self.model, w, self.train_x, self.train_y) * self.n
-        metrics = {
-            "test-errors": float(errors), "test-count": float(len(self.test_y)), "test-loss-sum": test_loss,
-            "train-loss-sum": train_loss, "train-count": float(self.n), "eps-spent": self.ledger.spent(),
-        }
+        val_errors = val_count = None
         if self.val_y is not None and len(self.val_y):
             with torch.no_grad():
                 val_logits = torch.func.functional_call(self.model, w, (self.val_x,))
-            metrics |= {"val-errors": float((val_logits.argmax(1) != self.val_y).sum().item()),
-                        "val-count": float(len(self.val_y))}
-        arrays = self._full_gradient(w) if config.get("train-gradient") else None
-        return wire.metrics_reply(metrics, arrays)
+            val_errors, val_count = float((val_logits.argmax(1) != self.val_y).sum().item()), float(len(self.val_y))
+        return wire.EvaluateReply(
+            test_errors=float(errors), test_count=float(len(self.test_y)), test_loss_sum=test_loss,
+            train_loss_sum=train_loss, train_count=float(self.n), val_errors=val_errors, val_count=val_count,
+            eps_spent=self.ledger.spent(), gradient=self._full_gradient(w) if req.train_gradient else None).encode()
 
     def _private_evaluation(self, w: Mapping[str, torch.Tensor], rnd: int) -> RecordDict:
         """Noisy error counts and clipped loss sums (one ``eval`` release, recorded first)."""
-        spec = self.plan["eval"]
+        spec = self.plan[Phase.EVAL]
         try:
-            spent, seq = self.ledger.record_release([Release("eval", self.n, self.n, spec.noise_multiplier, 1)],
+            spent, seq = self.ledger.record_release([Release(Phase.EVAL, self.n, self.n, spec.noise_multiplier, 1)],
                                                     round_=rnd)
         except BudgetExceededError as exc:
             return self._refuse(wire.REFUSED_BUDGET, str(exc))
@@ -294,17 +241,17 @@ class Silo:
             for name, x, y in splits:
                 logits = torch.func.functional_call(self.model, dict(w), (x,))
                 if name != "train":
-                    stats[f"{name}-errors"] = float((logits.argmax(1) != y).sum().item())
-                    counts[f"{name}-errors"] = float(len(y))
+                    stats[f"{name}_errors"] = float((logits.argmax(1) != y).sum().item())
+                    counts[f"{name}_errors"] = float(len(y))
                 if name != "val":
                     per_record = torch.nn.functional.cross_entropy(logits, y, reduction="none")
-                    stats[f"{name}-loss-sum"] = clipped_loss_sum(per_record)
-                    counts[f"{name}-loss-sum"] = float(len(y))
+                    stats[f"{name}_loss_sum"] = clipped_loss_sum(per_record)
+                    counts[f"{name}_loss_sum"] = float(len(y))
         noisy = noisy_statistics(stats, counts, spec.noise_multiplier, self._torch_gen(seq, "eval-noise", 0))
-        metrics = noisy | {"test-count": float(len(self.test_y)), "train-count": float(self.n), "eps-spent": spent}
-        if "val-errors" in noisy:
-            metrics["val-count"] = counts["val-errors"]
-        return wire.metrics_reply(metrics)
+        return wire.EvaluateReply(
+            test_errors=noisy["test_errors"], test_count=counts["test_errors"], test_loss_sum=noisy["test_loss_sum"],
+            train_loss_sum=noisy["train_loss_sum"], train_count=float(self.n), val_errors=noisy.get("val_errors"),
+            val_count=counts.get("val_errors"), eps_spent=spent).encode()
 
     def ledger_report(self) -> dict[str, Any]:
         """What anyone needs to recompute this silo's epsilon: n, K, delta, budget and every
@@ -336,10 +283,9 @@ class Silo:
         x, y = batch if batch is not None else self._batch(spec.batch, seq, step)
         if not self.private:  # no clipping, no noise: the plain minibatch gradient (no per-sample pass)
             return _unflatten(self._mean_gradient(w, x, y), w), batch_loss(self.model, dict(w), x, y)
-        grads = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
-        noisy = add_gaussian_noise(grads.mean(dim=0), spec.sigma, self._torch_gen(seq, "noise", step))
-        loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
-        return _unflatten(noisy, w), loss
+        rows = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
+        noisy = make_mechanism(self.s.privacy.mode, spec.sigma).release(rows, self._torch_gen(seq, "noise", step))
+        return _unflatten(noisy, w), float("nan")
 
     def _noisy_difference(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], spec: ReleaseSpec,
                           seq: int) -> tuple[dict[str, torch.Tensor], float]:
@@ -348,12 +294,13 @@ class Silo:
         g_now = per_sample_grads(self.model, dict(w), x, y)
         g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
         if self.s.diff_clip > 0 and self.private:
-            diffs = clip_rows(g_now - g_prev, self.s.diff_clip)
+            rows = clip_rows(g_now - g_prev, self.s.diff_clip)
         else:
-            diffs = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
-        noisy = add_gaussian_noise(diffs.mean(dim=0), spec.sigma, self._torch_gen(seq, "noise", 0))
-        loss = batch_loss(self.model, dict(w), x, y) if not self.private else float("nan")
-        return _unflatten(noisy, w), loss
+            rows = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
+        if not self.private:
+            return _unflatten(rows.mean(dim=0), w), batch_loss(self.model, dict(w), x, y)
+        noisy = make_mechanism(self.s.privacy.mode, spec.sigma).release(rows, self._torch_gen(seq, "noise", 0))
+        return _unflatten(noisy, w), float("nan")
 
     def _mean_gradient(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Flat gradient of the mean loss on (x, y) (what the per-sample route averages to)."""
@@ -409,27 +356,7 @@ class Silo:
             raise wire.ReplyError(f"model arrays {got} do not match this silo's model {expected}")
 
     def _refuse(self, code: str, reason: str) -> RecordDict:
-        return wire.refusal_reply(code, reason, {"eps-spent": self.ledger.spent()})
-
-
-#: the release kinds a training instruction may ask for (``eval`` is served by evaluate only)
-TRAINING_PHASES = ("grad", "local", "anchor", "diff", "disjoint")
-
-
-def _config_int(config: Mapping[str, Any], key: str, default: int) -> int:
-    """An integer from the server's config, or ReplyError (a refusal, never a crash)."""
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
-        raise wire.ReplyError(f"config[{key!r}] = {value!r} is not an integer")
-    return int(value)
-
-
-def _config_float(config: Mapping[str, Any], key: str, default: float) -> float:
-    """A finite number from the server's config, or ReplyError."""
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise wire.ReplyError(f"config[{key!r}] = {value!r} is not a finite number")
-    return float(value)
+        return wire.Refusal(code, reason, self.ledger.spent()).encode()
 
 
 def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

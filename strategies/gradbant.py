@@ -37,18 +37,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from app import wire
+from app.algorithms import Phase
+from app.config import TRUST_AGGREGATORS
 from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
-from app.privacy.per_sample import cross_entropy
+from app.models.losses import cross_entropy
 from app.seeding import np_rng
 from app.attacks import byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
-from strategies.base import FederatedOptimizer, flatten
+from strategies.loop import Ask, FederatedOptimizer, StepResult
+from strategies.replies import Params, flatten
 from strategies.byzantine_harness import attack_messages
 
 
@@ -74,24 +77,19 @@ def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.nd
 class ByzantineRobust(FederatedOptimizer):
     """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages."""
 
+    algorithms = ("robust",)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         s = self.s
-        self.phase = "local" if s.local_steps > 1 else "grad"
+        self.phase = self.scheduled_phase(1)  # the same every round: grad, or local with Q > 1
         self.byzantine = byzantine_indices(s)
         self.p = np.full(s.num_silos, 1.0 / s.num_silos)
-        self.byzantine_nodes: set[int] | None = None  # learnt once, only when an attack is configured
+        self.byzantine_nodes: set[int] = set()  # the experiment's ground truth, learnt in prepare()
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
-        self.trust = build_trust_set(s) if s.aggregator in ("gradbant", "fltrust") else None
+        self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
         shape, classes = dataset_meta(s)
         self.model = build_model(s.model, shape, classes, hidden=s.model_hidden)
-        self._round: dict[str, Any] = {}
-
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        cfg = super().round_config(server_round) | {"phase": self.phase}
-        if self.phase == "local":
-            cfg |= {"local-steps": self.s.local_steps, "lr": self.s.lr}
-        return cfg
 
     # -- the server's reference on the trust set -------------------------------------------
     def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
@@ -101,7 +99,7 @@ class ByzantineRobust(FederatedOptimizer):
         params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
         x_all, y_all = self.trust.x, self.trust.y
         rng = np_rng(self.s.seed, "trust-batches", server_round)
-        steps = self.s.local_steps if self.phase == "local" else 1
+        steps = self.s.local_steps if self.phase == Phase.LOCAL else 1
         k = self.s.batch_size or len(y_all)
         start = {key: v.clone() for key, v in params.items()}
         grad = None
@@ -112,70 +110,61 @@ class ByzantineRobust(FederatedOptimizer):
             loss = cross_entropy(torch.func.functional_call(self.model, live, (x_all[idx],)), y_all[idx])
             grad = dict(zip(live, torch.autograd.grad(loss, list(live.values())), strict=True))
             params = {key: (params[key] - self.s.lr * grad[key]).detach() for key in params}
-        if self.phase == "grad":
+        if self.phase == Phase.GRAD:
             assert grad is not None
             return flatten({key: g.numpy() for key, g in grad.items()})
         return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
 
     # -- one round -------------------------------------------------------------------------
-    def train_round(self, server_round: int, arrays: ArrayRecord, grid: Grid, config: ConfigRecord,
-                    timeout: float) -> ArrayRecord:
-        tally = self._last_tally = self.exchange(server_round, arrays, config, grid, timeout)
-        self._round = {}
-        if not tally.valid:
-            log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", server_round)
-            return arrays
-        w = self._w
-        nodes = [node for node, _, _ in tally.valid]
-        byz_nodes = self.byzantine_among(grid, nodes, timeout)
-        messages = attack_messages(self.s, server_round, tally.messages, byz_nodes)
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Learn which nodes are Byzantine (the experiment's ground truth; only with an attack):
+        every node is asked once for its partition id; an answer that is not a valid, unique
+        partition id marks nobody. The server never weights a silo by it."""
+        if self.s.attack.kind == "none" or not self.byzantine:
+            return
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.IDENTITY_QUERY) for n in sorted(grid.get_node_ids())]
+        claims: dict[int, int] = {}
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            try:
+                claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
+            except wire.ReplyError as exc:
+                log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
+        counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
+        self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
+
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        updates = ask(self.phase, w)
+        if not updates:
+            return StepResult(None)
+        nodes = updates.nodes
+        byz_nodes = self.byzantine_nodes & set(nodes)
+        messages = attack_messages(self.s, rnd, updates.messages, byz_nodes)
         # the honest replies were lifted (and bounded) once when they were validated; only the
         # messages the harness replaced are lifted here
-        lifted = np.stack([flatten(u) if messages[node] is tally.messages[node] else flatten(self.lift(messages[node]))
-                           for node, u, _ in tally.valid]).astype(np.float64)
-        if self.phase == "local":
+        lifted = np.stack([flatten(u) if messages[node] is updates.messages[node] else flatten(updates.lift(messages[node]))
+                           for node, u in zip(nodes, updates.updates, strict=True)]).astype(np.float64)
+        if self.phase == Phase.LOCAL:
             lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
         idx = np.array([self.roster.slot(node) for node in nodes])
         if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
             self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
-        direction, weights = self.aggregate(lifted, idx, w, server_round, len(byz_nodes))
-        self._round = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
-                       "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
-                       "byzantine_answered": len(byz_nodes)}
+        direction, weights = self.aggregate(lifted, idx, w, rnd, len(byz_nodes))
+        row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
+               "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
+               "byzantine_answered": len(byz_nodes)}
         if direction is None:
-            return arrays
+            return StepResult(None, row)
         flat = flatten(w).astype(np.float64) - self.s.lr * direction
-        if not self.accept_model(server_round, wire.unflatten(flat, self.layout, dtype=np.float64)):
-            return arrays
-        return wire.params_to_record(self._w)
-
-    def byzantine_among(self, grid: Grid, nodes: list[int], timeout: float) -> set[int]:
-        """The Byzantine nodes among ``nodes`` (the experiment's ground truth; empty without an
-        attack). Learnt once by asking every node its partition id; an answer that is not a
-        valid, unique partition id marks nobody."""
-        if self.s.attack_kind == "none" or not self.byzantine:
-            return set()
-        if self.byzantine_nodes is None:
-            msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.identity")
-                    for n in sorted(grid.get_node_ids())]
-            claims: dict[int, int] = {}
-            for reply in grid.send_and_receive(msgs, timeout=timeout):
-                try:
-                    claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
-                except wire.ReplyError as exc:
-                    log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
-            counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
-            self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
-        return self.byzantine_nodes & set(nodes)
+        return StepResult(wire.unflatten(flat, self.layout, dtype=np.float64), row)
 
     def aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
                   f: int) -> tuple[np.ndarray | None, np.ndarray]:
         """The round's direction (None: the model stays) and the weight each message got."""
-        rule = self.s.aggregator
+        rule = self.s.robust.aggregator
         if rule == "gradbant":
             g0 = self.reference(w, server_round)
-            direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.gradbant_beta,
-                                                    self.s.gradbant_smoothness, self.s.lr)
+            direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.robust.gradbant_beta,
+                                                    self.s.robust.gradbant_smoothness, self.s.lr)
             if direction is None:
                 log(WARNING, "round %d: every Grad-BANT score is 0; the model is unchanged", server_round)
             return direction, a
@@ -188,7 +177,7 @@ class ByzantineRobust(FederatedOptimizer):
         if "center" in spec.inputs:
             kwargs["center"] = self.center if self.center is not None else np.zeros(lifted.shape[1])
         if "tau" in spec.inputs:
-            kwargs["tau"] = self.s.cc_tau
+            kwargs["tau"] = self.s.robust.cc_tau
         try:
             agg = spec.fn(lifted, **kwargs)
         except (HonestMajorityRequired, ValueError) as exc:  # e.g. Krum with n - f - 2 < 1 this round
@@ -198,10 +187,3 @@ class ByzantineRobust(FederatedOptimizer):
         if not np.any(agg.vector) and rule == "fltrust":
             return None, agg.weights
         return agg.vector, agg.weights
-
-    def round_metrics(self) -> dict[str, Any]:
-        return dict(self._round)
-
-    def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        raise NotImplementedError("ByzantineRobust aggregates in train_round (it needs the messages and the silo ids)")
-

@@ -8,19 +8,19 @@ the local models of the silos that answered.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from strategies.base import FederatedOptimizer, mean_update
+from app.algorithms import Phase
+from strategies.loop import Ask, FederatedOptimizer, StepResult
+from strategies.replies import Params
 
 
 class LocalSGD(FederatedOptimizer):
-    phase = "local"
+    algorithms = ("localsgd",)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        return super().round_config(server_round) | {"local-steps": self.s.local_steps, "lr": self.s.lr}
-
-    def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        delta = mean_update(updates)
-        return {k: (w[k] + delta[k]).astype(np.float32) for k in w}
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        updates = ask(Phase.LOCAL, w)
+        if not updates:
+            return StepResult(None)
+        delta = updates.mean()
+        return StepResult({k: (w[k] + delta[k]).astype(np.float32) for k in w})

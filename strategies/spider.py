@@ -21,40 +21,33 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord
 
-from app import wire
-from app.schedule import round_phases
-from strategies.base import FederatedOptimizer, mean_update
+from app.algorithms import Phase
+from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.replies import Params
 
 
 class FedProxSPIDER(FederatedOptimizer):
-    phase = "anchor"
+    algorithms = ("spider",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.h: dict[str, np.ndarray] | None = None
-        self.h_at: dict[str, np.ndarray] | None = None
-        self._round_phase = "anchor"
+        self.h: Params | None = None  # the gradient estimate ...
+        self.h_at: Params | None = None  # ... and the point it estimates the gradient at
 
-    def phase_for(self, server_round: int) -> str:
-        """The schedule's phase (app/schedule.py), or an anchor while h is unknown."""
-        return "anchor" if self.h is None else round_phases(self.s, server_round)[0]
+    def phase_for(self, rnd: int) -> Phase:
+        """The schedule's phase, or an anchor while h is unknown."""
+        return Phase.ANCHOR if self.h is None else self.scheduled_phase(rnd)
 
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        self._round_phase = self.phase_for(server_round)
-        return super().round_config(server_round) | {"phase": self._round_phase}
-
-    def prev_arrays(self, server_round: int) -> ArrayRecord | None:
-        if self._round_phase == "diff" and self.h_at is not None:
-            return wire.params_to_record(self.h_at)
-        return None
-
-    def server_step(self, w: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        mean = mean_update(updates)
-        if self._round_phase == "anchor" or self.h is None:
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        phase = self.phase_for(rnd)
+        updates = ask(phase, w, self.h_at if phase == Phase.DIFF else None)
+        if not updates:
+            return StepResult(None)
+        mean = updates.mean()
+        if phase == Phase.ANCHOR or self.h is None:
             self.h = mean
         else:
             self.h = {k: (self.h[k] + mean[k]).astype(np.float32) for k in mean}
         self.h_at = w
-        return self.prox({k: w[k] - self.s.lr * self.h[k] for k in w}, self.s.lr)
+        return StepResult(prox_step(self.prox, w, self.h, self.s.lr))

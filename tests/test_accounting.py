@@ -6,17 +6,10 @@ import math
 
 import pytest
 from scipy.optimize import brentq
-from scipy.stats import norm
 
-from app.privacy.accounting import Release, calibrate_noise_multiplier, epsilon_spent
+from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, epsilon_spent
 from app.privacy.clipping import mean_sensitivity
-
-
-def analytic_gaussian_delta(sigma: float, sensitivity: float, eps: float) -> float:
-    """Balle & Wang (2018), Theorem 8: the exact delta(eps) of the Gaussian mechanism."""
-    a = sensitivity / (2 * sigma)
-    b = eps * sigma / sensitivity
-    return norm.cdf(a - b) - math.exp(eps) * norm.cdf(-a - b)
+from tests.helpers import analytic_gaussian_delta
 
 
 def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> float:
@@ -26,7 +19,7 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float) -> flo
 @pytest.mark.parametrize("eps,n", [(0.75, 170), (3.0, 286), (18.0, 170)])
 def test_full_batch_single_release_matches_analytic_gaussian(eps: float, n: int) -> None:
     clip, delta = 1.0, 1.0 / n**2
-    z = calibrate_noise_multiplier([Release("grad", n, n, 1.0, 1)], eps, delta)
+    z = calibrate_noise_multiplier([PlannedRelease("grad", n, n, 1)], eps, delta)
     sigma = z * mean_sensitivity(clip, n)  # the silo's sigma with K = n
     expected = analytic_gaussian_sigma(eps, delta, 2 * clip / n)
     assert sigma == pytest.approx(expected, rel=0.02)
@@ -57,16 +50,17 @@ def test_composition_of_unsampled_gaussians_is_one_gaussian() -> None:
         epsilon_spent([Release("g", n, n, 1.0, 1)], delta), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_calibration_is_tight_and_safe() -> None:
     n, batch, rounds, eps, delta = 286, 64, 25, 3.0, 1 / 286**2
-    z = calibrate_noise_multiplier([Release("g", n, batch, 1.0, rounds)], eps, delta)
+    z = calibrate_noise_multiplier([PlannedRelease("g", n, batch, rounds)], eps, delta)
     assert epsilon_spent([Release("g", n, batch, z, rounds)], delta) <= eps
     assert epsilon_spent([Release("g", n, batch, z * 0.99, rounds)], delta) > eps * 0.995
 
 
 def test_no_noise_is_infinite_epsilon_and_infinite_budget_needs_no_noise() -> None:
     assert math.isinf(epsilon_spent([Release("g", 10, 10, 0.0, 1)], 1e-5))
-    assert calibrate_noise_multiplier([Release("g", 10, 10, 1.0, 1)], math.inf, 1e-5) == 0.0
+    assert calibrate_noise_multiplier([PlannedRelease("g", 10, 10, 1)], math.inf, 1e-5) == 0.0
     assert epsilon_spent([], 1e-5) == 0.0
 
 

@@ -20,10 +20,8 @@ from app.config import ConfigError, parse_settings
 from app.launch import merged_run_config
 from app.privacy.accounting import Release, epsilon_spent
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from strategies.base import IterateSampler
-from tests.test_accounting import analytic_gaussian_delta
-from tests.test_federation import run
-from tests.test_spider import _objective
+from strategies.loop import IterateSampler
+from tests.helpers import analytic_gaussian_delta, logistic_objective
 
 R = 6
 #: per algorithm: overrides and the releases each silo must have recorded after R = 6 rounds
@@ -65,12 +63,13 @@ def _independent_epsilon(rows: list[dict], delta: float) -> float:
     return acc.get_epsilon(delta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(PRIVATE_RUNS))
-def test_every_algorithm_spends_at_most_its_budget(tmp_path: Path, algorithm: str) -> None:
+def test_every_algorithm_spends_at_most_its_budget(federation, tmp_path: Path, algorithm: str) -> None:
     overrides, expected = PRIVATE_RUNS[algorithm]
     eps = 1.5
-    summary, _, _ = run(tmp_path, {"algorithm": algorithm, "num-rounds": R, "privacy.epsilon": eps, "eval-every": 0,
-                                   "lr": 0.3} | overrides, run_id=7)
+    summary, _, _ = federation({"algorithm": algorithm, "num-rounds": R, "privacy.epsilon": eps, "eval-every": 0,
+                                "lr": 0.3} | overrides, run_id=7)
     ledgers = sorted((tmp_path / "state").glob("ledger-run7-silo*.json"))
     assert len(ledgers) == 2
     for path in ledgers:
@@ -104,13 +103,13 @@ def test_disjoint_releases_cost_one_gaussian_mechanism() -> None:
 def test_a_block_is_released_once(tmp_path: Path) -> None:
     ledger = PrivacyLedger.open(tmp_path / "l.json", 5.0, 1e-5)
     rel = [Release("disjoint:a", 300, 30, 2.0, 1, disjoint=True)]
-    ledger.record(rel, round_=3, exclusive_round=True)
+    ledger.record(rel, round_=3, exclusive=True)
     with pytest.raises(BudgetExceededError, match="already released"):
-        ledger.record(rel, round_=3, exclusive_round=True)
-    ledger.record(rel, round_=4, exclusive_round=True)
+        ledger.record(rel, round_=3, exclusive=True)
+    ledger.record(rel, round_=4, exclusive=True)
 
 
-def test_proxsgd_uses_each_record_once_and_reaches_the_regularised_optimum(tmp_path: Path) -> None:
+def test_proxsgd_uses_each_record_once_and_reaches_the_regularised_optimum(federation) -> None:
     """Non-private Prox-SGD on L2-regularised logistic regression: one pass of R rounds over
     disjoint blocks (R = 20: K = 8 and 14 records per step). Stated tolerance: 3e-2 suboptimality
     (from log 2 = 0.69 at w = 0). A single pass over 170 + 286 records cannot do better than
@@ -126,20 +125,20 @@ def test_proxsgd_uses_each_record_once_and_reaches_the_regularised_optimum(tmp_p
             iterates.append(wire.record_to_params(msg.content[wire.ARRAYS]))
         return reply
 
-    summary, _, _ = run(tmp_path, cfg, hook=spy)
+    summary, _, _ = federation(cfg, hook=spy)
     assert {s["batch"] for s in summary["silos"]} == {170 // 20, 286 // 20}  # K = floor(n / R)
-    f = _objective(parse_settings(merged_run_config([]) | cfg), lam)
+    f = logistic_objective(parse_settings(merged_run_config([]) | cfg), lam)
     best = minimize(f, np.zeros(62), jac=True, method="L-BFGS-B", options={"gtol": 1e-10}).fun
     w = iterates[-1]
     gap = f(np.concatenate([w["linear.weight"].ravel(), w["linear.bias"]]).astype(np.float64))[0] - best
     assert 0 <= gap < 3e-2, gap  # measured 0.022 with these seeds
 
 
-def test_proxsgd_blocks_are_disjoint(tmp_path: Path) -> None:
+def test_proxsgd_blocks_are_disjoint(federation) -> None:
     from clients.silo import Silo  # noqa: F401  (the block indices come from the silo's permutation)
     from app.client_app import _SILOS
 
-    run(tmp_path, {"algorithm": "proxsgd", "num-rounds": 10, "eval-every": 0}, run_id=11)
+    federation({"algorithm": "proxsgd", "num-rounds": 10, "eval-every": 0}, run_id=11)
     silo = next(s for (rid, *_), s in _SILOS.items() if rid == 11)
     k = silo.s.batch_for(silo.n)
     seen = [tuple(map(tuple, silo._block(k, r)[0].tolist())) for r in range(1, 11)]
@@ -158,7 +157,7 @@ def test_proxsgd_config_needs_room_for_disjoint_blocks(tmp_path: Path) -> None:
         check_silo_sizes(s, [170, 286])
 
 
-def _iterates(tmp_path: Path, cfg: dict) -> list[dict[str, np.ndarray]]:
+def _iterates(federation, cfg: dict, sub: str = "") -> list[dict[str, np.ndarray]]:
     """w_1, w_2, ...: the arrays each round's first train instruction carries."""
     seen: dict[int, dict] = {}
 
@@ -168,17 +167,17 @@ def _iterates(tmp_path: Path, cfg: dict) -> list[dict[str, np.ndarray]]:
             seen.setdefault(rnd, wire.record_to_params(msg.content[wire.ARRAYS]))
         return reply
 
-    run(tmp_path, cfg, hook=spy)
+    federation(cfg, hook=spy, sub=sub)
     return [seen[r] for r in sorted(seen)]
 
 
-def test_spider_alt_full_batch_is_two_gradient_steps_per_round(tmp_path: Path) -> None:
+def test_spider_alt_full_batch_is_two_gradient_steps_per_round(federation) -> None:
     """Non-private and full batch, D = grad F(w1) - grad F(w0) and g = grad F(w0) exactly, so
     v = grad F(w1): each round after the first is two gradient-descent steps. Hence Fed-SPIDER
     (alt) with R rounds ends where full-batch MB-SGD ends after 2(R - 1) rounds."""
     common = {"privacy.mode": "off", "eval-every": 0, "lr": 0.4, "partition": "iid"}
-    alt = _iterates(tmp_path / "a", common | {"algorithm": "spider-alt", "num-rounds": 5})
-    gd = _iterates(tmp_path / "g", common | {"algorithm": "mbsgd", "num-rounds": 9})
+    alt = _iterates(federation, common | {"algorithm": "spider-alt", "num-rounds": 5}, sub="a")
+    gd = _iterates(federation, common | {"algorithm": "mbsgd", "num-rounds": 9}, sub="g")
     # the first upload of round r >= 2 is asked at w^1, one GD step past the 2(r - 2) steps of
     # rounds 2..r-1 (round 1 only computes g): that is MB-SGD's point after 2(r - 2) + 1 rounds
     for r in range(2, 6):
@@ -186,7 +185,7 @@ def test_spider_alt_full_batch_is_two_gradient_steps_per_round(tmp_path: Path) -
             np.testing.assert_allclose(alt[r - 1][k], gd[2 * (r - 2) + 1][k], atol=2e-5)
 
 
-def test_spider_alt_counts_two_uploads_and_survives_dropout(tmp_path: Path) -> None:
+def test_spider_alt_counts_two_uploads_and_survives_dropout(federation) -> None:
     def drop(node: int, msg: Message, reply: Message) -> Message:
         if msg.metadata.message_type != "train":
             return reply
@@ -196,9 +195,9 @@ def test_spider_alt_counts_two_uploads_and_survives_dropout(tmp_path: Path) -> N
             return Message(Error(code=0, reason="silo offline"), reply_to=msg)
         return reply
 
-    summary, rows, _ = run(tmp_path, {"algorithm": "spider-alt", "num-rounds": 8, "batch-size": 32,
-                                      "privacy.mode": "off", "fail-on-client-error": False, "partition": "iid"},
-                           hook=drop)
+    summary, rows, _ = federation({"algorithm": "spider-alt", "num-rounds": 8, "batch-size": 32,
+                                   "privacy.mode": "off", "fail-on-client-error": False, "partition": "iid"},
+                                  hook=drop)
     assert summary["status"] == "completed" and summary["test_error"] < 0.15
     # round 1 dropped entirely: round 2 asks for fresh gradients only, again
     assert [r["sampled"] for r in rows[:3]] == [2, 2, 4] and rows[1]["answered"] == 2
@@ -207,21 +206,22 @@ def test_spider_alt_counts_two_uploads_and_survives_dropout(tmp_path: Path) -> N
     assert rows[3]["answered"] == 4 and rows[3]["uploads_G"] - rows[2]["uploads_G"] == pytest.approx(4.0)
 
 
-def test_plsvrg_with_last_output_is_svrg(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_plsvrg_with_last_output_is_svrg(federation) -> None:
     """With the last iterate as each stage's output and stages made of whole epochs, the
     restarts change nothing: PL-SVRG's iterates equal SVRG's."""
     common = {"num-rounds": 12, "svrg.inner-steps": 2, "batch-size": 32, "privacy.epsilon": 3.0, "eval-every": 0}
-    pl = _iterates(tmp_path / "p", common | {"algorithm": "plsvrg", "plsvrg.restarts": 2})
-    sv = _iterates(tmp_path / "s", common | {"algorithm": "svrg"})
+    pl = _iterates(federation, common | {"algorithm": "plsvrg", "plsvrg.restarts": 2}, sub="p")
+    sv = _iterates(federation, common | {"algorithm": "svrg"}, sub="s")
     for a, b in zip(pl, sv, strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_plsvrg_restarts_from_a_random_iterate_of_the_stage(tmp_path: Path) -> None:
+def test_plsvrg_restarts_from_a_random_iterate_of_the_stage(federation) -> None:
     cfg = {"algorithm": "plsvrg", "plsvrg.restarts": 2, "num-rounds": 12, "svrg.inner-steps": 2, "batch-size": 32,
            "privacy.epsilon": 3.0, "eval-every": 0, "output": "random", "seed": 3}
-    its = _iterates(tmp_path, cfg)
+    its = _iterates(federation, cfg)
     # the 7th round starts from one of w_2..w_7 (the iterates after rounds 1..6 of stage 1)
     matches = [t for t in range(1, 7) if all(np.array_equal(its[6][k], its[t][k]) for k in its[6])]
     assert matches, "stage 2 does not start from a stage-1 iterate"
@@ -242,18 +242,20 @@ def test_iterate_sampler_is_uniform() -> None:
     assert chi2 < 20.5, counts
 
 
-def test_random_output_is_reported_and_evaluated(tmp_path: Path) -> None:
-    summary, rows, _ = run(tmp_path, {"num-rounds": 6, "output": "random", "seed": 1})
+def test_random_output_is_reported_and_evaluated(federation) -> None:
+    summary, rows, _ = federation({"num-rounds": 6, "output": "random", "seed": 1})
     assert summary["output"] == "random" and 1 <= summary["output_round"] <= 6
     assert summary["test_error"] == pytest.approx(rows[summary["output_round"] - 1]["test_error"])
     assert summary["last_iterate_test_error"] == rows[-1]["test_error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["proxsgd", "spider-alt", "plsvrg"])
-def test_ball_constraint_holds_for_every_iterate(tmp_path: Path, algorithm: str) -> None:
+def test_ball_constraint_holds_for_every_iterate(federation, algorithm: str) -> None:
     radius = 0.5
-    its = _iterates(tmp_path, {"algorithm": algorithm, "num-rounds": 8, "batch-size": 0 if algorithm == "proxsgd" else 32,
-                               "prox.kind": "l2-ball", "prox.strength": radius, "privacy.epsilon": 3.0,
-                               "eval-every": 0, "lr": 1.0})
+    its = _iterates(federation, {"algorithm": algorithm, "num-rounds": 8,
+                                 "batch-size": 0 if algorithm == "proxsgd" else 32,
+                                 "prox.kind": "l2-ball", "prox.strength": radius, "privacy.epsilon": 3.0,
+                                 "eval-every": 0, "lr": 1.0})
     norms = [math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in w.values())) for w in its[1:]]
     assert max(norms) <= radius * (1 + 1e-6) and max(norms) > 0.9 * radius  # the constraint is active

@@ -32,7 +32,7 @@ def test_hydra_defaults_match_pyproject() -> None:
 @pytest.mark.parametrize("group", ["algorithm", "dataset", "model", "privacy", "sketch", "attack", "+aggregator"])
 def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None:
     for option in sorted(p.stem for p in (CONF / group.lstrip("+")).glob("*.yaml")):
-        extra = ["algorithm=gradbant", "trust.size=50"] if group in ("attack", "+aggregator") else []
+        extra = ["algorithm=robust", "trust.size=50"] if group in ("attack", "+aggregator") else []
         if group == "+aggregator" and option not in ("gradbant", "mean", "fltrust"):
             extra += ["attack.fraction=0.2", "num-silos=5"]  # Krum needs num-silos > 2f + 2
         flat = composed(f"{group}={option}", *extra)
@@ -45,7 +45,7 @@ def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None
 def test_command_line_overrides_reach_the_run_config() -> None:
     flat = composed("algorithm=spider", "privacy.epsilon=0.75", "spider.q=2", "sketch=srht", "privacy=off")
     s = parse_settings(flat)
-    assert (s.algorithm, s.spider_q, s.sketch_kind, s.privacy.mode) == ("spider", 2, "srht", "off")
+    assert (s.algorithm, s.spider.q, s.sketch.kind, s.privacy.mode) == ("spider", 2, "srht", "off")
     assert composed("privacy.epsilon=inf")["privacy.epsilon"] == "inf"
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from app.privacy.accounting import Release, calibrate_noise_multiplier, epsilon_spent
+from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, epsilon_spent
 from app.privacy.ledger import BudgetExceededError, LedgerError, PrivacyLedger
 
 N, DELTA, EPS = 100, 1e-4, 2.0
 
 
 def _plan_z(rounds: int) -> float:
-    return calibrate_noise_multiplier([Release("grad", N, N, 1.0, rounds)], EPS, DELTA)
+    return calibrate_noise_multiplier([PlannedRelease("grad", N, N, rounds)], EPS, DELTA)
 
 
 def test_ledger_survives_restart_and_refuses_over_budget(tmp_path: Path) -> None:

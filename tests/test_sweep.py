@@ -105,3 +105,26 @@ def test_hydra_multirun_on_the_simulation_engine(tmp_path: Path) -> None:
         assert max(json.loads(r["eps_per_silo"])) <= float(r["privacy.epsilon"]) and float(r["test_error"]) < 0.4
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert again.stdout.count("skipped") == 2
+
+
+def test_the_simulation_client_app_answers_every_query_the_server_sends(tmp_path: Path) -> None:
+    """The sweep wraps silofl's ClientApp; a query it does not forward would be an error reply
+    (e.g. no identity answer: the attack harness would silently mark no silo Byzantine)."""
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from app import wire
+    from app.launch import merged_run_config
+    from app.sweep import simulation_apps
+
+    cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "o")}
+    _, client = simulation_apps(cfg)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 0
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 2,
+                                                        "state-dir": str(tmp_path / "s")},
+                      state=RecordDict(), run_config={})
+    replies = {kind: client(Message(RecordDict(), dst_node_id=7, message_type=kind), context)
+               for kind in (wire.LEDGER_QUERY, wire.IDENTITY_QUERY)}
+    assert not any(r.has_error() for r in replies.values())
+    assert wire.read_identity(replies[wire.IDENTITY_QUERY].content, 2) == 1
+    assert wire.read_ledger(replies[wire.LEDGER_QUERY].content)["silo"] == 1

@@ -54,19 +54,11 @@ class FederatedData:
     def train_sizes(self) -> list[int]:
         return [s.n for s in self.silos]
 
-    def majority_error(self) -> float:
-        """Test error of always predicting the pooled training set's majority class: the
-        bar any useful model must beat."""
-        train_y = np.concatenate([s.train_y.numpy() for s in self.silos])
-        test_y = np.concatenate([s.test_y.numpy() for s in self.silos])
-        majority = int(np.bincount(train_y, minlength=self.num_classes).argmax())
-        return float(np.mean(test_y != majority))
-
 
 def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
-            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, s.trust_size)
+            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, s.robust.trust_size)
 
 
 def build_federated_data(s: Settings) -> FederatedData:
@@ -156,13 +148,17 @@ def build_trust_set(s: Settings) -> TrustSet:
     x, scalers = _features(data_key(s))
     scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity)
     tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
-    if s.trust_classes:
-        keep = np.isin(ty, s.trust_classes)
+    if s.robust.trust_classes:
+        keep = np.isin(ty, s.robust.trust_classes)
         if not keep.any():
-            raise ValueError(f"trust.classes = {list(s.trust_classes)} leaves no trust record")
+            raise ValueError(f"trust.classes = {list(s.robust.trust_classes)} leaves no trust record")
         tx, ty = tx[keep], ty[keep]
-    tx = apply_shift(tx, s.trust_shift, np_rng(s.seed, "trust-shift"))
+    tx = apply_shift(tx, s.robust.trust_shift, np_rng(s.seed, "trust-shift"))
     return TrustSet(torch.from_numpy(np.ascontiguousarray(tx)), torch.from_numpy(ty))
+
+
+#: the trust set's appearance shifts (``trust.shift``)
+TRUST_SHIFTS = ("none", "noise", "blur")
 
 
 def apply_shift(x: np.ndarray, shift: str, rng: np.random.Generator) -> np.ndarray:
@@ -179,7 +175,7 @@ def apply_shift(x: np.ndarray, shift: str, rng: np.random.Generator) -> np.ndarr
         h, w = x.shape[2], x.shape[3]
         out = sum(pad[:, :, i:i + h, j:j + w] for i in range(3) for j in range(3)) / 9.0
         return out.astype(np.float32)
-    raise ValueError(f"trust.shift = {shift!r}; allowed: none, noise, blur")
+    raise ValueError(f"trust.shift = {shift!r}; allowed: {', '.join(TRUST_SHIFTS)}")
 
 
 #: Public metadata of each source: (feature shape, number of classes). The server builds the

@@ -150,13 +150,29 @@ def _rdp_one(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.n
     return curve
 
 
+@dataclass(frozen=True)
+class PlannedRelease:
+    """``count`` releases of one kind that a silo plans, before calibration: their noise
+    multiplier will be ``scale * weight`` (the budget split; 1.0 for a single kind)."""
+
+    kind: str
+    n: int
+    batch: int
+    count: int = 1
+    weight: float = 1.0
+    disjoint: bool = False
+
+    def at(self, scale: float) -> Release:
+        """The releases with noise multiplier ``scale * weight``."""
+        return Release(self.kind, self.n, self.batch, scale * self.weight, self.count, self.disjoint)
+
+
 def calibrate_noise_multiplier(
-    plan: Sequence[Release], epsilon: float, delta: float, *, rtol: float = 1e-3
+    plan: Sequence[PlannedRelease], epsilon: float, delta: float, *, rtol: float = 1e-3
 ) -> float:
     """Find the smallest scale s (to relative tolerance ``rtol``, rounded up so the result
     is always within budget) such that the planned releases, each with noise multiplier
-    ``s * r.noise_multiplier`` (the plan's multipliers are relative weights, 1.0 for a single
-    kind), spend at most ``epsilon`` at ``delta``. Returns s."""
+    ``s * r.weight``, spend at most ``epsilon`` at ``delta``. Returns s."""
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
     if math.isinf(epsilon):
@@ -167,11 +183,11 @@ def calibrate_noise_multiplier(
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrate(plan: tuple[Release, ...], epsilon: float, delta: float, rtol: float) -> float:
+def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, rtol: float) -> float:
     """Cached: every silo of a sweep with the same (plan, epsilon, delta) gets the same answer."""
 
     def eps_at(scale: float) -> float:
-        return epsilon_spent([replace(r, noise_multiplier=scale * r.noise_multiplier) for r in plan], delta)
+        return epsilon_spent([r.at(scale) for r in plan], delta)
 
     lo, hi = 0.0, 1.0
     while eps_at(hi) > epsilon:

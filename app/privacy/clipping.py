@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from app.privacy.sensitivity import mean_sensitivity  # noqa: F401 (re-exported)
+
 
 def clip_rows(grads: torch.Tensor, clip: float) -> torch.Tensor:
     """Scale each row g_i of ``grads`` [B, d] to g_i * min(1, L / ||g_i||_2); a row with a NaN
@@ -37,9 +39,3 @@ def clip_rows(grads: torch.Tensor, clip: float) -> torch.Tensor:
         norms = torch.where(torch.isfinite(norms), norms, safe_norms)
     factor = torch.clamp(clip / (norms + 1e-12), max=1.0)
     return grads * factor
-
-
-def mean_sensitivity(clip: float, batch_size: int) -> float:
-    """L2 sensitivity of the mean of ``batch_size`` rows clipped to ``clip`` under
-    replace-one adjacency (the paper's Definition 2): 2L / K."""
-    return 2.0 * clip / batch_size

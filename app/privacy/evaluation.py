@@ -20,15 +20,15 @@ import math
 
 import torch
 
+from app.privacy.sensitivity import EVAL_SENSITIVITY
+
 #: per-record loss bound B (nats); cross-entropy above it counts as B
 EVAL_LOSS_BOUND = 5.0
-#: L2 sensitivity of the normalised statistics vector under replace-one
-EVAL_SENSITIVITY = math.sqrt(2.0)
 
 
 def noisy_statistics(stats: dict[str, float], counts: dict[str, float], noise_multiplier: float,
                      generator: torch.Generator) -> dict[str, float]:
-    """Add the mechanism's noise to ``stats`` (keys ``*-errors`` and ``*-loss-sum``, the loss sums
+    """Add the mechanism's noise to ``stats`` (keys ``*_errors`` and ``*_loss_sum``, the loss sums
     already of losses clipped to B) and clamp each to [0, count] or [0, count * B]; ``counts``
     maps each statistic to its split size."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
@@ -38,7 +38,7 @@ def noisy_statistics(stats: dict[str, float], counts: dict[str, float], noise_mu
     draws = torch.randn(len(keys), generator=generator, dtype=torch.float64).tolist()
     out = {}
     for key, xi in zip(keys, draws, strict=True):
-        scale = EVAL_LOSS_BOUND if key.endswith("-loss-sum") else 1.0
+        scale = EVAL_LOSS_BOUND if key.endswith("_loss_sum") else 1.0
         value = stats[key] + sigma * scale * xi
         out[key] = min(max(value, 0.0), counts[key] * scale)
     return out

@@ -13,17 +13,16 @@ A silo that restarts reloads the file and continues from what it has already spe
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.filelock import exclusive_lock
 from app.privacy.accounting import Release, epsilon_spent
 
 LEDGER_VERSION = 1
@@ -80,15 +79,8 @@ class PrivacyLedger:
             )
         self.releases, self.calibration = releases, calibration
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(self.path.with_suffix(self.path.suffix + ".lock"))
 
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
@@ -103,13 +95,13 @@ class PrivacyLedger:
             self._reload()
         return epsilon_spent(self.recorded(), self.delta)
 
-    def check(self, new: list[Release], exclusive_round: int | None = None) -> float:
-        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget, or
-        when ``exclusive_round`` is given and a release of the same kind was already recorded
-        in that round (disjoint blocks may each be released once)."""
+    def check(self, new: list[Release], *, round_: int | None = None, exclusive: bool = False) -> float:
+        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget, or,
+        with ``exclusive``, when a release of the same kind was already recorded in ``round_``
+        (disjoint blocks may each be released once)."""
         with self._locked():
             self._reload()
-            return self._check_loaded(new, exclusive_round)
+            return self._check_loaded(new, round_ if exclusive else None)
 
     def _check_loaded(self, new: list[Release], exclusive_round: int | None = None) -> float:
         if exclusive_round is not None:
@@ -130,13 +122,13 @@ class PrivacyLedger:
         return after
 
     def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None,
-               exclusive_round: bool = False) -> float:
+               exclusive: bool = False) -> float:
         """Check, then append ``new`` to the file (atomically, under the lock). Returns epsilon
-        spent after. ``exclusive_round``: refuse if ``new``'s kind was already released in ``round_``."""
-        return self.record_release(new, round_=round_, extra=extra, exclusive_round=exclusive_round)[0]
+        spent after. ``exclusive``: refuse if ``new``'s kind was already released in ``round_``."""
+        return self.record_release(new, round_=round_, extra=extra, exclusive=exclusive)[0]
 
     def record_release(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None,
-                       exclusive_round: bool = False) -> tuple[float, int]:
+                       exclusive: bool = False) -> tuple[float, int]:
         """:meth:`record`, also returning the release's sequence number: the number of rows the
         ledger held before it. Rows are only ever appended under the lock, so every release of
         this ledger gets its own number, whatever round the server says it is, even when
@@ -144,7 +136,7 @@ class PrivacyLedger:
         (a release's randomness never repeats)."""
         with self._locked():
             self._reload()
-            after = self._check_loaded(new, round_ if exclusive_round else None)
+            after = self._check_loaded(new, round_ if exclusive else None)
             seq = len(self.releases)
             stamp = time.time()
             for i, r in enumerate(new):

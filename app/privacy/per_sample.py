@@ -12,12 +12,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from app.models.losses import cross_entropy
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; for one record (batch of 1) it is that record's loss."""
-    return nn.functional.cross_entropy(logits, target)
 
 
 def model_params(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,28 @@
+"""FedProx-PL-SVRG (the paper's Algorithm 2): the R rounds split into S = ``plsvrg.restarts``
+stages of ceil(R / S) rounds, each an SVRG run restarted at the previous stage's output, so each
+stage starts with an ``anchor``."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from app.algorithms.svrg import FedProxSVRG
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+def stage_length(s: Settings) -> int:
+    """Rounds per PL-SVRG stage: ceil(R / S)."""
+    return math.ceil(s.num_rounds / s.plsvrg.restarts)
+
+
+class FedProxPLSVRG(FedProxSVRG):
+    name = "plsvrg"
+
+    def epoch_position(self, s: Settings, rnd: int) -> int:
+        return (rnd - 1) % stage_length(s)
+
+
+ALGORITHM = FedProxPLSVRG()

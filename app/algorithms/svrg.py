@@ -1,0 +1,33 @@
+"""ISRL-DP FedProx-SVRG (the paper's Algorithm 1): epochs of Q + 1 rounds (Q =
+``svrg.inner-steps``); the first round of an epoch is the snapshot ``anchor`` (K = n), the Q
+others are inner-step ``diff`` releases against the snapshot."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.spider import anchor_release, difference_release
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+class FedProxSVRG(Algorithm):
+    name = "svrg"
+
+    def epoch_position(self, s: Settings, rnd: int) -> int:
+        """Rounds since the start of the run (since the stage's start for PL-SVRG)."""
+        return rnd - 1
+
+    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+        check_round(rnd)
+        return (Phase.ANCHOR,) if self.epoch_position(s, rnd) % (s.svrg.inner_steps + 1) == 0 else (Phase.DIFF,)
+
+    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
+        if phase == Phase.ANCHOR:  # the snapshot: the full local gradient, K = n
+            return anchor_release(s, n, clip, count, n)
+        return difference_release(s, n, clip, count)
+
+
+ALGORITHM = FedProxSVRG()

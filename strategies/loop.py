@@ -1,0 +1,243 @@
+"""The server's round loop, shared by every optimiser.
+
+Each round the loop samples M of the N silo nodes uniformly at random (the paper's Assumption 3)
+and calls the optimiser's one hook,
+
+    step(rnd, w, ask) -> StepResult(new model or None, extra row entries)
+
+where ``ask(phase, at, prev=None)`` sends the sampled silos an :class:`~app.wire.Instruction`
+for one release and returns their valid decoded replies (:class:`~strategies.replies.Updates`;
+an invalid, refused or failed reply counts as a dropped silo). A round may hold several
+exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step that would leave it
+non-finite or outside float32's range is skipped and logged), evaluates, and records the round.
+The algorithm's schedule (``app/algorithms/``) says which phase each round asks for.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Message, MessageType
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from app import wire
+from app.algorithms import Algorithm, Phase, get_algorithm
+from app.config import Settings
+from app.privacy.mechanism import server_decoder
+from app.prox import Prox, make_prox
+from app.seeding import np_rng
+from app.sketch.broadcast import build_sketch, round_sketch
+from strategies.evaluation import evaluate_point
+from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
+
+RoundCallback = Callable[[dict[str, Any]], None]
+Ask = Callable[..., Updates]
+
+
+@dataclass
+class StepResult:
+    """What a step returns: the next model (None: unchanged) and extra entries for the round's row."""
+
+    model: Params | None
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+class IterateSampler:
+    """One iterate drawn uniformly from all those offered so far (reservoir sampling: the t-th
+    offer replaces the kept one with probability 1/t), in O(1) memory. This is how the paper's
+    output w_priv ~ Unif{w_1, ..., w_R} is drawn without storing R models."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.seen = 0
+        self.round: int | None = None
+        self.value: dict[str, np.ndarray] | None = None
+
+    def offer(self, rnd: int, w: dict[str, np.ndarray]) -> None:
+        self.seen += 1
+        if self.rng.random() < 1.0 / self.seen:
+            self.round, self.value = rnd, {k: np.array(v, copy=True) for k, v in w.items()}
+
+
+@dataclass
+class RunResult:
+    """The run's output iterate, the round it comes from, and its evaluation (output = random)."""
+
+    model: Params
+    round: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class FederatedOptimizer:
+    """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers.
+    Subclasses name the algorithms they serve and implement :meth:`step`."""
+
+    #: the algorithm names (app/algorithms/) this optimiser is the server step of
+    algorithms: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
+                 node_wait_s: float = 120.0) -> None:
+        self.s = settings
+        self.algorithm: Algorithm = get_algorithm(settings.algorithm)
+        self.layout = layout
+        self.on_round = on_round or (lambda row: None)
+        self.node_wait_s = node_wait_s
+        self.client_errors: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self.prox = composite_prox(settings)
+        self.roster = NodeRoster()
+        self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
+        self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
+        self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
+        #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
+        self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
+
+    # -- the optimiser's hooks ----------------------------------------------------------------
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        """One round from model ``w``: ask the silos for releases, return the next model."""
+        raise NotImplementedError
+
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Once, after the nodes have connected and before round 1."""
+
+    def scheduled_phase(self, rnd: int) -> Phase:
+        """The (first) phase round ``rnd`` asks for in the algorithm's schedule."""
+        return self.algorithm.round_phases(self.s, rnd)[0]
+
+    # -- the loop -------------------------------------------------------------------------------
+    def start(self, grid: Grid, initial: Params, num_rounds: int, timeout: float) -> RunResult:
+        """Run ``num_rounds`` rounds from ``initial``; returns the output iterate."""
+        self.summary()
+        w = {k: np.asarray(v, dtype=np.float32) for k, v in initial.items()}
+        self.wait_for_nodes(grid)
+        self.prepare(grid, timeout)
+        for rnd in range(1, num_rounds + 1):
+            t0 = time.perf_counter()
+            w, row = self.round(grid, rnd, w, timeout)
+            if self.s.output == "random":  # only the random output needs the iterates
+                self.sampler.offer(rnd, w)
+            if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
+                ev = self.evaluate(grid, rnd, w, timeout)
+                if ev is not None:
+                    row |= ev
+            row["wall_s"] = time.perf_counter() - t0
+            self.rows.append(row)
+            self.on_round(row)
+        if self.s.output == "random" and self.sampler.value is not None:
+            result = RunResult(self.sampler.value, int(self.sampler.round or 0))
+        else:
+            result = RunResult(w, num_rounds)
+        if self.s.output == "random" and self.s.eval_every:
+            result.metrics = self.evaluate(grid, num_rounds, result.model, timeout) or {}
+        return result
+
+    def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
+        """One round: the optimiser's step through the round's exchanges, the model guard, the row."""
+        nodes = self.sample_nodes(grid, rnd)
+        spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
+                            self.s.seed, rnd, self.s.sketch.error_feedback)
+        reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self._client_error,
+                             self.decode)
+        exchanges: list[Updates] = []
+        counts = {"sent": 0, "floats": 0}
+
+        def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
+            local = phase == Phase.LOCAL
+            content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
+                                       self.s.lr if local else None).encode()
+            messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+            counts["sent"] += len(messages)
+            updates = reader.classify(rnd, grid.send_and_receive(messages, timeout=timeout), nodes)
+            floats = len(updates.updates) * (reader.sketch.payload_size if reader.sketch is not None else self.n_params)
+            counts["floats"] += floats
+            self.uploads += floats / self.n_params
+            exchanges.append(updates)
+            return updates
+
+        result = self.step(rnd, w, ask)
+        tally = exchanges[0] if exchanges else Updates()
+        for more in exchanges[1:]:
+            tally = tally.merge(more)
+        if result.model is None:
+            if not tally:
+                log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
+        elif self.accept_model(rnd, result.model):
+            w = {k: np.asarray(v, dtype=np.float32) for k, v in result.model.items()}
+        row: dict[str, Any] = {
+            "round": rnd, "sampled": counts["sent"], "answered": len(tally.updates), "refused": len(tally.refused),
+            "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,
+            "eps_max": tally.eps_max(),
+            "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
+            "uplink_floats": counts["floats"], "uploads_G": self.uploads,
+        }
+        return w, row | result.row
+
+    def accept_model(self, rnd: int, new_w: Params) -> bool:
+        """Whether ``new_w`` may become the model: finite and within float32's range (else the
+        step is skipped and logged)."""
+        if not model_in_range(new_w):
+            log(WARNING, "round %d: the server step would leave a non-finite model (or one outside float32's "
+                "range); the step is skipped and the model is unchanged", rnd)
+            return False
+        return True
+
+    def evaluate(self, grid: Grid, rnd: int, w: Params, timeout: float) -> dict[str, float] | None:
+        return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error)
+
+    def summary(self) -> None:
+        log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
+            type(self).__name__, self.s.num_rounds, self.s.silos_per_round, self.s.num_silos, self.s.lr,
+            self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
+
+    def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """M of the connected silo nodes, uniformly without replacement, from (seed, round)."""
+        nodes = sorted(self.wait_for_nodes(grid))
+        rng = np_rng(self.s.seed, "server-sampling", server_round)
+        chosen = rng.choice(len(nodes), size=self.s.silos_per_round, replace=False)
+        return [nodes[i] for i in sorted(chosen)]
+
+    def wait_for_nodes(self, grid: Grid) -> list[int]:
+        """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start);
+        the nodes seen are added to the roster."""
+        deadline = time.monotonic() + self.node_wait_s
+        while True:
+            nodes = list(grid.get_node_ids())
+            if len(nodes) >= self.s.num_silos:
+                self.roster.add(nodes)
+                return nodes
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"only {len(nodes)} silo nodes connected after {self.node_wait_s:.0f} s; num-silos = {self.s.num_silos}"
+                )
+            time.sleep(0.2)
+
+    def _client_error(self, msg: Message, what: str) -> str:
+        reason = (msg.error.reason or "").strip().splitlines()
+        short = reason[-1] if reason else f"error code {msg.error.code}"
+        text = f"node {msg.metadata.src_node_id} ({what}): {short}"
+        self.client_errors.append(text)
+        log(WARNING, "ClientApp failure: %s", text)
+        return text
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def composite_prox(s: Settings) -> Prox:
+    """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
+    extra = {"l2": s.prox.l2} if s.prox.kind == "elastic-net" else {}
+    return make_prox(s.prox.kind, s.prox.strength, **extra)
+
+
+def prox_step(prox: Prox, w: Params, direction: Params, lr: float) -> Params:
+    """prox_{eta f1}(w - eta * direction)."""
+    return prox({k: w[k] - lr * direction[k] for k in w}, lr)
