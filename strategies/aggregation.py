@@ -23,7 +23,7 @@ Honest-majority rules take the number ``f`` of Byzantine clients and raise
 n > 2f + 2 (at n = 2f + 1 or 2f + 2 the f colluding identical rows that IPM and ALIE send are
 each other's n - f - 2 nearest neighbours, score 0, and Krum picks one of them every time).
 :func:`min_clients` gives the smallest n each rule accepts for a given f, which the config check
-(and so a results table's "n/a") uses.
+(and so a results table's "n/a") enforces.
 """
 
 from __future__ import annotations
@@ -316,14 +316,6 @@ RULES: dict[str, Rule] = {
 }
 
 
-def needs_honest_majority(name: str) -> bool:
-    """Whether rule ``name`` refuses f >= n/2 (a results table prints "n/a" for it then)."""
-    try:
-        return RULES[name].honest_majority
-    except KeyError:
-        raise ValueError(f"unknown aggregation rule {name!r}; known: {sorted(RULES)}") from None
-
-
 #: rules whose guarantee needs n > 2f + 2 (Blanchard et al. 2017), not only n > 2f
 KRUM_RULES = ("krum", "multi-krum")
 
@@ -331,11 +323,13 @@ KRUM_RULES = ("krum", "multi-krum")
 def min_clients(name: str, f: int) -> int:
     """The smallest number of clients n for which rule ``name`` accepts f Byzantine ones:
     2f + 3 for Krum and Multi-Krum, 2f + 1 for the other honest-majority rules, 1 otherwise."""
+    if name not in RULES:
+        raise ValueError(f"unknown aggregation rule {name!r}; known: {sorted(RULES)}")
     if name in KRUM_RULES:
         return 2 * f + 3
-    return 2 * f + 1 if needs_honest_majority(name) else 1
+    return 2 * f + 1 if RULES[name].honest_majority else 1
 
 
 __all__ = ["RULES", "Aggregate", "HonestMajorityRequired", "Rule", "centered_clipping", "coordinate_median",
-           "fltrust", "geometric_median", "krum", "krum_scores", "mean", "min_clients", "multi_krum", "needs_honest_majority",
+           "fltrust", "geometric_median", "krum", "krum_scores", "mean", "min_clients", "multi_krum",
            "trimmed_mean"]

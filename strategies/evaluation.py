@@ -3,7 +3,7 @@
 Test errors, losses and (from silos whose policy is ``open``) the full training gradients, from
 which the server logs the paper's utility measure ||G_eta||. The replies are the silos'
 self-reported statistics: each is checked to be possible (0 <= errors <= count <= 10^12, finite
-loss sums >= 0), a refusal (a silo's evaluation policy) is counted, not an error.
+loss sums >= 0, strategies/replies.py), a refusal (a silo's evaluation policy) is counted, not an error.
 """
 
 from __future__ import annotations
@@ -19,24 +19,11 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.prox import Prox, gradient_mapping
-from strategies.replies import MAX_EVAL_COUNT, check_bounded, flatten, mean_update
+from strategies.replies import check_bounded, check_evaluation_reply, flatten, mean_update
 
 
 #: the EvaluateReply fields summed over silos
 TOTALS = ("test_errors", "test_count", "test_loss_sum", "train_loss_sum", "train_count", "val_errors", "val_count")
-
-
-def check_evaluation_reply(r: wire.EvaluateReply) -> None:
-    """ReplyError unless the counts and sums are possible (so one silo cannot claim an
-    impossible error rate or swamp the totals)."""
-    for name in ("test_count", "train_count"):
-        if not 0 <= getattr(r, name) <= MAX_EVAL_COUNT:
-            raise wire.ReplyError(f"{name} = {getattr(r, name)} is not a possible record count")
-    if not 0 <= r.test_errors <= r.test_count:
-        raise wire.ReplyError(f"test_errors = {r.test_errors} is not in [0, test_count = {r.test_count}]")
-    for name in ("test_loss_sum", "train_loss_sum"):
-        if not (math.isfinite(getattr(r, name)) and getattr(r, name) >= 0):
-            raise wire.ReplyError(f"{name} = {getattr(r, name)} is not a finite sum >= 0")
 
 
 def evaluate_point(grid: Grid, rnd: int, w: Mapping[str, np.ndarray], layout: Mapping[str, tuple[int, ...]],

@@ -114,6 +114,19 @@ def mean_update(updates: Sequence[Mapping[str, np.ndarray]]) -> Params:
     return {k: np.mean([u[k] for u in updates], axis=0).astype(np.float32) for k in updates[0]}
 
 
+def check_evaluation_reply(r: wire.EvaluateReply) -> None:
+    """ReplyError unless the counts and sums are possible (so one silo cannot claim an
+    impossible error rate or swamp the totals)."""
+    for name in ("test_count", "train_count"):
+        if not 0 <= getattr(r, name) <= MAX_EVAL_COUNT:
+            raise wire.ReplyError(f"{name} = {getattr(r, name)} is not a possible record count")
+    if not 0 <= r.test_errors <= r.test_count:
+        raise wire.ReplyError(f"test_errors = {r.test_errors} is not in [0, test_count = {r.test_count}]")
+    for name in ("test_loss_sum", "train_loss_sum"):
+        if not (math.isfinite(getattr(r, name)) and getattr(r, name) >= 0):
+            raise wire.ReplyError(f"{name} = {getattr(r, name)} is not a finite sum >= 0")
+
+
 class ReplyReader:
     """Validates and decodes one exchange's replies for a model ``layout`` and the round's
     ``sketch`` (None: flat updates)."""

@@ -18,9 +18,9 @@ from strategies.aggregation import (
     geometric_median,
     krum,
     krum_scores,
+    min_clients,
     mean,
     multi_krum,
-    needs_honest_majority,
     trimmed_mean,
 )
 
@@ -277,15 +277,15 @@ def test_honest_majority_messages():
     coordinate_median(u10, f=4)
 
 
-def test_registry_and_needs_honest_majority():
+def test_registry_and_min_clients():
     assert set(RULES) == {"mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
                           "centered-clipping"}
-    assert not needs_honest_majority("mean")
-    assert not needs_honest_majority("fltrust")
-    for name in ("krum", "multi-krum", "trimmed-mean", "median", "geometric-median", "centered-clipping"):
-        assert needs_honest_majority(name), name
+    assert min_clients("mean", 4) == 1 and min_clients("fltrust", 4) == 1
+    for name in ("trimmed-mean", "median", "geometric-median", "centered-clipping"):
+        assert min_clients(name, 4) == 9, name  # f < n/2
+    assert min_clients("krum", 4) == min_clients("multi-krum", 4) == 11  # n > 2f + 2
     with pytest.raises(ValueError, match="unknown aggregation rule 'foo'"):
-        needs_honest_majority("foo")
+        min_clients("foo", 0)
 
 
 # ---------------------------------------------------------------------------------- validation

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_federation import run
+from tests.helpers import run
 
 GOLDEN = Path(__file__).parent / "golden"
 RECORD = os.environ.get("SILOFL_RECORD_GOLDEN") == "1"

@@ -24,7 +24,7 @@ from app.privacy.clipping import clip_rows
 from app.privacy.per_sample import per_sample_grads
 from clients.silo import Silo
 from strategies.aggregation import HonestMajorityRequired, krum, multi_krum
-from tests.test_federation import run
+from tests.helpers import run
 
 # -------------------------------------------------------------------------------------------------
 # a hostile server against the silo

@@ -33,27 +33,21 @@ import argparse
 import dataclasses
 import inspect
 import math
-import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from scipy.stats import beta
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # runnable from any directory, against this checkout's code
-    sys.path.insert(0, str(ROOT))
-
-from app import wire  # noqa: E402
-from app.config import parse_settings  # noqa: E402
-from app.data.federated import build_federated_data  # noqa: E402
-from app.launch import merged_run_config  # noqa: E402
-from app.privacy.accounting import Release, epsilon_spent  # noqa: E402
-from app.privacy.clipping import clip_rows  # noqa: E402
-from app.privacy.per_sample import per_sample_grads  # noqa: E402
-from clients.silo import Silo  # noqa: E402
+from app import wire
+from app.config import parse_settings
+from app.data.federated import build_federated_data
+from app.launch import merged_run_config
+from app.privacy.accounting import Release, epsilon_spent
+from app.privacy.clipping import clip_rows
+from app.privacy.per_sample import per_sample_grads
+from clients.silo import Silo
 
 CAPPED = {"epsilon-cap": 3.0, "delta-cap": 1e-5}
 
