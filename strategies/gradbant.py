@@ -31,7 +31,6 @@ is configured the server asks each node once, at the start, for its partition id
 
 from __future__ import annotations
 
-import math
 from logging import WARNING
 from typing import Any
 

@@ -8,7 +8,7 @@ import pytest
 from scipy.optimize import brentq
 
 from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, epsilon_spent
-from app.privacy.clipping import mean_sensitivity
+from app.privacy.sensitivity import mean_sensitivity
 from tests.helpers import analytic_gaussian_delta
 
 

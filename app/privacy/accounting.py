@@ -33,7 +33,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import dp_accounting as dpa
 from dp_accounting.gaussian_mechanism import get_epsilon_gaussian

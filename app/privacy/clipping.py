@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from app.privacy.sensitivity import mean_sensitivity  # noqa: F401 (re-exported)
-
 
 def clip_rows(grads: torch.Tensor, clip: float) -> torch.Tensor:
     """Scale each row g_i of ``grads`` [B, d] to g_i * min(1, L / ||g_i||_2); a row with a NaN
