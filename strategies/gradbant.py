@@ -23,7 +23,7 @@ centered-clipping; strategies/aggregation.py) get the same lifted pseudo-gradien
 x_{t+1} = x_t - gamma * rule(u_1..u_m); Krum & co. are told f = the number of Byzantine silos
 among the round's replies (an oracle, as in the papers' experiments).
 
-Identity: p is indexed by the server's own slot for each Flower node (strategies/base.py
+Identity: p is indexed by the server's own slot for each Flower node (strategies/replies.py
 NodeRoster), never by anything a reply says. Which nodes are Byzantine is the experiment's
 ground truth, used only by the attack harness and the reported Byzantine weight: when an attack
 is configured the server asks each node once, at the start, for its partition id.
