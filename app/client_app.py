@@ -24,7 +24,8 @@ from app.config import Settings, parse_settings
 from app.data.federated import build_federated_data
 from app.privacy.policy import NodePolicy, node_policy, policy_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
-from clients.silo import Silo
+from app.privacy.ledger import LedgerError
+from clients.silo import RefusingSilo, Silo
 
 app = ClientApp()
 
@@ -71,12 +72,16 @@ def _silo(context: Context) -> Silo:
         n = fed.silos[index].n
         ledger_budget = None
         if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
-            ledger_budget = (float(policy.epsilon_cap), policy.delta_cap or s.delta_for(n))
+            # (epsilon-cap, delta-cap), or delta = 1/n^2 without a delta cap: never what one run asks
+            ledger_budget = (float(policy.epsilon_cap), policy.delta_cap if policy.delta_cap is not None else 1.0 / (n * n))
         delta_asked = "1/n^2" if s.privacy.delta is None else f"{s.privacy.delta:g}"
         violation = policy_violation(policy, s.privacy.enabled, s.privacy.epsilon, s.delta_for(n), delta_asked)
-        _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, state_dir, ledger_key,
-                           policy_violation=violation, ledger_budget=ledger_budget,
-                           evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio)
+        try:
+            _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, state_dir, ledger_key,
+                               policy_violation=violation, ledger_budget=ledger_budget,
+                               evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio)
+        except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
+            _SILOS[key] = RefusingSilo(index, str(exc))
     return _SILOS[key]
 
 

@@ -41,6 +41,7 @@ SKETCH = "sketch"  # the single array of a sketched update (payload of S x)
 REFUSED_BUDGET = "budget-exceeded"
 REFUSED_CONFIG = "bad-request"
 REFUSED_POLICY = "silo-policy"
+REFUSED_LEDGER = "ledger-unusable"
 
 Layout = Mapping[str, tuple[int, ...]]
 

@@ -359,6 +359,23 @@ class Silo:
         return wire.Refusal(code, reason, self.ledger.spent()).encode()
 
 
+class RefusingSilo:
+    """A silo whose ledger cannot be used (unreadable, or written for another budget): without a
+    trustworthy record of what it has spent it releases nothing and says why, to every request."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        self.reason = reason
+
+    def train(self, content: RecordDict) -> RecordDict:
+        return wire.Refusal(wire.REFUSED_LEDGER, self.reason, math.nan).encode()
+
+    evaluate = train
+
+    def ledger_report(self) -> dict[str, Any]:
+        return {"silo": self.index, "error": self.reason}
+
+
 def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out, offset = {}, 0
     for k, v in like.items():

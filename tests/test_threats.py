@@ -235,6 +235,31 @@ def test_a_node_with_a_cap_keeps_one_lifetime_budget_across_runs(tmp_path: Path)
     assert [r["answered"] for r in rows3] == [2, 2, 2]
 
 
+def test_a_lifetime_ledger_serves_runs_that_ask_for_different_deltas(tmp_path: Path) -> None:
+    """A node with only an epsilon cap keeps its lifetime ledger at delta = 1/n^2 whatever each run
+    asks (before: the first run's delta was fixed in the ledger and a run asking another delta
+    crashed every ClientApp with LedgerError)."""
+    node = {"epsilon-cap": 3.0}
+    run(tmp_path, {"num-rounds": 2, "privacy.epsilon": 1.0, "eval-every": 0}, node_config=node, run_id=1, name="a")
+    second, rows, _ = run(tmp_path, {"num-rounds": 2, "privacy.epsilon": 1.0, "privacy.delta": 1e-3, "eval-every": 0},
+                          node_config=node, run_id=2, name="b")
+    assert second["status"] == "completed" and not second["client_errors"]
+    assert [r["answered"] for r in rows] == [2, 2]
+    assert all(s["delta"] == pytest.approx(1 / s["n"] ** 2) and s["eps_spent"] <= 3.0 for s in second["silos"])
+
+
+def test_an_unreadable_ledger_makes_the_silo_refuse_not_crash(tmp_path: Path) -> None:
+    node = CAPPED
+    cfg = {"num-rounds": 1, "privacy.delta": 1e-5, "eval-every": 0}
+    run(tmp_path, cfg, node_config=node, run_id=1, name="a")
+    for ledger in (tmp_path / "state").glob("ledger-node-silo*.json"):
+        ledger.write_text("{ not json")
+    summary, rows, _ = run(tmp_path, cfg, node_config=node, run_id=2, name="b")
+    assert summary["status"] == "completed" and not summary["client_errors"]
+    assert rows[0]["refused"] == 2
+    assert all("unreadable" in s["error"] for s in summary["silos"])
+
+
 def test_a_capped_node_refuses_evaluation_and_no_privacy_by_default(tmp_path: Path) -> None:
     summary, rows, grid = run(tmp_path, {"num-rounds": 2, "privacy.delta": 1e-5}, node_config=CAPPED)
     assert summary["test_error"] is None and all("test_error" not in r for r in rows)

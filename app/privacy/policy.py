@@ -8,8 +8,10 @@ protects the silo's records is decided here, by the silo's operator:
     whose 1/n^2 is above the cap, or for no privacy at all is refused.
 ``ledger-scope``
     ``node``: one lifetime ledger for everything the node ever releases, with the caps as its
-    budget (the default when a cap is set); ``run``: one ledger and budget per Flower run (the
-    default without caps, i.e. in simulations; with a cap only when the operator says so).
+    budget (delta 1/n^2 without a delta cap, whatever a run asks), the default when
+    ``epsilon-cap`` is set; ``run``: one ledger and budget per Flower run (the default without
+    caps, i.e. in simulations; with a cap only when the operator says so). A ledger that cannot
+    be read, or was written for another budget, makes the silo refuse everything, not crash.
 ``noise-seed``
     ``os``: noise and batches from the OS CSPRNG (the default when a cap is set); ``run``:
     derived from the run seed (reproducible simulations; the server can recompute them).
