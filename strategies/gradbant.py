@@ -47,7 +47,7 @@ from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
-from app.attacks import byzantine_indices
+from app.attacks import MODEL_ATTACKS, byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
 from strategies.loop import Ask, FederatedOptimizer, StepResult
 from strategies.replies import Params, flatten
@@ -138,9 +138,10 @@ class ByzantineRobust(FederatedOptimizer):
         nodes = updates.nodes
         byz_nodes = self.byzantine_nodes & set(nodes)
         messages = attack_messages(self.s, rnd, updates.messages, byz_nodes)
-        # the honest replies were lifted (and bounded) once when they were validated; only the
-        # messages the harness replaced are lifted here
-        lifted = np.stack([flatten(u) if messages[node] is updates.messages[node] else flatten(updates.lift(messages[node]))
+        # the replies were lifted (and bounded) once when they were validated; only the messages
+        # the harness replaced (the Byzantine nodes' under a model attack) are lifted here
+        replaced = byz_nodes if self.s.attack.kind in MODEL_ATTACKS else set()
+        lifted = np.stack([flatten(updates.lift(messages[node])) if node in replaced else flatten(u)
                            for node, u in zip(nodes, updates.updates, strict=True)]).astype(np.float64)
         if self.phase == Phase.LOCAL:
             lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma

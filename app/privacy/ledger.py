@@ -3,10 +3,10 @@
 The ledger is the silo's source of truth for what it has spent. Several processes may serve
 the same silo (a simulation engine runs silos in a pool of workers; a restarted SuperNode), so
 every read-check-write happens under an exclusive file lock on ``<ledger>.lock`` and starts by
-re-reading the file: an in-memory copy is never trusted. Before a release the silo
-asks :meth:`PrivacyLedger.check`; a release that would take epsilon above the budget is
-refused with :class:`BudgetExceededError`. The release is written to disk (atomically)
-*before* the message leaves the silo, so a crash can only over-count, never under-count.
+re-reading the file: an in-memory copy is never trusted. A release is checked and written to
+disk (atomically) in one step, :meth:`PrivacyLedger.record_release`, *before* the silo computes
+it; one that would take epsilon above the budget is refused with :class:`BudgetExceededError`.
+A crash can only over-count, never under-count.
 A silo that restarts reloads the file and continues from what it has already spent.
 """
 
@@ -94,14 +94,6 @@ class PrivacyLedger:
         with self._locked():
             self._reload()
         return epsilon_spent(self.recorded(), self.delta)
-
-    def check(self, new: list[Release], *, round_: int | None = None, exclusive: bool = False) -> float:
-        """Epsilon after adding ``new``; raises BudgetExceededError when above the budget, or,
-        with ``exclusive``, when a release of the same kind was already recorded in ``round_``
-        (disjoint blocks may each be released once)."""
-        with self._locked():
-            self._reload()
-            return self._check_loaded(new, round_ if exclusive else None)
 
     def _check_loaded(self, new: list[Release], exclusive_round: int | None = None) -> float:
         if exclusive_round is not None:
