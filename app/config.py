@@ -46,9 +46,12 @@ TRUST_SHIFTS = ("none", "noise", "blur")
 OUTPUTS = ("last", "random")
 #: = app.models.MODELS
 MODELS = ("logistic", "mlp", "lenet5", "resnet18")
-#: "off" + app.privacy.mechanism.MECHANISMS; "shuffle" is the shuffle-DP issue
-PRIVACY_MODES = ("off", "isrl")
-PLANNED_PRIVACY_MODES = ("shuffle",)
+#: "off" + app.privacy.mechanism.MECHANISMS
+PRIVACY_MODES = ("off", "isrl", "shuffle")
+PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
+#: the algorithms with a shuffle-DP form (the paper's Algorithms 7-10, and MB-SGD for comparison):
+#: their server step needs only the mean of the silos' releases, which is all the shuffler gives
+SHUFFLE_ALGORITHMS = ("mbsgd", "proxsgd", "svrg", "plsvrg", "spider")
 #: "none" + app.sketch.SKETCH_KINDS. PowerSGD keeps per-silo state (warm start, error feedback)
 #: across the rounds the silo takes part in.
 SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
@@ -80,6 +83,17 @@ class PrivacySettings:
     @property
     def enabled(self) -> bool:
         return self.mode != "off" and not math.isinf(self.epsilon)
+
+
+@dataclass(frozen=True)
+class ShuffleSettings:
+    """Shuffle DP's binomial encoding (app/privacy/shuffle.py): g levels (0: chosen from the model
+    size d, app.privacy.shuffle_plan.auto_levels), the noise bits' probability p, and how many
+    silos' noise a silo counts on (0: silos-per-round)."""
+
+    levels: int = 0
+    p: float = 0.25
+    count_on: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,7 +162,7 @@ class AttackSettings:
 
 
 #: the nested groups of Settings, by attribute name
-GROUPS = {"privacy": PrivacySettings, "prox": ProxSettings, "spider": SpiderSettings, "svrg": SVRGSettings,
+GROUPS = {"privacy": PrivacySettings, "shuffle": ShuffleSettings, "prox": ProxSettings, "spider": SpiderSettings, "svrg": SVRGSettings,
           "plsvrg": PLSVRGSettings, "sketch": SketchSettings, "robust": RobustSettings, "attack": AttackSettings}
 
 
@@ -187,11 +201,14 @@ class Settings:
     robust: RobustSettings = field(default_factory=lambda: RobustSettings())
     attack: AttackSettings = field(default_factory=lambda: AttackSettings())
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    shuffle: ShuffleSettings = field(default_factory=ShuffleSettings)
     outputs_dir: str = "outputs"
     run_name: str = ""
     fail_on_client_error: bool = True
     round_timeout: float = 600.0
     device: str = "cpu"
+    #: write every message the ServerApp receives under outputs/<run>/transcript/ (audits)
+    transcript: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for summary.json."""
@@ -210,6 +227,11 @@ class Settings:
         if self.batch_size:
             return self.batch_size
         return get_algorithm(self.algorithm).default_batch(self, n)
+
+    def simulation_nodes(self) -> int:
+        """Nodes a simulation starts: one per silo, plus the shuffler in shuffle mode (the last
+        node, partition-id = num-silos)."""
+        return self.num_silos + (1 if self.privacy.mode == "shuffle" else 0)
 
     def planned_rounds(self) -> int:
         return self.privacy.planned_rounds or self.num_rounds
@@ -361,11 +383,15 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "privacy.planned-rounds": ("privacy.planned_rounds", _num(0, 1_000_000, integer=True)),
     "privacy.noise-seed": ("privacy.noise_seed", _str(NOISE_SEEDS)),
     "privacy.anchor-noise-ratio": ("privacy.anchor_noise_ratio", _num(0, None, lo_open=True)),
+    "shuffle.levels": ("shuffle.levels", _num(0, 4096, integer=True)),
+    "shuffle.p": ("shuffle.p", _num(0, 1, lo_open=True, hi_open=True)),
+    "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),
     "round-timeout": ("round_timeout", _num(1, None)),
     "device": ("device", _str(DEVICES)),
+    "transcript": ("transcript", _bool),
 }
 
 
@@ -431,6 +457,25 @@ def _check_relations(s: Settings) -> None:
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
     _check_byzantine(s)
+    _check_shuffle(s)
+
+
+def _check_shuffle(s: Settings) -> None:
+    """Shuffle DP's settings: which algorithms, no sketch, a finite budget, whom silos count on."""
+    if s.privacy.mode != "shuffle":
+        return
+    if s.algorithm not in SHUFFLE_ALGORITHMS:
+        raise ConfigError(f"privacy.mode = 'shuffle' is not available for algorithm = {s.algorithm!r}; allowed: "
+                          f"{', '.join(SHUFFLE_ALGORITHMS)} (the shuffler releases only the sum of the silos' messages)")
+    if math.isinf(s.privacy.epsilon):
+        raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'shuffle'; allowed: (0, inf) "
+                          "(use privacy.mode = off for a non-private run)")
+    if s.sketch.kind != "none":
+        raise ConfigError(f"sketch.kind = {s.sketch.kind!r} is not allowed with privacy.mode = 'shuffle'; allowed: none "
+                          "(the shuffler sums integer counts; a sketch of them would not debias)")
+    if s.shuffle.count_on > s.silos_per_round:
+        raise ConfigError(f"shuffle.count-on = {s.shuffle.count_on} is out of range; allowed: [0, silos-per-round = "
+                          f"{s.silos_per_round}] (0 means silos-per-round)")
 
 
 def _check_byzantine(s: Settings) -> None:

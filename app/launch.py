@@ -5,7 +5,7 @@
    (K <= n for every silo) before any Flower process starts, with a one-line error;
 2. sets a project-local ``FLWR_HOME``, disables telemetry and runtime dependency installation,
    and ``OMP_NUM_THREADS=1``;
-3. runs ``flwr run --stream`` with ``num-supernodes = num-silos`` and an absolute outputs dir, on
+3. runs ``flwr run --stream`` with ``num-supernodes = num-silos`` (+ 1, the shuffler, in shuffle mode) and an absolute outputs dir, on
    a staged copy of the app's sources (``flwr run .`` would walk the whole checkout, a multi-GB
    ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine);
 4. reads the run's final status with ``flwr ls --run-id`` and checks that summary.json exists.
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
     run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())
-    fed_cfg = [f"num-supernodes={settings.num_silos}", *args.federation_config]
+    fed_cfg = [f"num-supernodes={settings.simulation_nodes()}", *args.federation_config]
     env = flower_env()
     if not args.superlink and (other := foreign_local_superlink(env)):
         print(f"[silofl] a local SuperLink not started by silofl is running: {other}. It would run this app "

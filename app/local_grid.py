@@ -57,6 +57,14 @@ class InProcessGrid:
 _RUN_IDS = itertools.count(1)
 
 
+def simulation_nodes(run_config: dict[str, Any]) -> int:
+    """How many nodes a simulation of ``run_config`` needs: one per silo, and in shuffle mode
+    the shuffler (the last node, partition-id = num-silos)."""
+    from app.config import parse_settings
+
+    return parse_settings(run_config).simulation_nodes()
+
+
 def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = None, hook: ReplyHook | None = None,
               node_config: dict[str, Any] | None = None) -> InProcessGrid:
     """Run the ServerApp's main on an in-process grid with ``run_config`` (merged over the
@@ -66,7 +74,7 @@ def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = N
     import app.server_app as server_app
 
     run_id = next(_RUN_IDS) if run_id is None else run_id  # a new run id per run, as Flower gives
-    grid = InProcessGrid(run_config, int(run_config["num-silos"]), state_dir, run_id=run_id, hook=hook,
+    grid = InProcessGrid(run_config, simulation_nodes(run_config), state_dir, run_id=run_id, hook=hook,
                          node_config=node_config)
     server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
     return grid

@@ -24,6 +24,7 @@ from app.data.federated import dataset_meta
 from app.models import build_model
 from app.results import RunRecorder
 from app.seeding import torch_gen
+from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
 
 app = ServerApp()
@@ -63,7 +64,9 @@ def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
             log(WARNING, "ledger query to node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
             continue
         try:
-            silos.append(wire.read_ledger(reply.content))
+            report = wire.read_ledger(reply.content)
+            if report.get("role") != wire.ROLE_SHUFFLER:  # the shuffler holds no records and no ledger
+                silos.append(report)
         except wire.ReplyError as exc:
             log(WARNING, "ledger reply of node %d dropped: %s", reply.metadata.src_node_id, exc)
     return sorted(silos, key=lambda d: d.get("silo", 0))
@@ -99,9 +102,12 @@ def main(grid: Grid, context: Context) -> None:
         print(progress_line(row, s.num_rounds), flush=True)
 
     strategy = STRATEGIES[s.algorithm](s, layout, on_round)
+    strategy.run_id = context.run_id
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
+    if s.transcript:  # audits: keep everything the server receives
+        grid = TranscriptGrid(grid, out / "transcript")
     result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})

@@ -179,6 +179,8 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     client.evaluate()(forward("evaluate"))
     client.query(wire.LEDGER)(forward("ledger"))
     client.query(wire.IDENTITY)(forward("identity"))  # the attack harness's ground truth
+    client.query(wire.KEYS)(forward("keys"))  # shuffle DP: roles and public keys
+    client.query(wire.SHUFFLE)(forward("shuffle"))  # shuffle DP: the shuffler's sum
     return server, client
 
 
@@ -197,7 +199,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True) -> dict[str, A
         (out / name).unlink(missing_ok=True)
     server, client = simulation_apps(run_config)
     t0 = time.perf_counter()
-    run_simulation(server_app=server, client_app=client, num_supernodes=s.num_silos,
+    run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": min(os.cpu_count() or 1, s.num_silos)}})
     wall = time.perf_counter() - t0

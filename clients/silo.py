@@ -44,12 +44,16 @@ from app.config import Settings
 from app.data.federated import SiloData
 from app.data.split import fixed_size_batch
 from app.models import build_model
-from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, group_releases
+from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trials,
+                                    group_releases, trials_for)
+from app.privacy.contribution import Contribution
+from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key, seal
+from app.privacy.shuffle import ShuffleCode, auto_levels, row_bound, trials_per_record
 from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
 from app.privacy.clipping import clip_rows
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from app.privacy.mechanism import make_mechanism
+from app.privacy.mechanism import BinomialShuffleMechanism, make_mechanism
 from app.models.losses import cross_entropy
 from app.privacy.per_sample import batch_loss, per_sample_grads
 from app.seeding import derive_seed, np_rng, torch_gen
@@ -62,12 +66,16 @@ class Silo:
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
                  state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
                  ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
-                 evaluation_noise_ratio: float = 1.0) -> None:
+                 evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
-        the node's evaluation policy (open | private | off, app/privacy/policy.py)."""
+        the node's evaluation policy (open | private | off, app/privacy/policy.py). ``run_id`` and
+        ``shuffler_pin`` (shuffle mode): the run the contributions are bound to, and the shuffler
+        public key (hex) the node's operator pinned; a silo with a pin seals to no other key."""
         self.s = settings
+        self.run_id = int(run_id)
+        self.shuffler_pin = shuffler_pin
         self.policy_violation = policy_violation
         self.evaluation = evaluation
         self.evaluation_noise_ratio = evaluation_noise_ratio
@@ -88,6 +96,11 @@ class Silo:
         lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
+        self.shuffle = self.private and priv.mode == "shuffle"
+        self.dim = sum(p.numel() for p in self.model.parameters())
+        self.levels = (settings.shuffle.levels or auto_levels(self.dim)) if self.shuffle else 0
+        self.sender_keys = (StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key")
+                            if self.shuffle else None)
         self.plan = self._calibrate()
         self.powersgd_state: PowerSGDState | None = None
 
@@ -99,18 +112,25 @@ class Silo:
         gradients), so with the default ratio 1 every kind has the same z and sigma proportional
         to its sensitivity. Proxsgd's secret block permutation is drawn here and stored with the
         calibration, so every process serving this silo uses the same disjoint blocks."""
-        evaluations = planned_evaluations(self.s) if self.evaluation == "private" and self.private else 0
+        private_eval = self.evaluation == "private" and self.private and not self.shuffle
+        evaluations = planned_evaluations(self.s) if private_eval else 0
         plan = release_plan(get_algorithm(self.s.algorithm), self.s, self.n, self.clip, evaluations,
                             self.evaluation_noise_ratio)
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
+        if self.shuffle:
+            key |= {"mode": "shuffle", "levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim}
         cal = self.ledger.calibration
         if cal.get("key") == key:  # a restarted silo keeps the noise (and blocks) it started with
             scale = float(cal["noise_multiplier"])
             self.block_seed = int(cal.get("block_seed", 0))
         else:
+            planned = [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan]
             if not self.private:
                 scale = 0.0
+            elif self.shuffle:  # the exchange's noise trials, from the exact binomial accountant
+                scale = calibrate_trials(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
+                                         levels=self.levels, dim=self.dim)
             else:
                 scale = calibrate_noise_multiplier(
                     [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
@@ -119,6 +139,8 @@ class Silo:
                                else derive_seed(self.s.seed, "silo", self.data.index, "disjoint-blocks"))
             self.ledger.set_calibration({"key": key, "noise_multiplier": scale, "block_seed": self.block_seed})
         self.disjoint_kind = f"disjoint:{hashlib.sha256(str(self.block_seed).encode()).hexdigest()[:12]}"
+        if self.shuffle:
+            return {r.phase: replace(r, trials=trials_for(int(scale), r.weight)) for r in plan}
         return {r.phase: replace(r, noise_multiplier=scale * r.weight) for r in plan}
 
     # -- messages -------------------------------------------------------------------------
@@ -144,6 +166,8 @@ class Silo:
             return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
         w0 = self._tensors(ins.arrays)
         w_prev = self._tensors(ins.prev) if phase == Phase.DIFF and ins.prev is not None else None
+        if self.shuffle:
+            return self._shuffle_release(ins, spec, w0, w_prev)
         if phase == Phase.DISJOINT:  # Algorithm 6: round r uses block r of the secret permutation, once
             releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
             blocks = self.n // spec.batch
@@ -202,6 +226,9 @@ class Silo:
         if self.evaluation == "off":
             return self._refuse(wire.REFUSED_POLICY, "this silo's policy answers no evaluation requests "
                                 "(node config evaluation = 'off')")
+        if self.evaluation == "private" and self.shuffle:
+            return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
+                                "'private'), which is not available in shuffle mode; its operator may choose open or off")
         if self.evaluation == "private" and not self.private:
             return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
                                 "'private'), which needs a private run")
@@ -259,9 +286,28 @@ class Silo:
         releases = [
             {"kind": r.kind, "count": r.count, "noise_multiplier": r.noise_multiplier, "n": r.n, "batch": r.batch,
              "sampling": ("disjoint blocks (parallel composition)" if r.disjoint else
-                          "fixed-size without replacement" if r.sampled else "none (full batch)")}
+                          "none claimed (binomial: accounted as if the record were included)" if r.binomial and r.sampled
+                          else "fixed-size without replacement" if r.sampled else "none (full batch)")}
+            | ({"mechanism": "binomial", "trials": r.trials, "levels": r.levels, "p": r.p, "dim": r.dim}
+               if r.binomial else {})
             for r in group_releases(self.ledger.recorded())
         ]
+        if self.shuffle:
+            count_on = self.s.shuffle.count_on or self.s.silos_per_round
+            return {
+                "silo": self.data.index, "n": self.n, "batch": self.s.batch_for(self.n), "delta": self.delta,
+                "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
+                "mechanism": "binomial (shuffle DP)", "evaluation": self.evaluation,
+                "shuffle": {"levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim, "count_on": count_on,
+                            "amplification": "none: the server knows which silos it sampled, so no amplification by "
+                                             "silo sampling is claimed"},
+                "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "disjoint": r.disjoint,
+                             "trials": r.trials, "trials_per_record": trials_per_record(r.trials, count_on, r.batch),
+                             "messages": count_on * r.batch} for r in self.plan.values()],
+                "releases": releases,
+                "adjacency": "replace-one",
+                "accountant": "exact binomial RDP with truncated tails (app/privacy/binomial.py), composed in RDP",
+            }
         return {
             "silo": self.data.index, "n": self.n, "batch": self.s.batch_for(self.n), "delta": self.delta,
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
@@ -273,6 +319,51 @@ class Silo:
             "releases": releases,
             "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
         }
+
+    def _shuffle_release(self, ins: wire.Instruction, spec: ReleaseSpec, w0: Mapping[str, torch.Tensor],
+                         w_prev: Mapping[str, torch.Tensor] | None) -> RecordDict:
+        """Shuffle DP (the paper's Algorithms 7-10): the release's clipped rows, encoded as
+        per-coordinate counts of rounded levels plus Bin(K b, p) noise (app/privacy/shuffle.py),
+        sealed to the shuffler's public key so that the server relays what it cannot read. The
+        release is recorded (a binomial release of the exchange's ``spec.trials`` trials) before
+        anything is computed from the records."""
+        phase, rnd = ins.phase, ins.round
+        if ins.shuffle is None:
+            return self._refuse(wire.REFUSED_CONFIG, "a shuffle-mode instruction must carry the shuffler's public key")
+        try:
+            shuffler_key = parse_public_key(ins.shuffle.shuffler_key)
+        except EnvelopeError as exc:
+            return self._refuse(wire.REFUSED_CONFIG, f"the shuffler key sent is not a key: {exc}")
+        if self.shuffler_pin is not None and shuffler_key != parse_public_key(self.shuffler_pin):
+            return self._refuse(wire.REFUSED_POLICY, "the shuffler key sent is not the one this node pinned "
+                                "(node config shuffler-public-key); nothing was released")
+        count_on = self.s.shuffle.count_on or self.s.silos_per_round
+        b = trials_per_record(spec.trials, count_on, spec.batch)
+        kind = self.disjoint_kind if phase == Phase.DISJOINT else str(phase)
+        if phase == Phase.DISJOINT and not 1 <= rnd <= self.n // spec.batch:
+            return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
+                                f"the n={self.n} records hold {self.n // spec.batch} disjoint blocks")
+        release = Release(kind, self.n, spec.batch, 0.0, 1, phase == Phase.DISJOINT, "binomial", spec.trials,
+                          self.levels, self.s.shuffle.p, self.dim)
+        try:
+            spent, seq = self.ledger.record_release([release], round_=rnd, exclusive=phase == Phase.DISJOINT,
+                                                    extra={"trials_per_record": b, "count_on": count_on})
+        except BudgetExceededError as exc:
+            return self._refuse(wire.REFUSED_BUDGET, str(exc))
+        if phase == Phase.DIFF:
+            assert w_prev is not None
+            x, y = self._batch(spec.batch, seq, 0)
+            rows = self._difference_rows(w0, w_prev, x, y)
+        else:
+            x, y = self._block(spec.batch, rnd) if phase == Phase.DISJOINT else self._batch(spec.batch, seq, 0)
+            rows = clip_rows(per_sample_grads(self.model, dict(w0), x, y), self.clip)
+        code = ShuffleCode(row_bound(phase == Phase.DIFF, self.clip, self.s.diff_clip), self.levels, self.s.shuffle.p)
+        counts = BinomialShuffleMechanism(code, b, self._np_rng(seq, "shuffle-encoding", 0)).release(rows).numpy()
+        contribution = Contribution(records=spec.batch, trials=spec.batch * b, required_trials=spec.trials,
+                                    levels=self.levels, counts=counts)
+        assert self.sender_keys is not None
+        context = wire.shuffle_context(self.run_id, rnd, ins.shuffle.exchange, str(phase))
+        return wire.SealedReply(seal(shuffler_key, self.sender_keys, contribution.encode(), context), spent).encode()
 
     # -- internals ------------------------------------------------------------------------
     def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, seq: int, step: int,
@@ -291,16 +382,21 @@ class Silo:
                           seq: int) -> tuple[dict[str, torch.Tensor], float]:
         """One SPIDER difference release on one batch of K2 records (see the module docstring)."""
         x, y = self._batch(spec.batch, seq, 0)
-        g_now = per_sample_grads(self.model, dict(w), x, y)
-        g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
-        if self.s.diff_clip > 0 and self.private:
-            rows = clip_rows(g_now - g_prev, self.s.diff_clip)
-        else:
-            rows = clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
+        rows = self._difference_rows(w, w_prev, x, y)
         if not self.private:
             return _unflatten(rows.mean(dim=0), w), batch_loss(self.model, dict(w), x, y)
         noisy = make_mechanism(self.s.privacy.mode, spec.sigma).release(rows, self._torch_gen(seq, "noise", 0))
         return _unflatten(noisy, w), float("nan")
+
+    def _difference_rows(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], x: torch.Tensor,
+                         y: torch.Tensor) -> torch.Tensor:
+        """Per-record differences on (x, y): clip_C(g(w) - g(w')) with ``diff-clip`` C > 0 (norm <= C),
+        else clip_L g(w) - clip_L g(w') (norm <= 2L)."""
+        g_now = per_sample_grads(self.model, dict(w), x, y)
+        g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
+        if self.s.diff_clip > 0 and self.private:
+            return clip_rows(g_now - g_prev, self.s.diff_clip)
+        return clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
 
     def _mean_gradient(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Flat gradient of the mean loss on (x, y) (what the per-sample route averages to)."""

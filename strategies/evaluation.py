@@ -9,7 +9,7 @@ loss sums >= 0, strategies/replies.py), a refusal (a silo's evaluation policy) i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 
 import numpy as np
@@ -27,13 +27,14 @@ TOTALS = ("test_errors", "test_count", "test_loss_sum", "train_loss_sum", "train
 
 
 def evaluate_point(grid: Grid, rnd: int, w: Mapping[str, np.ndarray], layout: Mapping[str, tuple[int, ...]],
-                   prox: Prox, lr: float, timeout: float, client_error: Callable[[Message, str], str]
-                   ) -> dict[str, float] | None:
+                   prox: Prox, lr: float, timeout: float, client_error: Callable[[Message, str], str],
+                   nodes: Iterable[int] | None = None) -> dict[str, float] | None:
     """Evaluate ``w`` on every silo node: test error and loss, training loss, validation error
     and the gradient mapping ||G_eta|| from the silos' full training gradients (None when no
-    silo answered)."""
+    silo answered). ``nodes``: the silo nodes (default: every node)."""
     request = wire.EvaluateRequest(rnd, w, train_gradient=True).encode()
-    messages = [Message(request, dst_node_id=n, message_type=MessageType.EVALUATE) for n in sorted(grid.get_node_ids())]
+    targets = sorted(grid.get_node_ids() if nodes is None else nodes)
+    messages = [Message(request, dst_node_id=n, message_type=MessageType.EVALUATE) for n in targets]
     sums: dict[str, float] = {}
     grads: list[dict[str, np.ndarray]] = []
     refused = 0

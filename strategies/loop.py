@@ -31,11 +31,13 @@ from app import wire
 from app.algorithms import Algorithm, Phase, get_algorithm
 from app.config import Settings
 from app.privacy.mechanism import server_decoder
+from app.privacy.shuffle import auto_levels, row_bound
 from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import evaluate_point
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
+from strategies.shuffle_relay import ShuffleRelay
 
 RoundCallback = Callable[[dict[str, Any]], None]
 Ask = Callable[..., Updates]
@@ -94,6 +96,14 @@ class FederatedOptimizer:
         self.prox = composite_prox(settings)
         self.roster = NodeRoster()
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
+        #: shuffle DP: the shuffler's id and key, and the relay of sealed contributions
+        self.relay: ShuffleRelay | None = None
+        if settings.privacy.enabled and settings.privacy.mode == "shuffle":
+            n = sum(int(np.prod(shape)) for shape in layout.values())
+            self.relay = ShuffleRelay(layout, settings.shuffle.levels or auto_levels(n), settings.shuffle.p,
+                                      self._client_error)
+        #: the Flower run id (set by the ServerApp): shuffle DP binds contributions to it
+        self.run_id = 0
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
         self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
         #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
@@ -116,7 +126,9 @@ class FederatedOptimizer:
         """Run ``num_rounds`` rounds from ``initial``; returns the output iterate."""
         self.summary()
         w = {k: np.asarray(v, dtype=np.float32) for k, v in initial.items()}
-        self.wait_for_nodes(grid)
+        nodes = self.wait_for_nodes(grid)
+        if self.relay is not None:
+            self.relay.discover(grid, nodes, timeout)
         self.prepare(grid, timeout)
         for rnd in range(1, num_rounds + 1):
             t0 = time.perf_counter()
@@ -150,12 +162,20 @@ class FederatedOptimizer:
 
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
             local = phase == Phase.LOCAL
+            ticket = self.relay.ticket() if self.relay is not None else None
             content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
-                                       self.s.lr if local else None).encode()
+                                       self.s.lr if local else None, ticket).encode()
             messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
             counts["sent"] += len(messages)
-            updates = reader.classify(rnd, grid.send_and_receive(messages, timeout=timeout), nodes)
-            floats = len(updates.updates) * (reader.sketch.payload_size if reader.sketch is not None else self.n_params)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            if self.relay is not None and ticket is not None:
+                bound = row_bound(phase == Phase.DIFF, self.s.privacy.clip, self.s.diff_clip)
+                updates = self.relay.exchange(grid, rnd, str(phase), ticket, self.run_id, bound, replies, nodes,
+                                              timeout)
+            else:
+                updates = reader.classify(rnd, replies, nodes)
+            floats = updates.uplink_floats if updates.uplink_floats is not None else \
+                len(updates.updates) * (reader.sketch.payload_size if reader.sketch is not None else self.n_params)
             counts["floats"] += floats
             self.uploads += floats / self.n_params
             exchanges.append(updates)
@@ -170,14 +190,18 @@ class FederatedOptimizer:
                 log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
         elif self.accept_model(rnd, result.model):
             w = {k: np.asarray(v, dtype=np.float32) for k, v in result.model.items()}
+        if self.relay is not None:
+            extra_row = {"shuffle_dropped": tally.shuffle_dropped}
+        else:
+            extra_row = {}
         row: dict[str, Any] = {
-            "round": rnd, "sampled": counts["sent"], "answered": len(tally.updates), "refused": len(tally.refused),
+            "round": rnd, "sampled": counts["sent"], "answered": tally.answered, "refused": len(tally.refused),
             "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,
             "eps_max": tally.eps_max(),
             "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
             "uplink_floats": counts["floats"], "uploads_G": self.uploads,
         }
-        return w, row | result.row
+        return w, row | extra_row | result.row
 
     def accept_model(self, rnd: int, new_w: Params) -> bool:
         """Whether ``new_w`` may become the model: finite and within float32's range (else the
@@ -189,7 +213,13 @@ class FederatedOptimizer:
         return True
 
     def evaluate(self, grid: Grid, rnd: int, w: Params, timeout: float) -> dict[str, float] | None:
-        return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error)
+        return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error,
+                              nodes=self.silo_nodes(grid))
+
+    def silo_nodes(self, grid: Grid) -> list[int]:
+        """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
+        nodes = sorted(grid.get_node_ids())
+        return self.relay.silo_nodes(nodes) if self.relay is not None else nodes
 
     def summary(self) -> None:
         log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
@@ -199,6 +229,8 @@ class FederatedOptimizer:
     def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """M of the connected silo nodes, uniformly without replacement, from (seed, round)."""
         nodes = sorted(self.wait_for_nodes(grid))
+        if self.relay is not None:
+            nodes = self.relay.silo_nodes(nodes)
         rng = np_rng(self.s.seed, "server-sampling", server_round)
         chosen = rng.choice(len(nodes), size=self.s.silos_per_round, replace=False)
         return [nodes[i] for i in sorted(chosen)]
@@ -207,10 +239,11 @@ class FederatedOptimizer:
         """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start);
         the nodes seen are added to the roster."""
         deadline = time.monotonic() + self.node_wait_s
+        needed = self.s.num_silos + (1 if self.relay is not None else 0)  # shuffle DP: and the shuffler
         while True:
             nodes = list(grid.get_node_ids())
-            if len(nodes) >= self.s.num_silos:
-                self.roster.add(nodes)
+            if len(nodes) >= needed:
+                self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None else nodes)
                 return nodes
             if time.monotonic() > deadline:
                 raise RuntimeError(

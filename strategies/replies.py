@@ -90,9 +90,20 @@ class Updates:
     missing: int = 0
     #: S^T y (decoded) in the model's layout for a vector in this exchange's message space
     lift: Callable[[np.ndarray], Params] | None = None
+    #: shuffle DP: ``updates`` holds one update, the debiased mean; the shuffler accepted
+    #: ``shuffle_accepted`` contributions and dropped ``shuffle_dropped``; the sealed bytes sent
+    #: in float32 equivalents
+    shuffle_accepted: int | None = None
+    shuffle_dropped: int = 0
+    uplink_floats: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.updates)
+
+    @property
+    def answered(self) -> int:
+        """How many silos' releases the update holds."""
+        return self.shuffle_accepted if self.shuffle_accepted is not None else len(self.updates)
 
     def mean(self) -> Params:
         """Uniform average (1/M) sum_i u_i over the silos that answered (the paper's aggregation)."""
@@ -104,9 +115,14 @@ class Updates:
 
     def merge(self, other: Updates) -> Updates:
         """The tally of two exchanges of one round (Fed-SPIDER's two uploads)."""
+        shuffled = self.shuffle_accepted is not None or other.shuffle_accepted is not None
+        floats = None if self.uplink_floats is None and other.uplink_floats is None else \
+            (self.uplink_floats or 0.0) + (other.uplink_floats or 0.0)
         return Updates(self.nodes + other.nodes, self.updates + other.updates, self.metrics + other.metrics,
                        self.messages | other.messages, self.refused | other.refused, self.malformed | other.malformed,
-                       self.errors | other.errors, self.missing + other.missing, self.lift)
+                       self.errors | other.errors, self.missing + other.missing, self.lift,
+                       (self.shuffle_accepted or 0) + (other.shuffle_accepted or 0) if shuffled else None,
+                       self.shuffle_dropped + other.shuffle_dropped, floats)
 
 
 def mean_update(updates: Sequence[Mapping[str, np.ndarray]]) -> Params:

@@ -54,6 +54,8 @@ class ReleaseSpec:
     noise_multiplier: float = 0.0
     weight: float = 1.0
     disjoint: bool = False
+    #: shuffle DP: the noise trials of the exchange's total this release is calibrated for
+    trials: int = 0
 
     @property
     def sigma(self) -> float:

@@ -25,6 +25,12 @@ Accounting rules (all numbers come from dp-accounting):
   mechanism with multiplier z, unsampled (no amplification is claimed: the record's block is
   released with certainty). The kind label names the permutation, so disjoint releases over
   different permutations (e.g. several runs on a node-scope ledger) compose as usual.
+* Binomial releases (shuffle DP, ``mechanism = "binomial"``): the per-coordinate totals of the
+  shuffler carry Bin(trials, p) noise on g levels in d coordinates; their Renyi curves and the
+  delta of their truncated tails come from the exact numerical accountant in
+  app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
+  that module's orders (Gaussian releases by their exact RDP curves); no amplification by
+  sampling is claimed for a binomial release (it is accounted as if its record were included).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dp_accounting as dpa
 from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
@@ -61,8 +67,20 @@ class Release:
     noise_multiplier: float
     count: int = 1
     disjoint: bool = False
+    #: "gaussian" (noise_multiplier z), or "binomial" (shuffle DP: ``trials`` noise trials of
+    #: probability ``p`` on ``levels`` levels in ``dim`` coordinates; noise_multiplier unused)
+    mechanism: str = "gaussian"
+    trials: int = 0
+    levels: int = 0
+    p: float = 0.0
+    dim: int = 0
 
     def __post_init__(self) -> None:
+        if self.mechanism not in ("gaussian", "binomial"):
+            raise ValueError(f"release mechanism must be gaussian or binomial, got {self.mechanism!r}")
+        if self.mechanism == "binomial" and not (self.trials >= 1 and self.levels >= 1 and 0 < self.p < 1
+                                                 and self.dim >= 1):
+            raise ValueError(f"a binomial release needs trials, levels, dim >= 1 and p in (0, 1); got {self}")
         if not 1 <= self.batch <= self.n:
             raise ValueError(f"release batch K={self.batch} must be in [1, n={self.n}]")
         if self.count < 0:
@@ -73,6 +91,10 @@ class Release:
     @property
     def sampled(self) -> bool:
         return self.batch < self.n and not self.disjoint
+
+    @property
+    def binomial(self) -> bool:
+        return self.mechanism == "binomial"
 
     @property
     def blocks(self) -> int:
@@ -88,15 +110,15 @@ def parallel_view(r: Release) -> Release:
     if r.count > r.blocks:
         raise ValueError(f"{r.count} disjoint releases of K={r.batch} records exceed the {r.blocks} disjoint "
                          f"blocks of n={r.n} records (kind {r.kind!r})")
-    return Release(r.kind, r.n, r.n, r.noise_multiplier, min(r.count, 1))
+    return replace(r, batch=r.n, count=min(r.count, 1), disjoint=False)
 
 
 def group_releases(releases: Sequence[Release]) -> list[Release]:
     """Merge releases that differ only in ``count`` (composition of identical events)."""
-    counts: Counter[tuple[str, int, int, float, bool]] = Counter()
+    counts: Counter[Release] = Counter()
     for r in releases:
-        counts[(r.kind, r.n, r.batch, r.noise_multiplier, r.disjoint)] += r.count
-    return [Release(k, n, b, z, c, d) for (k, n, b, z, d), c in counts.items() if c > 0]
+        counts[replace(r, count=1)] += r.count
+    return [replace(r, count=c) for r, c in counts.items() if c > 0]
 
 
 def dp_event(releases: Sequence[Release]) -> dpa.DpEvent:
@@ -115,8 +137,33 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     live = tuple(sorted((parallel_view(r) for r in group_releases(releases) if r.count > 0),
-                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier)))
+                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier, r.trials)))
+    if any(r.binomial for r in live):
+        return _epsilon_rdp_binomial(live, float(delta))
     return _epsilon(live, float(delta))
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
+    """A ledger with binomial releases: every release's Renyi curve at binomial.ORDERS (the
+    binomial ones with their truncation tails), composed and converted by the binomial module."""
+    from app.privacy import binomial
+
+    parts = [(binomial.release_curve(r.trials, r.p, r.levels, r.dim), r.count) for r in live if r.binomial]
+    extra = np.zeros(len(binomial.ORDERS))
+    for r in live:
+        if r.binomial:
+            continue
+        if r.noise_multiplier == 0:
+            return math.inf
+        if r.sampled:
+            accountant = RdpAccountant(list(binomial.ORDERS), dpa.NeighboringRelation.REPLACE_ONE)
+            accountant.compose(dpa.SampledWithoutReplacementDpEvent(r.n, r.batch, dpa.GaussianDpEvent(r.noise_multiplier)),
+                               r.count)
+            extra += np.asarray(accountant._rdp, dtype=np.float64)  # dp-accounting keeps the curve here
+        else:
+            extra += r.count * np.asarray(binomial.gaussian_rdp(r.noise_multiplier))
+    return float(binomial.epsilon_from_curves(parts, delta, extra_rdp=tuple(extra)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -206,3 +253,61 @@ def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, r
             hi = mid
     return float(hi)
 
+
+
+def calibrate_trials(plan: Sequence[PlannedRelease], epsilon: float, delta: float, *, p: float, levels: int,
+                     dim: int) -> int:
+    """Shuffle DP's calibration: the smallest integer scale m (noise trials) such that the
+    planned binomial releases, kind i with ``ceil(m * weight_i^2)`` trials (the noise standard
+    deviation in levels is sqrt(trials p (1 - p)), so a weight scales it like a noise multiplier),
+    spend at most ``epsilon`` at ``delta``. A doubling search, then bisection over integers."""
+    if not epsilon > 0 or math.isinf(epsilon):
+        raise ValueError(f"shuffle calibration needs a finite epsilon > 0, got {epsilon}")
+    if not plan or all(r.count == 0 for r in plan):
+        raise ValueError("cannot calibrate an empty release plan")
+    return _calibrate_trials(tuple(plan), float(epsilon), float(delta), float(p), int(levels), int(dim))
+
+
+def binomial_releases(plan: Sequence[PlannedRelease], scale: int, *, p: float, levels: int, dim: int) -> list[Release]:
+    """The planned releases as binomial releases at trial scale ``scale``."""
+    return [Release(r.kind, r.n, r.batch, 0.0, r.count, r.disjoint, "binomial", trials_for(scale, r.weight),
+                    levels, p, dim) for r in plan]
+
+
+def trials_for(scale: int, weight: float) -> int:
+    """A kind's noise trials at trial scale m: ceil(m * weight^2)."""
+    return max(1, math.ceil(scale * weight * weight))
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_trials(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, p: float, levels: int,
+                      dim: int) -> int:
+    from app.privacy import binomial
+
+    def fits(scale: int) -> bool:
+        return epsilon_spent(binomial_releases(plan, scale, p=p, levels=levels, dim=dim), delta) <= epsilon
+
+    # A start that is exact when every kind has weight 1: kinds with the same trials compose like
+    # one kind released sum(count) times (a disjoint kind counts once, parallel composition).
+    equivalent = sum((min(r.count, 1) if r.disjoint else r.count) / (r.weight * r.weight) for r in plan if r.count)
+    guess = binomial.calibrate_trials(epsilon, delta, p, levels, dim, max(1, math.ceil(equivalent)))
+    if fits(guess) and (guess <= 1 or not fits(guess - 1)):
+        return int(guess)
+    lo, hi = 0, max(1, guess)
+    while not fits(hi):
+        lo, hi = hi, math.ceil(hi * 1.25)
+        if hi > 1 << 50:
+            raise ValueError(f"no number of noise trials reaches epsilon={epsilon} at delta={delta}")
+    if lo == 0:
+        lo = hi
+        while lo > 1 and fits(lo):
+            hi, lo = lo, lo * 4 // 5
+        if fits(lo):
+            return int(lo)
+    while hi - lo > max(1, hi // 1000):  # 0.1% in trials = 0.05% in noise std: within budget (hi fits)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return int(hi)

@@ -86,7 +86,8 @@ class PrivacyLedger:
     def recorded(self) -> list[Release]:
         """The recorded releases as accountant events."""
         return [Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
-                        bool(r.get("disjoint", False)))
+                        bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
+                        int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)))
                 for r in self.releases]
 
     def spent(self) -> float:
@@ -132,7 +133,7 @@ class PrivacyLedger:
             seq = len(self.releases)
             stamp = time.time()
             for i, r in enumerate(new):
-                row = asdict(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
+                row = _row(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
                 if extra:
                     row |= extra
                 self.releases.append(row)
@@ -162,6 +163,15 @@ class PrivacyLedger:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
+
+
+def _row(r: Release) -> dict[str, Any]:
+    """A release as a ledger row; a Gaussian one without the binomial fields (unused there)."""
+    row = asdict(r)
+    if not r.binomial:
+        for key in ("mechanism", "trials", "levels", "p", "dim"):
+            row.pop(key)
+    return row
 
 
 def _encode_float(x: float) -> float | str:

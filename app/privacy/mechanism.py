@@ -7,8 +7,10 @@ undoes. One object per mechanism, both halves together:
   that the server step uses.
 
 The silo's pipeline is clip -> mechanism -> sketch, the server's lift -> decode -> aggregate.
-Today: the Gaussian mechanism (ISRL-DP). The binomial shuffle encoding (shuffle DP) is a second
-implementation of the same interface.
+Two mechanisms: the Gaussian mechanism (ISRL-DP) and the binomial shuffle encoding (shuffle DP,
+app/privacy/shuffle.py), whose message is an integer count vector sealed to the shuffler and
+whose server half (``aggregated``) runs on the shuffler's totals, not on each message
+(strategies/shuffle_relay.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
+from app.privacy.shuffle import ShuffleCode, encode_counts
 
 
 def add_gaussian_noise(vec: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
@@ -59,18 +63,41 @@ class GaussianMechanism(Mechanism):
         return add_gaussian_noise(rows.mean(dim=0), self.sigma, generator)
 
 
-#: privacy.mode -> the mechanism a silo releases with, given the release's sigma
-MECHANISMS = {"isrl": GaussianMechanism}
+class BinomialShuffleMechanism(Mechanism):
+    """The randomizer of the binomial vector-summation protocol: per-coordinate counts of the
+    rows' rounded levels plus Bin(K b, p) noise (app/privacy/shuffle.py). Its server half is the
+    analyzer on the shuffler's totals (``shuffle.debias``), so ``decode`` is never applied to a
+    single message."""
+
+    #: the server decodes the shuffler's sum of all messages, not each message
+    aggregated = True
+
+    def __init__(self, code: ShuffleCode, trials_per_record: int, rng: np.random.Generator) -> None:
+        self.code = code
+        self.trials_per_record = trials_per_record
+        self.rng = rng
+
+    def release(self, rows: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The int64 counts c_j = sum_i floor(a_ij + U_ij) + Bin(K b, p) (draws from ``self.rng``)."""
+        counts = encode_counts(rows.detach().cpu().numpy(), self.code, self.trials_per_record, self.rng)
+        return torch.from_numpy(counts)
+
+
+#: privacy.mode -> the mechanism a silo releases with
+MECHANISMS: dict[str, type[Mechanism]] = {"isrl": GaussianMechanism, "shuffle": BinomialShuffleMechanism}
 
 
 def make_mechanism(mode: str, sigma: float) -> Mechanism:
-    try:
-        return MECHANISMS[mode](sigma)
-    except KeyError:
-        raise ValueError(f"no mechanism for privacy.mode = {mode!r}; known: {', '.join(MECHANISMS)}") from None
+    """The Gaussian mechanism of a release with standard deviation ``sigma`` (``mode`` isrl)."""
+    if mode != "isrl":
+        raise ValueError(f"make_mechanism builds the Gaussian mechanism (privacy.mode = isrl), not {mode!r}; "
+                         "shuffle releases are encoded by BinomialShuffleMechanism")
+    return GaussianMechanism(sigma)
 
 
 def server_decoder(mode: str) -> Callable[[np.ndarray], np.ndarray] | None:
     """The server-side half for ``privacy.mode`` (None: messages are estimates already)."""
     mechanism = MECHANISMS.get(mode)
-    return mechanism.decode if mechanism is not None and mechanism.encoded else None
+    if mechanism is None or getattr(mechanism, "aggregated", False):
+        return None
+    return mechanism.decode if mechanism.encoded else None

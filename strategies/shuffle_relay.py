@@ -1,0 +1,161 @@
+"""The server's part in shuffle DP: find the shuffler, relay sealed contributions, debias totals.
+
+The server never holds a plaintext encoding. Once, before round 1, it asks every node for its
+role and public key (:data:`~app.wire.KEYS_QUERY`): exactly one node must be the shuffler; the
+others are silos with sender keys. Each exchange it sends the sampled silos the shuffler's key
+(an :class:`~app.wire.ShuffleTicket`), collects their :class:`~app.wire.SealedReply` blobs (an
+invalid, refused or failed reply counts as a dropped silo), relays them to the shuffler in one
+:class:`~app.wire.ShuffleRequest`, and gets back only the per-coordinate totals, the number of
+records and of noise trials. The analyzer (app/privacy/shuffle.py) turns them into the mean of
+the records' rows, which the optimiser steps with as it would with the mean of Gaussian releases.
+
+In a simulation the silos take the shuffler's key from the server and the shuffler takes the
+silo keys from it; a deployment pins both in the nodes' configs (docs/privacy.md), so that a
+server substituting its own key, or injecting its own "contributions", gets nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from logging import WARNING
+
+import numpy as np
+from flwr.app import Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from app import wire
+from app.privacy.shuffle import ShuffleCode, debias
+from strategies.replies import Params, Updates, check_bounded
+
+
+class ShuffleRelay:
+    """The shuffler node's id and key, the silos' sender keys, and the exchange counter."""
+
+    def __init__(self, layout: Mapping[str, tuple[int, ...]], levels: int, p: float,
+                 client_error: Callable[[Message, str], str]) -> None:
+        self.layout = layout
+        self.dim = sum(int(np.prod(shape)) for shape in layout.values())
+        self.levels = levels
+        self.p = p
+        self.client_error = client_error
+        self.shuffler: int | None = None
+        self.shuffler_key = ""
+        self.silo_keys: dict[int, str] = {}
+        self.exchanges = 0
+
+    def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
+        """Ask every node for its role and key; exactly one shuffler, else RuntimeError."""
+        nodes = sorted(nodes)
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.KEYS_QUERY) for n in nodes]
+        shufflers: dict[int, str] = {}
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self.client_error(reply, "keys")
+                continue
+            refusal = wire.Refusal.decode(reply.content)
+            if refusal is not None:
+                log(WARNING, "keys query: node %d refused: %s", node, refusal.reason)
+                continue
+            try:
+                role, key = wire.read_keys(reply.content)
+            except wire.ReplyError as exc:
+                log(WARNING, "keys query: node %d answered a malformed reply: %s", node, exc)
+                continue
+            if role == wire.ROLE_SHUFFLER:
+                shufflers[node] = key
+            else:
+                self.silo_keys[node] = key
+        if len(shufflers) != 1:
+            raise RuntimeError(f"privacy.mode = shuffle needs exactly one shuffler node (node config role = shuffler, "
+                               f"or num-silos + 1 simulation nodes); found {len(shufflers)}")
+        ((self.shuffler, self.shuffler_key),) = shufflers.items()
+
+    def silo_nodes(self, nodes: Iterable[int]) -> list[int]:
+        """The nodes that are not the shuffler."""
+        return [n for n in nodes if n != self.shuffler]
+
+    def ticket(self) -> wire.ShuffleTicket:
+        """The next exchange's ticket (the exchange number binds the contributions' context)."""
+        self.exchanges += 1
+        return wire.ShuffleTicket(self.shuffler_key, self.exchanges)
+
+    def exchange(self, grid: Grid, rnd: int, phase: str, ticket: wire.ShuffleTicket, run_id: int, bound: float,
+                 replies: Iterable[Message], sent_to: Iterable[int], timeout: float) -> Updates:
+        """Sort the silos' replies, relay the sealed ones, debias the totals. The returned
+        Updates holds one update, the mean of the accepted records' rows; ``nodes`` are the silos
+        whose sealed reply was relayed (the shuffler may still drop some: ``answered`` counts
+        those it accepted)."""
+        out = Updates()
+        expected = set(sent_to)
+        answered: set[int] = set()
+        blobs: list[bytes] = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if node not in expected or node in answered:
+                log(WARNING, "round %d: ignored a reply from node %d", rnd, node)
+                continue
+            answered.add(node)
+            if msg.has_error():
+                out.errors[node] = self.client_error(msg, "train")
+                continue
+            refusal = wire.Refusal.decode(msg.content)
+            if refusal is not None:
+                out.refused[node] = f"{refusal.code}: {refusal.reason}"
+                log(WARNING, "round %d: silo node %d refused: %s", rnd, node, out.refused[node])
+                continue
+            try:
+                sealed = wire.SealedReply.decode(msg.content)
+            except wire.ReplyError as exc:
+                out.malformed[node] = str(exc)
+                log(WARNING, "round %d: dropped malformed reply of node %d: %s", rnd, node, exc)
+                continue
+            blobs.append(sealed.blob)
+            out.nodes.append(node)
+            out.metrics.append(wire.TrainReply({}, sealed.eps_spent))
+        out.missing = len(expected - answered)
+        out.uplink_floats = sum(len(b) for b in blobs) / 4.0
+        if not blobs:
+            return out
+        context = wire.shuffle_context(run_id, rnd, ticket.exchange, phase)
+        request = wire.ShuffleRequest(context, self.dim, self.levels, tuple(blobs),
+                                      tuple(self.silo_keys[n] for n in sorted(self.silo_keys)))
+        assert self.shuffler is not None
+        message = Message(request.encode(), dst_node_id=self.shuffler, message_type=wire.SHUFFLE_QUERY)
+        result = self._relay(grid, rnd, message, timeout)
+        if result is None:
+            out.shuffle_dropped = len(blobs)
+            return out
+        code = ShuffleCode(bound, self.levels, self.p)
+        mean = debias(result.totals, result.records, result.trials, code) / result.records
+        try:
+            check_bounded("debiased shuffle mean", mean)
+        except wire.ReplyError as exc:
+            log(WARNING, "round %d: the shuffler's totals were dropped: %s", rnd, exc)
+            out.shuffle_dropped = len(blobs)
+            return out
+        out.updates.append(wire.unflatten(mean.astype(np.float32), self.layout))
+        out.shuffle_accepted = result.accepted
+        out.shuffle_dropped = result.dropped
+        return out
+
+    def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | None:
+        replies = list(grid.send_and_receive([message], timeout=timeout))
+        if not replies:
+            log(WARNING, "round %d: the shuffler did not answer", rnd)
+            return None
+        reply = replies[0]
+        if reply.has_error():
+            self.client_error(reply, "shuffle")
+            return None
+        refusal = wire.Refusal.decode(reply.content)
+        if refusal is not None:
+            log(WARNING, "round %d: %s", rnd, refusal.reason)
+            return None
+        try:
+            return wire.ShuffleReply.decode(reply.content, self.dim)
+        except wire.ReplyError as exc:
+            log(WARNING, "round %d: dropped the shuffler's malformed reply: %s", rnd, exc)
+            return None
+

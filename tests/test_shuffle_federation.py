@@ -1,0 +1,191 @@
+"""Shuffle DP end to end on the in-process grid: the real ServerApp, silos and shuffler node.
+What the server receives, what the shuffler releases, the ledger's binomial releases, and the
+attacks of a server that substitutes the shuffler's key or injects its own contributions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import wire
+from app.privacy.accounting import epsilon_spent, Release
+from app.privacy.contribution import Contribution, ContributionError
+from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed
+
+SHUFFLE = {"privacy.mode": "shuffle", "num-rounds": 4, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3, "silos-per-round": 3,
+           "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5}
+
+
+def _received(grid) -> list:
+    return grid.received
+
+
+@pytest.fixture()
+def recording(monkeypatch: pytest.MonkeyPatch):
+    """Keep every reply the ServerApp receives (grid.received)."""
+    from app.local_grid import InProcessGrid
+
+    original = InProcessGrid.send_and_receive
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = original(self, messages, timeout=timeout)
+        self.received = getattr(self, "received", []) + list(replies)
+        return replies
+
+    monkeypatch.setattr(InProcessGrid, "send_and_receive", send_and_receive)
+
+
+@pytest.mark.slow
+def test_shuffle_run_learns_and_the_server_never_holds_a_plaintext(federation, recording, tmp_path: Path) -> None:
+    summary, rows, grid = federation(SHUFFLE | {"algorithm": "mbsgd"})
+    assert summary["status"] == "completed" and len(rows) == 4
+    assert all(r["answered"] == 3 and r["shuffle_dropped"] == 0 for r in rows)
+    assert summary["test_error"] < 42 / 114  # better than always predicting the majority class
+    shuffler_node = grid.node_ids[-1]
+    sealed = 0
+    for msg in grid.received:
+        content = msg.content
+        for name, record in content.array_records.items():
+            for key in record:
+                arr = record[key].numpy()
+                if msg.metadata.src_node_id == shuffler_node:
+                    continue  # the shuffler's totals (and nothing per silo) are what it releases
+                assert arr.dtype.kind == "f" or (name == wire.SEALED and arr.dtype == np.uint8), (name, arr.dtype)
+                if name == wire.SEALED:
+                    sealed += 1
+                    blob = arr.tobytes()
+                    with pytest.raises(ContributionError):  # not a count vector in the clear
+                        Contribution.decode(blob, 62, 32)
+                    with pytest.raises(EnvelopeError):  # and nothing the server could open
+                        open_sealed(StaticKeys.generate(), blob, b"", None)
+    assert sealed == 4 * 3
+    # the silos' ledgers: binomial releases, and their epsilon recomputed from summary.json alone
+    for silo in summary["silos"]:
+        (release,) = silo["releases"]
+        assert release["mechanism"] == "binomial" and release["count"] == 4
+        r = Release(release["kind"], release["n"], release["batch"], 0.0, release["count"], False, "binomial",
+                    release["trials"], release["levels"], release["p"], release["dim"])
+        assert math.isclose(epsilon_spent([r], silo["delta"]), silo["eps_spent"], rel_tol=1e-9)
+        assert silo["eps_spent"] <= 3.0
+        assert "none" in silo["shuffle"]["amplification"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["proxsgd", "svrg", "plsvrg", "spider"])
+def test_every_shuffle_algorithm_runs_through_the_shuffler(federation, algorithm: str) -> None:
+    """SDP Prox-SGD (disjoint blocks), Prox-SVRG / PL-SVRG (snapshot on all n records, then
+    differences) and FedProx-SPIDER: every round's update is the shuffler's debiased sum."""
+    extra = {"svrg.inner-steps": 1, "spider.q": 2, "plsvrg.restarts": 2} if algorithm != "proxsgd" else {}
+    summary, rows, _ = federation(SHUFFLE | {"algorithm": algorithm} | extra)
+    assert summary["status"] == "completed"
+    assert all(r["answered"] == 3 for r in rows), [r["answered"] for r in rows]
+    for silo in summary["silos"]:
+        assert silo["eps_spent"] <= 3.0 * (1 + 1e-9)
+        assert all(r["mechanism"] == "binomial" for r in silo["releases"])
+        kinds = {r["kind"].split(":")[0] for r in silo["releases"]}
+        expected = {"proxsgd": {"disjoint"}, "svrg": {"anchor", "diff"}, "plsvrg": {"anchor", "diff"},
+                    "spider": {"anchor", "diff"}}[algorithm]
+        assert kinds == expected
+
+
+def _error_for(node_index: int):
+    from flwr.app import Error, Message
+
+    def hook(nid: int, msg, reply):
+        if nid == 1000 + node_index and msg.metadata.message_type == "train":
+            return Message(Error(code=0, reason="silo down"), reply_to=msg)
+        return reply
+
+    return hook
+
+
+def test_shuffler_refuses_a_sum_with_less_noise_than_the_silos_calibrated_for(federation) -> None:
+    """One of the three silos is down: the other two carry 2/3 of the noise each silo counts on,
+    so the shuffler releases nothing and the model does not move."""
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "fail-on-client-error": False}, hook=_error_for(0))
+    assert all(r["answered"] == 0 and r["failed"] == 1 for r in rows)
+    assert all(r["shuffle_dropped"] == 2 for r in rows)
+
+
+def test_count_on_two_of_three_survives_one_dropout(federation) -> None:
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "shuffle.count-on": 2, "fail-on-client-error": False},
+                                  hook=_error_for(0))
+    assert all(r["answered"] == 2 and r["failed"] == 1 for r in rows)
+
+
+def _pins(state: Path, silos: int) -> tuple[dict, StaticKeys]:
+    """Key pairs created where the nodes will look for them, and the node config pinning them."""
+    shuffler = StaticKeys.load_or_create(state / "shuffler.key")
+    senders = [StaticKeys.load_or_create(state / f"shuffle-sender-silo{i}.key") for i in range(silos)]
+    return {"shuffler-public-key": shuffler.public_hex, "silo-keys": ",".join(k.public_hex for k in senders)}, shuffler
+
+
+def test_a_silo_that_pinned_the_shuffler_refuses_a_key_the_server_substituted(federation, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: the server hands the silos its own key (so it could open their contributions).
+    Silos with a pinned shuffler key refuse before recording or computing anything."""
+    from strategies.shuffle_relay import ShuffleRelay
+
+    node_config, _ = _pins(tmp_path / "state", 3)
+    attacker = StaticKeys.generate()
+    original = ShuffleRelay.discover
+
+    def discover(self, grid, nodes, timeout):
+        original(self, grid, nodes, timeout)
+        self.shuffler_key = attacker.public_hex
+
+    monkeypatch.setattr(ShuffleRelay, "discover", discover)
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2}, node_config=node_config)
+    assert all(r["answered"] == 0 and r["refused"] == 3 for r in rows)
+    assert all(s["eps_spent"] == 0 and not s["releases"] for s in summary["silos"])
+
+
+def test_a_shuffler_with_pinned_silo_keys_drops_the_servers_own_contributions(federation, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack (Sybil): the server seals its own zero-noise 'contributions' claiming many noise
+    trials and relays them with one silo's, so that the sum would show that silo's counts with
+    little noise. A shuffler that pinned the silos' keys drops every one of them."""
+    from app.privacy.contribution import Contribution as C
+    from app.privacy.envelope import seal
+    from strategies.shuffle_relay import ShuffleRelay
+
+    node_config, shuffler_keys = _pins(tmp_path / "state", 3)
+    seen: list[tuple[int, int]] = []
+    original = wire.ShuffleRequest.encode
+
+    def forged_encode(self):
+        fake = StaticKeys.generate()
+        n = C(records=1, trials=10**12, required_trials=1, levels=self.levels,
+              counts=np.zeros(self.dim, dtype=np.int64)).encode()
+        forged = seal(shuffler_keys.public, fake, n, self.context)
+        seen.append((len(self.blobs), self.dim))
+        return original(wire.ShuffleRequest(self.context, self.dim, self.levels, self.blobs[:1] + (forged,),
+                                            self.senders + (fake.public_hex,)))
+
+    monkeypatch.setattr(wire.ShuffleRequest, "encode", forged_encode)
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2}, node_config=node_config)
+    assert seen and all(r["answered"] == 0 for r in rows)  # silo 0 alone lacks the noise: refused
+    assert all(r["shuffle_dropped"] == 3 for r in rows)
+
+
+def test_a_capped_silo_without_a_pinned_shuffler_key_refuses_shuffle_mode(federation) -> None:
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 1}, node_config={"epsilon-cap": 5.0, "delta-cap": 1e-5,
+                                                                             "evaluation": "off"})
+    assert rows[0]["answered"] == 0 and rows[0]["refused"] == 3
+
+
+def test_garbage_sealed_reply_is_dropped_by_the_shuffler_not_a_crash(federation) -> None:
+    from flwr.app import Message
+
+    def hook(nid: int, msg, reply):
+        if nid == 1000 and msg.metadata.message_type == "train":
+            return Message(wire.SealedReply(b"SF1" + bytes(200), 0.1).encode(), reply_to=msg)
+        return reply
+
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "shuffle.count-on": 2}, hook=hook)
+    assert summary["status"] == "completed"
+    assert all(r["answered"] == 2 and r["shuffle_dropped"] == 1 for r in rows)
