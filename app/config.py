@@ -94,6 +94,9 @@ class ShuffleSettings:
     levels: int = 0
     p: float = 0.25
     count_on: int = 0
+    #: each silo carries (1 + headroom) / count-on of the noise trials it needs, so that silos
+    #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
+    headroom: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -386,6 +389,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "shuffle.levels": ("shuffle.levels", _num(0, 4096, integer=True)),
     "shuffle.p": ("shuffle.p", _num(0, 1, lo_open=True, hi_open=True)),
     "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
+    "shuffle.headroom": ("shuffle.headroom", _num(0, 10)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),

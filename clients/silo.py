@@ -299,10 +299,12 @@ class Silo:
                 "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
                 "mechanism": "binomial (shuffle DP)", "evaluation": self.evaluation,
                 "shuffle": {"levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim, "count_on": count_on,
+                            "headroom": self.s.shuffle.headroom,
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
                                              "silo sampling is claimed"},
                 "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "disjoint": r.disjoint,
-                             "trials": r.trials, "trials_per_record": trials_per_record(r.trials, count_on, r.batch),
+                             "trials": r.trials,
+                             "trials_per_record": trials_per_record(r.trials, count_on, r.batch, self.s.shuffle.headroom),
                              "messages": count_on * r.batch} for r in self.plan.values()],
                 "releases": releases,
                 "adjacency": "replace-one",
@@ -338,7 +340,7 @@ class Silo:
             return self._refuse(wire.REFUSED_POLICY, "the shuffler key sent is not the one this node pinned "
                                 "(node config shuffler-public-key); nothing was released")
         count_on = self.s.shuffle.count_on or self.s.silos_per_round
-        b = trials_per_record(spec.trials, count_on, spec.batch)
+        b = trials_per_record(spec.trials, count_on, spec.batch, self.s.shuffle.headroom)
         kind = self.disjoint_kind if phase == Phase.DISJOINT else str(phase)
         if phase == Phase.DISJOINT and not 1 <= rnd <= self.n // spec.batch:
             return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "

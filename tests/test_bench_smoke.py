@@ -75,3 +75,10 @@ def test_sketch_distortion_quick(bench) -> None:
     assert sum(half) / len(half) < 0.1
     adaptive = next(c for c in out["a"]["cells"] if c["kind"] == "adaptive")
     assert adaptive["k_over_n"] == pytest.approx(205 / 4096)  # k = jl_min_k(0.3, 0.05) = 205
+
+
+def test_shuffle_throughput_small(bench, capsys: pytest.CaptureFixture[str]) -> None:
+    """The shuffle benchmark's whole pipeline at a small d (4 silos' contributions accepted)."""
+    bench("shuffle_throughput").main(["--dim", "5000", "--records", "4", "--silos", "3", "--trials", "10000"])
+    out = capsys.readouterr().out
+    assert "encode" in out and "shuffler: open + check + sum (3)" in out

@@ -59,3 +59,42 @@ def test_flwr_run_srht_half_learns(tmp_path: Path) -> None:
     assert summary["status"] == "completed" and summary["dropped"]["malformed"] == 0
     assert all(r["uplink_floats"] == 2 * 84 for r in rounds)  # k = 84 of n = 167 floats per silo
     assert summary["test_error"] < 0.15
+
+
+def test_flwr_run_shuffle_mode_the_server_holds_no_plaintext(tmp_path: Path) -> None:
+    """Real `flwr run` in shuffle mode (3 silos + the shuffler node) with ``transcript=true``:
+    every message the ServerApp received is on disk. From the silos it got only sealed bytes
+    (none is a count vector, none opens without the shuffler's key) and float evaluation
+    replies; integer totals came only from the shuffler."""
+    import numpy as np
+
+    from app.privacy.contribution import Contribution, ContributionError
+    from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed
+
+    proc, out = launch(tmp_path, 'num-rounds=3 privacy.mode="shuffle" model="logistic" partition="iid" num-silos=3 '
+                                 'silos-per-round=3 privacy.delta=1e-5 transcript=true')
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert summary["status"] == "completed" and all(r["answered"] == 3 for r in rounds)
+    entries = [json.loads(x) for x in (out / "transcript" / "index.jsonl").read_text().splitlines()]
+    shuffler = {e["node"] for e in entries if e.get("config_records", {}).get("keys", {}).get("role") == "shuffler"}
+    assert len(shuffler) == 1
+    sealed = totals = 0
+    for e in entries:
+        arrays = np.load(out / "transcript" / e["file"])
+        for name in arrays.files:
+            arr = arrays[name]
+            if e["node"] in shuffler:
+                assert name == "shuffle/totals" and arr.dtype == np.int64
+                totals += 1
+                continue
+            if name == "sealed/sealed":
+                sealed += 1
+                with pytest.raises(ContributionError):
+                    Contribution.decode(arr.tobytes(), 62, 32)
+                with pytest.raises(EnvelopeError):
+                    open_sealed(StaticKeys.generate(), arr.tobytes(), b"", None)
+            else:
+                assert arr.dtype.kind == "f", (e["type"], name, arr.dtype)
+    assert sealed == 3 * 3 and totals == 3

@@ -126,7 +126,8 @@ def row_bound(difference: bool, clip: float, diff_clip: float) -> float:
     return float(clip)
 
 
-def trials_per_record(required_trials: int, count_on: int, records: int) -> int:
-    """b, a silo's noise trials per record: its K records carry ceil(m / count_on) of the m
-    trials the exchange needs, so ``count_on`` silos with the same calibration meet it."""
-    return max(1, math.ceil(required_trials / (count_on * records)))
+def trials_per_record(required_trials: int, count_on: int, records: int, headroom: float = 0.0) -> int:
+    """b, a silo's noise trials per record: its K records carry (1 + headroom) m / count_on of
+    the m trials the exchange needs, so ``count_on`` silos whose calibrations differ by less
+    than the headroom (e.g. delta = 1/n^2 with different n) meet each other's requirement."""
+    return max(1, math.ceil(required_trials * (1.0 + headroom) / (count_on * records)))

@@ -1,4 +1,4 @@
-"""ISRL-DP algorithms compared at certified epsilon, with hyper-parameters chosen on a validation split.
+"""ISRL-DP (or shuffle-DP) algorithms compared at certified epsilon, with hyper-parameters chosen on a validation split.
 
 For each algorithm and epsilon, every (lr, clip) of the grid is run for every seed; the grid
 point with the lowest mean VALIDATION error over the seeds is selected (the validation records
@@ -12,6 +12,10 @@ an in-process grid (app/local_grid.py), not Flower's transport, so hundreds of r
   python scripts/reproduce/isrl_compare.py --setup wbcd
   python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --seeds 0 1 2
   python scripts/reproduce/isrl_compare.py --setup wbcd --algorithms spider spider-alt svrg --diff-clip 0 0.05 0.2
+  python scripts/reproduce/isrl_compare.py --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider
+
+``--mode shuffle`` runs the same grid in shuffle DP (privacy.mode = shuffle, with the shuffler
+node); ``--num-silos N`` overrides the setup's federation size (all N silos every round).
 
 Writes <out>/runs.csv (one row per run) and <out>/table.md; reruns skip runs already in runs.csv.
 """
@@ -48,6 +52,10 @@ SETUPS: dict[str, dict[str, Any]] = {
     # features, MLP 50-64-2; R = 25 rounds with all 25 silos per round
     "fmnist-pairs": {"dataset": "fashion-mnist", "partition": "even-odd-pairs", "num-silos": 25,
                      "silos-per-round": 25, "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
+    # Fashion-MNIST, IID silos sharing the training set (--num-silos N: n = 48000 / N each), PCA to
+    # 50 features, MLP 50-64-10, full batches (K = n): the error-vs-N comparison of shuffle DP and ISRL-DP
+    "fmnist-iid": {"dataset": "fashion-mnist", "partition": "iid", "num-silos": 10, "silos-per-round": 10, "pca": 50,
+                   "mlp-hidden": "64", "num-rounds": 25, "batch-size": 0},
     # MNIST even/odd pairs, where the MNIST idx files are present (data-dir)
     "mnist-pairs": {"dataset": "mnist", "partition": "even-odd-pairs", "num-silos": 25, "silos-per-round": 25,
                     "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
@@ -65,12 +73,16 @@ FIELDS = ["setup", "algorithm", "epsilon", "lr", "clip", "diff_clip", "seed", "s
           "grad_mapping_norm", "eps_max_spent", "wall_s", "error"]
 
 
+MODE = "isrl"  # --mode: the privacy mode of finite-epsilon runs
+OVERRIDES: dict[str, Any] = {}  # --num-silos and the like, over the setup
+
+
 def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed: int, work: Path,
             diff_clip: float = 0.0) -> dict[str, Any]:
-    cfg = merged_run_config([]) | SETUPS[setup] | ALGORITHM_SETTINGS[algorithm] | {
+    cfg = merged_run_config([]) | SETUPS[setup] | ALGORITHM_SETTINGS[algorithm] | OVERRIDES | {
         "algorithm": algorithm, "lr": lr, "privacy.clip": clip, "seed": seed, "validation-fraction": 0.2,
         "diff-clip": diff_clip,
-        "privacy.epsilon": "inf" if math.isinf(eps) else eps, "privacy.mode": "off" if math.isinf(eps) else "isrl",
+        "privacy.epsilon": "inf" if math.isinf(eps) else eps, "privacy.mode": "off" if math.isinf(eps) else MODE,
         "outputs-dir": str(work / "out"), "run-name": "r", "fail-on-client-error": True,
     }
     cfg["eval-every"] = cfg["num-rounds"]  # evaluate the final model only
@@ -210,11 +222,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tune-seeds", type=int, nargs="+", default=None,
                     help="run the whole grid on these seeds only, then the selected point on the other seeds")
     ap.add_argument("--data-dir", default="", help="where the MNIST / CIFAR-10 files are")
+    ap.add_argument("--mode", choices=["isrl", "shuffle"], default="isrl", help="privacy mode of the finite-epsilon runs")
+    ap.add_argument("--num-silos", type=int, default=0, help="override the setup's num-silos (all sampled every round)")
     args = ap.parse_args(argv)
+    global MODE
+    MODE = args.mode
+    if args.num_silos:
+        OVERRIDES.update({"num-silos": args.num_silos, "silos-per-round": args.num_silos})
     if args.data_dir:
         SETUPS[args.setup]["data-dir"] = args.data_dir
     _check_data(args.setup)
-    out = args.out or Path("outputs") / "reproduce" / f"isrl-{args.setup}"
+    tag = args.setup + (f"-n{args.num_silos}" if args.num_silos else "")
+    out = args.out or Path("outputs") / "reproduce" / f"{args.mode}-{tag}"
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
     rows: list[dict[str, Any]] = []

@@ -1,0 +1,145 @@
+"""Shuffle DP against ISRL-DP: tables and figures from the runs of scripts/reproduce/isrl_compare.py.
+
+    python scripts/reproduce/isrl_compare.py --setup wbcd --mode isrl    --algorithms mbsgd proxsgd svrg spider \\
+        --eps 0.75 1.5 3 6 18 inf --tune-seeds 0 --out outputs/reproduce/sdp/isrl-wbcd
+    python scripts/reproduce/isrl_compare.py --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider \\
+        --eps 0.75 1.5 3 6 18 --tune-seeds 0 --out outputs/reproduce/sdp/shuffle-wbcd
+    (the same for --setup fmnist-pairs; and for error vs N: --setup fmnist-iid --num-silos N
+     --algorithms mbsgd --eps 3 --out outputs/reproduce/sdp/<mode>-fmnist-iid-n<N>)
+    python scripts/reproduce/sdp_report.py --setups wbcd fmnist-pairs --n 5 10 25 50
+
+Per (mode, algorithm, epsilon) the (lr, clip) with the lowest validation error on the tuning
+seed is selected (isrl_compare.select) and its test error over all seeds reported (mean ± std).
+Figures: docs/img/sdp-<setup>-error-vs-epsilon.png and docs/img/sdp-error-vs-n.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from isrl_compare import select  # noqa: E402
+
+ROOT = Path("outputs") / "reproduce" / "sdp"
+IMG = Path("docs") / "img"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def _best(mode: str, tag: str, tune: set[int]) -> dict:
+    return select(_rows(ROOT / f"{mode}-{tag}" / "runs.csv"), tune)
+
+
+def _cell(b: dict | None) -> str:
+    if b is None:
+        return "n/a"
+    errs = [float(r["test_error"]) for r in b["runs"]]
+    sd = statistics.stdev(errs) if len(errs) > 1 else 0.0
+    return f"{statistics.mean(errs):.1%} ± {sd:.1%} ({len(errs)})"
+
+
+def epsilon_table(setup: str, algorithms: list[str], epsilons: list[float], tune: set[int]) -> str:
+    isrl, sdp = _best("isrl", setup, tune), _best("shuffle", setup, tune)
+    head = "| algorithm | mode | " + " | ".join(f"ε={e:g}" for e in epsilons) + " | non-private |"
+    lines = [head, "|---|---|" + "---|" * (len(epsilons) + 1)]
+    for algo in algorithms:
+        for mode, best in (("ISRL-DP", isrl), ("SDP", sdp)):
+            cells = [_cell(best.get((algo, e))) for e in epsilons]
+            lines.append(f"| {algo} | {mode} | " + " | ".join(cells) + f" | {_cell(isrl.get((algo, math.inf)))} |")
+    return "\n".join(lines)
+
+
+def epsilon_figure(setup: str, algorithms: list[str], epsilons: list[float], tune: set[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    isrl, sdp = _best("isrl", setup, tune), _best("shuffle", setup, tune)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, algo in enumerate(algorithms):
+        for best, ls, label in ((sdp, "-", "SDP"), (isrl, "--", "ISRL-DP")):
+            xs = [e for e in epsilons if (algo, e) in best]
+            if not xs:
+                continue
+            errs = [[float(r["test_error"]) for r in best[(algo, e)]["runs"]] for e in xs]
+            ax.errorbar(xs, [statistics.mean(v) for v in errs],
+                        yerr=[statistics.stdev(v) if len(v) > 1 else 0 for v in errs], ls=ls, marker="o",
+                        capsize=3, color=f"C{i}", label=f"{algo} {label}")
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (each silo, certified)")
+    ax.set_ylabel("test error (mean ± std over seeds)")
+    ax.set_title(f"{setup}: shuffle DP (solid) vs ISRL-DP (dashed)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def n_table_and_figure(ns: list[int], tune: set[int], path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = ["| N silos | ISRL-DP | SDP |", "|---|---|---|"]
+    series: dict[str, list[tuple[int, list[float]]]] = {"ISRL-DP": [], "SDP": []}
+    for n in ns:
+        cells = []
+        for mode, label in (("isrl", "ISRL-DP"), ("shuffle", "SDP")):
+            best = _best(mode, f"fmnist-iid-n{n}", tune).get(("mbsgd", 3.0))
+            cells.append(_cell(best))
+            if best is not None:
+                series[label].append((n, [float(r["test_error"]) for r in best["runs"]]))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for (label, pts), ls in zip(series.items(), ("--", "-")):
+        if pts:
+            ax.errorbar([n for n, _ in pts], [statistics.mean(v) for _, v in pts],
+                        yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in pts], ls=ls, marker="o",
+                        capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("N silos (the 48,000 training records split among them)")
+    ax.set_ylabel("test error, MB-SGD at ε = 3")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setups", nargs="+", default=["wbcd", "fmnist-pairs"])
+    ap.add_argument("--algorithms", nargs="+", default=["mbsgd", "proxsgd", "svrg", "spider"])
+    ap.add_argument("--eps", type=float, nargs="+", default=[0.75, 1.5, 3.0, 6.0, 18.0])
+    ap.add_argument("--n", type=int, nargs="*", default=[5, 10, 25, 50], help="N of the error-vs-N runs (none: skip)")
+    ap.add_argument("--tune-seeds", type=int, nargs="+", default=[0])
+    args = ap.parse_args(argv)
+    IMG.mkdir(parents=True, exist_ok=True)
+    tune = set(args.tune_seeds)
+    for setup in args.setups:
+        print(f"### {setup}\n")
+        print(epsilon_table(setup, args.algorithms, args.eps, tune) + "\n")
+        epsilon_figure(setup, args.algorithms, args.eps, tune, IMG / f"sdp-{setup}-error-vs-epsilon.png")
+    if args.n:
+        print("### error vs N (Fashion-MNIST IID, MB-SGD, ε = 3)\n")
+        print(n_table_and_figure(args.n, tune, IMG / "sdp-error-vs-n.png"))
+
+
+if __name__ == "__main__":
+    main()
