@@ -32,19 +32,21 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import replace
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import RecordDict
+from flwr.common import log
 
 from app import wire
 from app.config import Settings
 from app.data.federated import SiloData
 from app.data.split import fixed_size_batch
 from app.models import build_model
-from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trials,
+from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trial_scale,
                                     group_releases, trials_for)
 from app.privacy.contribution import Contribution
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key, seal
@@ -129,7 +131,10 @@ class Silo:
             if not self.private:
                 scale = 0.0
             elif self.shuffle:  # the exchange's noise trials, from the exact binomial accountant
-                scale = calibrate_trials(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
+                log(INFO, "silo %d: calibrating shuffle-DP noise (g=%d levels, d=%d, p=%g) with the exact binomial "
+                    "accountant (seconds for small models; it grows with g * sqrt(trials))", self.data.index,
+                    self.levels, self.dim, self.s.shuffle.p)
+                scale = calibrate_trial_scale(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
                                          levels=self.levels, dim=self.dim)
             else:
                 scale = calibrate_noise_multiplier(

@@ -80,3 +80,30 @@ def test_bad_parameters_are_clear_errors() -> None:
 
 def test_auto_levels() -> None:
     assert auto_levels(1) == 16 and auto_levels(10_000) == 400 and auto_levels(11_000_000) == shuffle.AUTO_LEVELS_MAX
+
+
+def test_trial_scale_calibration_spends_the_budget_and_no_less() -> None:
+    """A plan of two kinds with a budget split (anchor trials = 4 x the differences'): the
+    calibrated scale m meets epsilon, and 1% fewer trials would not."""
+    from app.privacy.accounting import PlannedRelease, binomial_releases, calibrate_trial_scale, epsilon_spent
+
+    plan = [PlannedRelease("anchor", 170, 170, 3, 2.0), PlannedRelease("diff", 170, 64, 9)]
+    kw = {"p": 0.25, "levels": 16, "dim": 20}
+    m = calibrate_trial_scale(plan, 2.0, 1e-5, **kw)
+    releases = binomial_releases(plan, m, **kw)
+    assert [r.trials for r in releases] == [4 * m, m]
+    assert epsilon_spent(releases, 1e-5) <= 2.0
+    assert epsilon_spent(binomial_releases(plan, int(m * 0.99), **kw), 1e-5) > 2.0
+
+
+def test_a_ledger_mixing_gaussian_and_binomial_releases_costs_more_than_either() -> None:
+    """Composition in RDP: adding a Gaussian release to binomial ones (a node-scope ledger that
+    served both modes) never lowers epsilon, and the binomial part alone matches the module."""
+    from app.privacy import binomial
+    from app.privacy.accounting import Release, epsilon_spent
+
+    b = Release("grad", 100, 100, 0.0, 5, False, "binomial", 200_000, 16, 0.25, 20)
+    g = Release("grad", 100, 100, 3.0, 5)
+    alone = epsilon_spent([b], 1e-5)
+    assert math.isclose(alone, binomial.binomial_epsilon(200_000, 0.25, 16, 20, 5, 1e-5), rel_tol=1e-12)
+    assert epsilon_spent([b, g], 1e-5) > max(alone, epsilon_spent([g], 1e-5))

@@ -255,7 +255,7 @@ def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, r
 
 
 
-def calibrate_trials(plan: Sequence[PlannedRelease], epsilon: float, delta: float, *, p: float, levels: int,
+def calibrate_trial_scale(plan: Sequence[PlannedRelease], epsilon: float, delta: float, *, p: float, levels: int,
                      dim: int) -> int:
     """Shuffle DP's calibration: the smallest integer scale m (noise trials) such that the
     planned binomial releases, kind i with ``ceil(m * weight_i^2)`` trials (the noise standard
@@ -265,7 +265,7 @@ def calibrate_trials(plan: Sequence[PlannedRelease], epsilon: float, delta: floa
         raise ValueError(f"shuffle calibration needs a finite epsilon > 0, got {epsilon}")
     if not plan or all(r.count == 0 for r in plan):
         raise ValueError("cannot calibrate an empty release plan")
-    return _calibrate_trials(tuple(plan), float(epsilon), float(delta), float(p), int(levels), int(dim))
+    return _calibrate_trial_scale(tuple(plan), float(epsilon), float(delta), float(p), int(levels), int(dim))
 
 
 def binomial_releases(plan: Sequence[PlannedRelease], scale: int, *, p: float, levels: int, dim: int) -> list[Release]:
@@ -280,7 +280,7 @@ def trials_for(scale: int, weight: float) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrate_trials(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, p: float, levels: int,
+def _calibrate_trial_scale(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, p: float, levels: int,
                       dim: int) -> int:
     from app.privacy import binomial
 

@@ -113,7 +113,7 @@ def n_table_and_figure(ns: list[int], tune: set[int], path: Path) -> str:
                         capsize=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("N silos (the 48,000 training records split among them)")
-    ax.set_ylabel("test error, MB-SGD at ε = 3")
+    ax.set_ylabel("test error, full-batch MB-SGD at ε = 3")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         print(epsilon_table(setup, args.algorithms, args.eps, tune) + "\n")
         epsilon_figure(setup, args.algorithms, args.eps, tune, IMG / f"sdp-{setup}-error-vs-epsilon.png")
     if args.n:
-        print("### error vs N (Fashion-MNIST IID, MB-SGD, ε = 3)\n")
+        print("### error vs N (Fashion-MNIST IID, PCA 50, logistic regression, full-batch MB-SGD, ε = 3)\n")
         print(n_table_and_figure(args.n, tune, IMG / "sdp-error-vs-n.png"))
 
 
