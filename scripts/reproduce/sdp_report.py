@@ -5,7 +5,7 @@
     python scripts/reproduce/isrl_compare.py --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider \\
         --eps 0.75 1.5 3 6 18 --tune-seeds 0 --out outputs/reproduce/sdp/shuffle-wbcd
     (the same for --setup fmnist-pairs; and for error vs N: --setup fmnist-iid --num-silos N
-     --algorithms mbsgd --eps 3 --out outputs/reproduce/sdp/<mode>-fmnist-iid-n<N>)
+     --algorithms mbsgd --eps 1 --lr 0.3 1.0 --clip 2.0 --seeds 0 1 2 --out outputs/reproduce/sdp/<mode>-fmnist-iid-n<N>)
     python scripts/reproduce/sdp_report.py --setups wbcd fmnist-pairs --n 5 10 25 50
 
 Per (mode, algorithm, epsilon) the (lr, clip) with the lowest validation error on the tuning
@@ -100,7 +100,7 @@ def n_table_and_figure(ns: list[int], tune: set[int], path: Path) -> str:
     for n in ns:
         cells = []
         for mode, label in (("isrl", "ISRL-DP"), ("shuffle", "SDP")):
-            best = _best(mode, f"fmnist-iid-n{n}", tune).get(("mbsgd", 3.0))
+            best = _best(mode, f"fmnist-iid-n{n}", tune).get(("mbsgd", 1.0))
             cells.append(_cell(best))
             if best is not None:
                 series[label].append((n, [float(r["test_error"]) for r in best["runs"]]))
@@ -112,8 +112,8 @@ def n_table_and_figure(ns: list[int], tune: set[int], path: Path) -> str:
                         yerr=[statistics.stdev(v) if len(v) > 1 else 0 for _, v in pts], ls=ls, marker="o",
                         capsize=3, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("N silos (the 48,000 training records split among them)")
-    ax.set_ylabel("test error, full-batch MB-SGD at ε = 3")
+    ax.set_xlabel("N silos (6,000 training records split among them)")
+    ax.set_ylabel("test error, full-batch MB-SGD at ε = 1")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         print(epsilon_table(setup, args.algorithms, args.eps, tune) + "\n")
         epsilon_figure(setup, args.algorithms, args.eps, tune, IMG / f"sdp-{setup}-error-vs-epsilon.png")
     if args.n:
-        print("### error vs N (Fashion-MNIST IID, PCA 50, logistic regression, full-batch MB-SGD, ε = 3)\n")
+        print("### error vs N (Fashion-MNIST IID, 6,000 training records, PCA 50, logistic regression, full-batch MB-SGD, ε = 1)\n")
         print(n_table_and_figure(args.n, tune, IMG / "sdp-error-vs-n.png"))
 
 
