@@ -124,6 +124,12 @@ def _silo(context: Context) -> Silo:
         delta_asked = "1/n^2" if s.privacy.delta is None else f"{s.privacy.delta:g}"
         violation = policy_violation(policy, s.privacy.enabled, s.privacy.epsilon, s.delta_for(n), delta_asked)
         pin = str(node.get("shuffler-public-key", "")).strip() or None
+        if pin is not None:
+            try:
+                parse_public_key(pin)
+            except EnvelopeError as exc:  # the operator's typo: refuse everything, say why
+                violation = violation or f"node config shuffler-public-key is not an X25519 public key: {exc}"
+                pin = None
         if violation is None and s.privacy.mode == "shuffle" and pin is None and policy.epsilon_cap is not None:
             violation = ("this node has a privacy cap and no pinned shuffler key (node config shuffler-public-key): "
                          "it does not seal contributions to a key the server chose")

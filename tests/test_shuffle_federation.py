@@ -246,3 +246,9 @@ def test_sdp_proxsgd_approaches_the_regularised_optimum_as_epsilon_grows(federat
     free = float(np.mean([gap({"privacy.mode": "off"}, s) for s in range(3)]))
     assert gaps[0.5] > gaps[4.0] > gaps[200.0] >= 0, gaps
     assert gaps[200.0] - free < 0.05, (gaps, free)
+
+
+def test_a_malformed_pinned_shuffler_key_makes_the_silo_refuse_not_crash(federation) -> None:
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 1}, node_config={"shuffler-public-key": "not-hex"})
+    assert summary["status"] == "completed"
+    assert rows[0]["answered"] == 0 and rows[0]["refused"] == 3 and rows[0]["failed"] == 0
