@@ -18,6 +18,7 @@ from app.data.partition import PARTITIONS as PARTITION_REGISTRY
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
 from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
+from app.privacy.shuffle import auto_levels
 from app.prox import PROX_KINDS as PROX_REGISTRY
 
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
@@ -97,6 +98,11 @@ class ShuffleSettings:
     #: each silo carries (1 + headroom) / count-on of the noise trials it needs, so that silos
     #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
     headroom: float = 0.1
+
+    def levels_for(self, dim: int) -> int:
+        """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
+        choice (app.privacy.shuffle.auto_levels). Silos and server both take it from here."""
+        return self.levels or auto_levels(dim)
 
 
 @dataclass(frozen=True)

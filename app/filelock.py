@@ -1,5 +1,6 @@
 """One advisory file lock for every read-check-write that several processes may do at once
-(a sweep's results.csv, a silo's privacy ledger).
+(a sweep's results.csv, a silo's privacy ledger, the shuffler's aggregated exchanges), and one
+atomic JSON write for the files such a step rewrites.
 
     with exclusive_lock(path.with_suffix(".lock")):
         ...  # re-read, check, write
@@ -12,8 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -27,3 +32,22 @@ def exclusive_lock(lock_path: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None = None) -> None:
+    """Write ``payload`` as JSON to ``path`` so that a reader sees the old file or the new one,
+    never a part: a temporary file in the same directory, flushed and fsynced, then renamed over
+    ``path`` (the temporary file is removed if anything fails)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=indent)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

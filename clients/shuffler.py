@@ -48,18 +48,15 @@ total with contributions of its own.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from app.filelock import exclusive_lock, write_json_atomically
 from app.privacy.contribution import Contribution, ContributionError
 from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed, parse_public_key
 
@@ -83,17 +80,6 @@ class ShuffleRefused(RuntimeError):
     def __init__(self, message: str, dropped: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.dropped: dict[str, str] = dict(dropped or {})
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 class Shuffler:
@@ -137,17 +123,7 @@ class Shuffler:
 
     def _write_seen(self, seen: set[str]) -> None:
         assert self.seen_path is not None
-        fd, tmp = tempfile.mkstemp(dir=self.seen_path.parent, prefix=".shuffler-seen-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(sorted(seen), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.seen_path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_json_atomically(self.seen_path, sorted(seen))
 
     def _consume(self, context: bytes) -> None:
         """Mark ``context`` as aggregated, or refuse if it already was."""
@@ -155,7 +131,7 @@ class Shuffler:
         if digest in self._seen:
             raise ShuffleRefused("exchange already aggregated")
         if self.seen_path is not None:
-            with _locked(self.seen_path.with_name(self.seen_path.name + ".lock")):
+            with exclusive_lock(self.seen_path.with_name(self.seen_path.name + ".lock")):
                 seen = self._read_seen()
                 if digest in seen:
                     self._seen.add(digest)

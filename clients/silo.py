@@ -50,7 +50,7 @@ from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_mul
                                     group_releases, trials_for)
 from app.privacy.contribution import Contribution
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key, seal
-from app.privacy.shuffle import ShuffleCode, auto_levels, row_bound, trials_per_record
+from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
 from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
 from app.privacy.clipping import clip_rows
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
@@ -100,7 +100,7 @@ class Silo:
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
         self.shuffle = self.private and priv.mode == "shuffle"
         self.dim = sum(p.numel() for p in self.model.parameters())
-        self.levels = (settings.shuffle.levels or auto_levels(self.dim)) if self.shuffle else 0
+        self.levels = settings.shuffle.levels_for(self.dim) if self.shuffle else 0
         self.sender_keys = (StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key")
                             if self.shuffle else None)
         self.plan = self._calibrate()

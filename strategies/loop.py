@@ -31,7 +31,7 @@ from app import wire
 from app.algorithms import Algorithm, Phase, get_algorithm
 from app.config import Settings
 from app.privacy.mechanism import server_decoder
-from app.privacy.shuffle import auto_levels, row_bound
+from app.privacy.shuffle import row_bound
 from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
@@ -97,15 +97,14 @@ class FederatedOptimizer:
         self.roster = NodeRoster()
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
         #: shuffle DP: the shuffler's id and key, and the relay of sealed contributions
+        self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
         self.relay: ShuffleRelay | None = None
         if settings.privacy.enabled and settings.privacy.mode == "shuffle":
-            n = sum(int(np.prod(shape)) for shape in layout.values())
-            self.relay = ShuffleRelay(layout, settings.shuffle.levels or auto_levels(n), settings.shuffle.p,
+            self.relay = ShuffleRelay(layout, settings.shuffle.levels_for(self.n_params), settings.shuffle.p,
                                       self._client_error)
         #: the Flower run id (set by the ServerApp): shuffle DP binds contributions to it
         self.run_id = 0
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
-        self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
         #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
         self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
 

@@ -17,7 +17,7 @@ from logging import WARNING
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.common import log
 
 from app import wire
@@ -188,35 +188,47 @@ class ReplyReader:
         return wire.unflatten(flat, self.layout)
 
     def classify(self, server_round: int, replies: Iterable[Message], sent_to: Iterable[int]) -> Updates:
-        """Sort replies into valid / refused / malformed / failed; nothing here raises. Only the
-        first reply of each node that was sent an instruction counts; others are ignored."""
+        """Sort replies into valid / refused / malformed / failed (:func:`sort_replies`); a valid
+        one is lifted and decoded by :meth:`read`."""
         out = Updates(lift=self.lift)
-        expected = set(sent_to)
-        answered: set[int] = set()
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if node not in expected or node in answered:
-                log(WARNING, "round %d: ignored a reply from node %d (%s)", server_round, node,
-                    "a second reply in this exchange" if node in answered else "not sent an instruction")
-                continue
-            answered.add(node)
-            if msg.has_error():
-                out.errors[node] = self.client_error(msg, "train")
-                continue
-            refusal = wire.Refusal.decode(msg.content)
-            if refusal is not None:
-                out.refused[node] = f"{refusal.code}: {refusal.reason}"
-                log(WARNING, "round %d: silo node %d refused: %s", server_round, node, out.refused[node])
-                continue
-            try:
-                update, reply, message = self.read(msg.content)
-            except wire.ReplyError as exc:
-                out.malformed[node] = str(exc)
-                log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
-                continue
+
+        def accept(node: int, content: RecordDict) -> None:
+            update, reply, message = self.read(content)
             out.nodes.append(node)
             out.updates.append(update)
             out.metrics.append(reply)
             out.messages[node] = message
-        out.missing = len(expected - answered)
-        return out
+
+        return sort_replies(server_round, replies, sent_to, self.client_error, accept, out)
+
+
+def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterable[int],
+                 client_error: Callable[[Message, str], str], accept: Callable[[int, RecordDict], None],
+                 out: Updates) -> Updates:
+    """Sort one exchange's training replies into ``out``: failed, refused, malformed (``accept``
+    raised ReplyError) or valid (``accept`` recorded it); nothing here raises. Only the first
+    reply of each node that was sent an instruction counts; others are ignored."""
+    expected = set(sent_to)
+    answered: set[int] = set()
+    for msg in replies:
+        node = msg.metadata.src_node_id
+        if node not in expected or node in answered:
+            log(WARNING, "round %d: ignored a reply from node %d (%s)", server_round, node,
+                "a second reply in this exchange" if node in answered else "not sent an instruction")
+            continue
+        answered.add(node)
+        if msg.has_error():
+            out.errors[node] = client_error(msg, "train")
+            continue
+        refusal = wire.Refusal.decode(msg.content)
+        if refusal is not None:
+            out.refused[node] = f"{refusal.code}: {refusal.reason}"
+            log(WARNING, "round %d: silo node %d refused: %s", server_round, node, out.refused[node])
+            continue
+        try:
+            accept(node, msg.content)
+        except wire.ReplyError as exc:
+            out.malformed[node] = str(exc)
+            log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
+    out.missing = len(expected - answered)
+    return out

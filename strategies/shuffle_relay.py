@@ -26,7 +26,7 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.privacy.shuffle import ShuffleCode, debias
-from strategies.replies import Params, Updates, check_bounded
+from strategies.replies import Updates, check_bounded, sort_replies
 
 
 class ShuffleRelay:
@@ -88,33 +88,15 @@ class ShuffleRelay:
         whose sealed reply was relayed (the shuffler may still drop some: ``answered`` counts
         those it accepted)."""
         out = Updates()
-        expected = set(sent_to)
-        answered: set[int] = set()
         blobs: list[bytes] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if node not in expected or node in answered:
-                log(WARNING, "round %d: ignored a reply from node %d", rnd, node)
-                continue
-            answered.add(node)
-            if msg.has_error():
-                out.errors[node] = self.client_error(msg, "train")
-                continue
-            refusal = wire.Refusal.decode(msg.content)
-            if refusal is not None:
-                out.refused[node] = f"{refusal.code}: {refusal.reason}"
-                log(WARNING, "round %d: silo node %d refused: %s", rnd, node, out.refused[node])
-                continue
-            try:
-                sealed = wire.SealedReply.decode(msg.content)
-            except wire.ReplyError as exc:
-                out.malformed[node] = str(exc)
-                log(WARNING, "round %d: dropped malformed reply of node %d: %s", rnd, node, exc)
-                continue
+
+        def accept(node: int, content: RecordDict) -> None:
+            sealed = wire.SealedReply.decode(content)
             blobs.append(sealed.blob)
             out.nodes.append(node)
             out.metrics.append(wire.TrainReply({}, sealed.eps_spent))
-        out.missing = len(expected - answered)
+
+        sort_replies(rnd, replies, sent_to, self.client_error, accept, out)
         out.uplink_floats = sum(len(b) for b in blobs) / 4.0
         if not blobs:
             return out

@@ -15,14 +15,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.filelock import exclusive_lock
+from app.filelock import exclusive_lock, write_json_atomically
 from app.privacy.accounting import Release, epsilon_spent
 
 LEDGER_VERSION = 1
@@ -149,7 +147,6 @@ class PrivacyLedger:
 
     # -- persistence --------------------------------------------------------------------
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "version": LEDGER_VERSION,
             "epsilon_budget": _encode_float(self.epsilon_budget),
@@ -157,12 +154,7 @@ class PrivacyLedger:
             "calibration": self.calibration,
             "releases": self.releases,
         }
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".ledger-", suffix=".json")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, payload, indent=1)
 
 
 def _row(r: Release) -> dict[str, Any]:
