@@ -218,6 +218,20 @@ class Settings:
     device: str = "cpu"
     #: write every message the ServerApp receives under outputs/<run>/transcript/ (audits)
     transcript: bool = False
+    #: seconds the server waits for num-silos silo nodes (at the start, or when fewer than
+    #: min-silos are connected); then it goes on with those present (the paper's M_r <= M)
+    node_wait: float = 120.0
+    #: the fewest connected silo nodes a round may run with; below it, after node-wait, the run fails
+    min_silos: int = 1
+    #: the server's longest pause between two pulls of replies (seconds; it starts at 5 ms)
+    poll_interval: float = 0.05
+    #: write the server's whole state to outputs/<run>/checkpoint/ after every round
+    checkpoint: bool = True
+    #: continue the run named run-name from its last checkpoint (same settings, same outputs)
+    resume: bool = False
+    #: the silos' per-run ledger name ("" = the Flower run id): a resumed run sets its
+    #: original's, so a silo with a per-run budget keeps spending the same budget
+    ledger_run_key: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for summary.json."""
@@ -402,6 +416,12 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "round-timeout": ("round_timeout", _num(1, None)),
     "device": ("device", _str(DEVICES)),
     "transcript": ("transcript", _bool),
+    "node-wait": ("node_wait", _num(0, None)),
+    "min-silos": ("min_silos", _num(1, 1_000_000, integer=True)),
+    "poll-interval": ("poll_interval", _num(0, 10, lo_open=True)),
+    "checkpoint": ("checkpoint", _bool),
+    "resume": ("resume", _bool),
+    "ledger-run-key": ("ledger_run_key", _str()),
 }
 
 
@@ -451,6 +471,12 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(
             f"silos-per-round = {s.silos_per_round} is out of range; allowed: [1, num-silos = {s.num_silos}]"
         )
+    if s.min_silos > s.num_silos:
+        raise ConfigError(f"min-silos = {s.min_silos} is out of range; allowed: [1, num-silos = {s.num_silos}]")
+    if s.resume and not s.run_name:
+        raise ConfigError("resume = true needs run-name: the name of the run to continue (outputs/<run-name>/checkpoint)")
+    if s.resume and not s.checkpoint:
+        raise ConfigError("resume = true needs checkpoint = true (a resumed run goes on writing checkpoints)")
     if s.privacy.planned_rounds and s.privacy.planned_rounds > s.num_rounds:
         raise ConfigError(
             f"privacy.planned-rounds = {s.privacy.planned_rounds} is out of range; allowed: [0, num-rounds = {s.num_rounds}]"

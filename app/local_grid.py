@@ -76,5 +76,10 @@ def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = N
     run_id = next(_RUN_IDS) if run_id is None else run_id  # a new run id per run, as Flower gives
     grid = InProcessGrid(run_config, simulation_nodes(run_config), state_dir, run_id=run_id, hook=hook,
                          node_config=node_config)
-    server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config))
+    try:
+        server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
+                                      run_config=run_config))
+    except Exception as exc:  # a failed run: the caller may still want to see what was sent
+        exc.grid = grid  # type: ignore[attr-defined]
+        raise
     return grid

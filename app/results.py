@@ -26,12 +26,13 @@ def jsonable(obj: Any) -> Any:
 class RunRecorder:
     """Appends round rows and writes the summary of one run."""
 
-    def __init__(self, out_dir: str | Path) -> None:
+    def __init__(self, out_dir: str | Path, keep: list[dict[str, Any]] | None = None) -> None:
+        """A fresh rounds.jsonl, or (``keep``: a resumed run) one holding exactly those rows."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.out_dir / "rounds.jsonl"
         self.summary_path = self.out_dir / "summary.json"
-        self.rounds_path.write_text("")
+        self.rounds_path.write_text("".join(json.dumps(jsonable(r), allow_nan=False) + "\n" for r in keep or []))
 
     def round(self, row: dict[str, Any]) -> None:
         with self.rounds_path.open("a") as fh:

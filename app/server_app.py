@@ -2,7 +2,12 @@
 
 Writes ``<outputs-dir>/<run>/rounds.jsonl`` (one object per round) and ``summary.json``
 (DESIGN.md section 5), prints one progress line per round, and fails the run (so
-``flwr ls`` shows ``finished:failed``) when a ClientApp crashed and fail-on-client-error is set.
+``flwr ls`` shows ``finished:failed``, and the launcher exits 1) when a ClientApp crashed and
+fail-on-client-error is set, when nothing trained (every silo refused or dropped every round),
+or when fewer than min-silos silo nodes are connected. The run config is validated here too
+(the same one-line errors as the launcher's, and K <= n where the server can read the data),
+so a direct ``flwr run`` fails before round 1. With ``checkpoint`` the server's whole state is
+written to ``<run>/checkpoint.npz`` after every round; ``resume`` continues from it.
 """
 
 from __future__ import annotations
@@ -19,19 +24,72 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from app import wire
-from app.config import ConfigError, Settings, parse_settings
-from app.data.federated import dataset_meta
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
+from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
 from app.results import RunRecorder
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
+from strategies.loop import TooFewSilos
+from strategies.messaging import ExchangeGrid
 
 app = ServerApp()
 
 
 class ClientAppFailure(RuntimeError):
     """At least one ClientApp raised; the run is marked failed after its outputs are written."""
+
+
+class NothingTrained(RuntimeError):
+    """No round had a single valid update (every silo refused, dropped or failed every round)."""
+
+
+#: settings that may differ between a run and its resumption
+RESUME_FREE = ("resume", "ledger_run_key", "node_wait", "min_silos", "poll_interval", "round_timeout")
+CHECKPOINT_FILE = "checkpoint.npz"
+
+
+def validate(run_config: dict[str, Any]) -> Settings:
+    """The run config as Settings, checked as the launcher checks it: ConfigError (one line) for a
+    bad value, and for a batch size (or anchor batch) above a silo's n when the server can read
+    the data (a deployment whose data lives only on the silos skips that part: each silo
+    refuses what does not fit its own data, with the reason)."""
+    s = parse_settings(run_config)
+    try:
+        _, splits, _, _ = silo_splits(s)
+    except OSError as exc:
+        log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves", s.dataset, exc)
+        return s
+    check_silo_sizes(s, [len(train) for train, _ in splits])
+    return s
+
+
+def comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in RESUME_FREE}
+
+
+def load_resume_state(s: Settings, out: Path) -> dict[str, Any]:
+    """The checkpoint of the run to resume; CheckpointError if it is missing or was written for
+    other settings (a resumed run must be the same run)."""
+    state = load_checkpoint(out / CHECKPOINT_FILE)
+    saved, now = comparable(state.get("settings", {})), comparable(_jsonish(s.to_dict()))
+    diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if diff:
+        raise CheckpointError(f"run {out.name} was checkpointed with other settings ({', '.join(diff)}); "
+                              "a resumed run must use the settings of the original")
+    return state
+
+
+def _jsonish(d: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return json.loads(json.dumps(d, default=list))
+
+
+def nothing_trained(rows: list[dict[str, Any]]) -> bool:
+    return bool(rows) and all(int(r.get("answered", 0)) == 0 for r in rows)
 
 
 def run_name(s: Settings, run_id: int) -> str:
@@ -85,13 +143,20 @@ def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, floa
 def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     try:
-        s = parse_settings(context.run_config)
+        s = validate(dict(context.run_config))
     except ConfigError as exc:
         log(ERROR, "config error: %s", exc)
         raise
     name = run_name(s, context.run_id)
     out = Path(s.outputs_dir) / name
-    recorder = RunRecorder(out)
+    resume_state = None
+    if s.resume:
+        try:
+            resume_state = load_resume_state(s, out)
+        except CheckpointError as exc:
+            log(ERROR, "cannot resume: %s", exc)
+            raise
+    recorder = RunRecorder(out, keep=resume_state["rows"] if resume_state is not None else None)
     feature_shape, num_classes = dataset_meta(s)
     model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
     layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
@@ -106,18 +171,46 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
+    grid = ExchangeGrid(grid, s.poll_interval)
     if s.transcript:  # audits: keep everything the server receives
         grid = TranscriptGrid(grid, out / "transcript")
-    result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout)
+    settings_json = _jsonish(s.to_dict())
+
+    def checkpoint(rnd: int, w: dict[str, Any]) -> None:
+        save_checkpoint(out / CHECKPOINT_FILE, strategy.state(rnd, w) | {
+            "settings": settings_json, "run_id": context.run_id, "run_name": name,
+            "ledger_run_key": s.ledger_run_key or f"run{context.run_id}"})
+
+    stopped: str | None = None
+    try:
+        result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
+                                checkpoint=checkpoint if s.checkpoint else None, resume=resume_state)
+    except TooFewSilos as exc:  # write what there is, then fail the run
+        log(ERROR, "%s", exc)
+        stopped = str(exc)
+        result = None
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
     # the run's output: the last iterate, or (output = random) the paper's w_priv ~ Unif{w_1..w_R}
-    out_eval = result.metrics if s.output == "random" else last_eval
-    failed = bool(strategy.client_errors) and s.fail_on_client_error
+    out_eval = result.metrics if s.output == "random" and result is not None else last_eval
+    reasons = []
+    if stopped:
+        reasons.append(stopped)
+    if nothing_trained(strategy.rows):
+        refusals = sorted(strategy.refusal_reasons)
+        reasons.append(f"nothing trained: no silo gave a valid update in any of the {len(strategy.rows)} round(s)"
+                       + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
+    if strategy.client_errors and s.fail_on_client_error:
+        reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
+    failed = bool(reasons)
     summary = {
         "status": "failed" if failed else "completed",
+        "status_reason": "; ".join(reasons) if reasons else None,
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
-        "output": s.output, "output_round": result.round,
+        "rounds_done": len(strategy.rows),
+        "rounds_without_update": sum(1 for r in strategy.rows if int(r.get("answered", 0)) == 0),
+        "resumed_after_round": None if resume_state is None else int(resume_state["round"]),
+        "output": s.output, "output_round": None if result is None else result.round,
         "test_error": out_eval.get("test_error"),
         "test_accuracy": None if out_eval.get("test_error") is None else 1.0 - out_eval["test_error"],
         "train_loss": out_eval.get("train_loss"),
@@ -134,6 +227,7 @@ def main(grid: Grid, context: Context) -> None:
         "run_id": context.run_id, "run_name": name,
         "eps_max_spent": max((d.get("eps_spent", 0.0) for d in silos), default=None),
         "client_errors": strategy.client_errors,
+        "unavailable_replies": strategy.unavailable,
         "dropped": {k: sum(r[k] for r in strategy.rows) for k in ("refused", "malformed", "failed", "missing")},
         "config": s.to_dict() | {"run_config": dict(context.run_config)},
         "silos": silos,
@@ -144,5 +238,10 @@ def main(grid: Grid, context: Context) -> None:
           f"max eps spent {summary['eps_max_spent']}, dropped replies {summary['dropped']}; "
           f"summary -> {recorder.summary_path}", flush=True)
     if failed:
-        raise ClientAppFailure(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
+        print(f"[silofl] run FAILED: {summary['status_reason']}", flush=True)
+        if strategy.client_errors and s.fail_on_client_error:
+            raise ClientAppFailure(summary["status_reason"])
+        if stopped:
+            raise TooFewSilos(summary["status_reason"])
+        raise NothingTrained(summary["status_reason"])
     log(INFO, "silofl run %s completed", name)

@@ -77,6 +77,8 @@ class ByzantineRobust(FederatedOptimizer):
     """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages."""
 
     algorithms = ("robust",)
+    #: the trust weights p, centered clipping's last aggregate, the harness's Byzantine nodes
+    state_attrs = ("p", "center", "byzantine_nodes")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -11,6 +11,13 @@ an invalid, refused or failed reply counts as a dropped silo). A round may hold 
 exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step that would leave it
 non-finite or outside float32's range is skipped and logged), evaluates, and records the round.
 The algorithm's schedule (``app/algorithms/``) says which phase each round asks for.
+
+Faults are the paper's Assumption 6 (M_r of the N silos available in round r): the loop waits
+at most ``node-wait`` seconds for the silo nodes, then each round asks min(M, connected) of
+those connected; a node that is gone is a dropped silo (Flower's node-unavailable reply), never
+a ClientApp failure; below ``min-silos`` connected nodes (after the wait) the run stops with
+:class:`TooFewSilos`. After every round the optimiser's whole state (:meth:`state`) can be
+written to a checkpoint, and :meth:`start` can continue from one.
 """
 
 from __future__ import annotations
@@ -36,11 +43,18 @@ from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import evaluate_point
+from strategies.messaging import is_unavailable
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 
 RoundCallback = Callable[[dict[str, Any]], None]
 Ask = Callable[..., Updates]
+#: called after every round with (round, model): write the checkpoint
+Checkpointer = Callable[[int, Params], None]
+
+
+class TooFewSilos(RuntimeError):
+    """Fewer than min-silos silo nodes are connected, after waiting node-wait seconds."""
 
 
 @dataclass
@@ -83,15 +97,22 @@ class FederatedOptimizer:
 
     #: the algorithm names (app/algorithms/) this optimiser is the server step of
     algorithms: ClassVar[tuple[str, ...]] = ()
+    #: the instance attributes, besides the loop's own, that make up the optimiser's state
+    #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one)
+    state_attrs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
-                 node_wait_s: float = 120.0) -> None:
+                 node_wait_s: float | None = None) -> None:
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.layout = layout
         self.on_round = on_round or (lambda row: None)
-        self.node_wait_s = node_wait_s
+        self.node_wait_s = settings.node_wait if node_wait_s is None else node_wait_s
         self.client_errors: list[str] = []
+        #: replies Flower gave for nodes that were gone (dropped silos, not ClientApp failures)
+        self.unavailable = 0
+        #: the distinct reasons silos gave for refusing (for the end-of-run report)
+        self.refusal_reasons: set[str] = set()
         self.rows: list[dict[str, Any]] = []
         self.prox = composite_prox(settings)
         self.roster = NodeRoster()
@@ -120,16 +141,54 @@ class FederatedOptimizer:
         """The (first) phase round ``rnd`` asks for in the algorithm's schedule."""
         return self.algorithm.round_phases(self.s, rnd)[0]
 
+    # -- the state a checkpoint holds -------------------------------------------------------------
+    def state(self, rnd: int, w: Params) -> dict[str, Any]:
+        """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
+        return {
+            "round": rnd, "model": dict(w), "rows": list(self.rows), "uploads": self.uploads,
+            "client_errors": list(self.client_errors), "unavailable": self.unavailable,
+            "roster": {str(k): v for k, v in self.roster.slots.items()},
+            "sampler": {"seen": self.sampler.seen, "round": self.sampler.round, "value": self.sampler.value,
+                        "rng": self.sampler.rng},
+            "relay_exchanges": self.relay.exchanges if self.relay is not None else 0,
+            "optimizer": {name: getattr(self, name) for name in self.state_attrs},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> tuple[int, Params]:
+        """Restore :meth:`state`'s output; returns (its round, its model)."""
+        self.rows = list(state["rows"])
+        self.uploads = float(state["uploads"])
+        self.client_errors = list(state["client_errors"])
+        self.unavailable = int(state["unavailable"])
+        self.roster.slots = {int(k): int(v) for k, v in state["roster"].items()}
+        sampler = state["sampler"]
+        self.sampler = IterateSampler(sampler["rng"])
+        self.sampler.seen, self.sampler.round, self.sampler.value = sampler["seen"], sampler["round"], sampler["value"]
+        if self.relay is not None:
+            self.relay.exchanges = int(state["relay_exchanges"])
+        for name in self.state_attrs:
+            setattr(self, name, state["optimizer"][name])
+        w = {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
+        return int(state["round"]), w
+
     # -- the loop -------------------------------------------------------------------------------
-    def start(self, grid: Grid, initial: Params, num_rounds: int, timeout: float) -> RunResult:
-        """Run ``num_rounds`` rounds from ``initial``; returns the output iterate."""
+    def start(self, grid: Grid, initial: Params, num_rounds: int, timeout: float,
+              checkpoint: Checkpointer | None = None, resume: dict[str, Any] | None = None) -> RunResult:
+        """Run rounds 1..``num_rounds`` from ``initial`` (or, with ``resume``, a checkpoint's
+        state, the rounds after its round); ``checkpoint`` is called after every round.
+        Returns the output iterate."""
         self.summary()
         w = {k: np.asarray(v, dtype=np.float32) for k, v in initial.items()}
-        nodes = self.wait_for_nodes(grid)
+        first = 1
+        if resume is not None:
+            done, w = self.load_state(resume)
+            first = done + 1
+            log(INFO, "resuming after round %d of %d", done, num_rounds)
+        nodes = self.wait_for_nodes(grid, at_start=True)
         if self.relay is not None:
             self.relay.discover(grid, nodes, timeout)
         self.prepare(grid, timeout)
-        for rnd in range(1, num_rounds + 1):
+        for rnd in range(first, num_rounds + 1):
             t0 = time.perf_counter()
             w, row = self.round(grid, rnd, w, timeout)
             if self.s.output == "random":  # only the random output needs the iterates
@@ -140,6 +199,8 @@ class FederatedOptimizer:
                     row |= ev
             row["wall_s"] = time.perf_counter() - t0
             self.rows.append(row)
+            if checkpoint is not None:
+                checkpoint(rnd, w)
             self.on_round(row)
         if self.s.output == "random" and self.sampler.value is not None:
             result = RunResult(self.sampler.value, int(self.sampler.round or 0))
@@ -184,6 +245,8 @@ class FederatedOptimizer:
         tally = exchanges[0] if exchanges else Updates()
         for more in exchanges[1:]:
             tally = tally.merge(more)
+        if len(self.refusal_reasons) < 20:
+            self.refusal_reasons.update(tally.refused.values())
         if result.model is None:
             if not tally:
                 log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
@@ -226,34 +289,62 @@ class FederatedOptimizer:
             self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
 
     def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """M of the connected silo nodes, uniformly without replacement, from (seed, round)."""
+        """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
+        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
         nodes = sorted(self.wait_for_nodes(grid))
         if self.relay is not None:
             nodes = self.relay.silo_nodes(nodes)
+        m = min(self.s.silos_per_round, len(nodes))
+        if m < self.s.silos_per_round:
+            log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
+                server_round, len(nodes), m, self.s.silos_per_round)
         rng = np_rng(self.s.seed, "server-sampling", server_round)
-        chosen = rng.choice(len(nodes), size=self.s.silos_per_round, replace=False)
+        chosen = rng.choice(len(nodes), size=m, replace=False)
         return [nodes[i] for i in sorted(chosen)]
 
-    def wait_for_nodes(self, grid: Grid) -> list[int]:
-        """Block until num-silos nodes are connected (grid.get_node_ids() can be empty at start);
-        the nodes seen are added to the roster."""
+    def _connected(self, grid: Grid) -> tuple[list[int], int]:
+        """(the connected nodes, how many of them are silos)."""
+        nodes = list(grid.get_node_ids())
+        if self.relay is None:
+            return nodes, len(nodes)
+        return nodes, len(self.relay.silo_nodes(nodes)) if self.relay.shuffler is not None else max(len(nodes) - 1, 0)
+
+    def wait_for_nodes(self, grid: Grid, at_start: bool = False) -> list[int]:
+        """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
+        for all num-silos silo nodes (and the shuffler in shuffle mode), then go on with those
+        present if they are at least min-silos. In a round: wait only while fewer than
+        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
         deadline = time.monotonic() + self.node_wait_s
-        needed = self.s.num_silos + (1 if self.relay is not None else 0)  # shuffle DP: and the shuffler
+        want = self.s.num_silos if at_start else self.s.min_silos
+        shuffler = 1 if self.relay is not None else 0  # shuffle DP: and the shuffler
         while True:
-            nodes = list(grid.get_node_ids())
-            if len(nodes) >= needed:
-                self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None else nodes)
-                return nodes
+            nodes, silos = self._connected(grid)
+            if silos >= want and len(nodes) >= silos + shuffler:
+                break
             if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {len(nodes)} silo nodes connected after {self.node_wait_s:.0f} s; num-silos = {self.s.num_silos}"
-                )
+                if silos >= self.s.min_silos and len(nodes) >= silos + shuffler:
+                    log(WARNING, "%d of %d silo nodes connected after %.0f s; going on with them (min-silos = %d)",
+                        silos, self.s.num_silos, self.node_wait_s, self.s.min_silos)
+                    break
+                raise TooFewSilos(
+                    f"only {silos} silo node(s){' and no shuffler' if shuffler and len(nodes) <= silos else ''} "
+                    f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
+                    f"min-silos = {self.s.min_silos} of num-silos = {self.s.num_silos}")
             time.sleep(0.2)
+        self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None and self.relay.shuffler is not None
+                        else nodes)
+        return nodes
 
     def _client_error(self, msg: Message, what: str) -> str:
+        """Record an error reply: a node that is gone is a dropped silo (logged), anything
+        else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
         reason = (msg.error.reason or "").strip().splitlines()
         short = reason[-1] if reason else f"error code {msg.error.code}"
         text = f"node {msg.metadata.src_node_id} ({what}): {short}"
+        if is_unavailable(msg):
+            self.unavailable += 1
+            log(WARNING, "node unavailable, counted as a dropped silo: %s", text)
+            return text
         self.client_errors.append(text)
         log(WARNING, "ClientApp failure: %s", text)
         return text

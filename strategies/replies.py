@@ -22,6 +22,7 @@ from flwr.common import log
 
 from app import wire
 from app.sketch.base import PayloadError, Sketch
+from strategies.messaging import is_unavailable
 
 Params = dict[str, np.ndarray]
 
@@ -218,6 +219,10 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
             continue
         answered.add(node)
         if msg.has_error():
+            if is_unavailable(msg):  # the node is gone: a dropped silo (counted missing), not a failure
+                client_error(msg, "train")
+                answered.discard(node)
+                continue
             out.errors[node] = client_error(msg, "train")
             continue
         refusal = wire.Refusal.decode(msg.content)

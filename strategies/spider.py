@@ -30,6 +30,8 @@ from strategies.replies import Params
 class FedProxSPIDER(FederatedOptimizer):
     algorithms = ("spider",)
 
+    state_attrs = ("h", "h_at")
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.h: Params | None = None  # the gradient estimate ...

@@ -32,6 +32,7 @@ from strategies.replies import Params, model_in_range
 
 class FedSPIDERAlt(FederatedOptimizer):
     algorithms = ("spider-alt",)
+    state_attrs = ("g",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -143,7 +143,8 @@ def test_silo_sampling_draws_m_of_n(federation) -> None:
 def test_silo_policy_caps_what_the_run_config_asks(federation) -> None:
     """Whoever submits the run writes the run config; a silo's own caps win over it."""
     summary, rows, _ = federation({"num-rounds": 2, "privacy.epsilon": 8.0}, node_config={"epsilon-cap": 3.0})
-    assert [r["refused"] for r in rows] == [2, 2] and summary["status"] == "completed"
+    assert [r["refused"] for r in rows] == [2, 2] and summary["status"] == "failed"
+    assert "nothing trained" in summary["status_reason"] and "caps epsilon at 3" in summary["status_reason"]
     assert all(s["releases"] == [] for s in summary["silos"])
     _, rows, _ = federation({"num-rounds": 1, "privacy.mode": "off"}, node_config={"epsilon-cap": 3.0}, sub="off")
     assert rows[0]["refused"] == 2

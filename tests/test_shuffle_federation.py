@@ -250,5 +250,5 @@ def test_sdp_proxsgd_approaches_the_regularised_optimum_as_epsilon_grows(federat
 
 def test_a_malformed_pinned_shuffler_key_makes_the_silo_refuse_not_crash(federation) -> None:
     summary, rows, _ = federation(SHUFFLE | {"num-rounds": 1}, node_config={"shuffler-public-key": "not-hex"})
-    assert summary["status"] == "completed"
+    assert summary["status"] == "failed" and "not an X25519 public key" in summary["status_reason"]
     assert rows[0]["answered"] == 0 and rows[0]["refused"] == 3 and rows[0]["failed"] == 0

@@ -255,8 +255,8 @@ def test_an_unreadable_ledger_makes_the_silo_refuse_not_crash(tmp_path: Path) ->
     for ledger in (tmp_path / "state").glob("ledger-node-silo*.json"):
         ledger.write_text("{ not json")
     summary, rows, _ = run(tmp_path, cfg, node_config=node, run_id=2, name="b")
-    assert summary["status"] == "completed" and not summary["client_errors"]
-    assert rows[0]["refused"] == 2
+    assert not summary["client_errors"] and rows[0]["refused"] == 2
+    assert summary["status"] == "failed" and "ledger-unusable" in summary["status_reason"]  # and it says so
     assert all("unreadable" in s["error"] for s in summary["silos"])
 
 

@@ -1,0 +1,85 @@
+"""How the server exchanges messages with the nodes: push, poll, attribute each reply.
+
+Flower 1.42's ``Grid.send_and_receive`` sleeps 3 s between pulls on a deployed SuperLink (and
+the simulation's 0.1 s), which is most of a deployed round. :class:`ExchangeGrid` wraps the
+run's grid and does the same exchange through the grid's public ``push_messages`` /
+``pull_messages`` with a short, growing poll interval (5 ms up to ``poll_s``), bounded by the
+exchange's timeout.
+
+It also attributes every reply to the node it answers for. When a node is gone, the SuperLink
+answers for it with an error reply whose source is the SuperLink itself
+(``SUPERLINK_NODE_ID``), not the node; matched through ``reply_to_message_id``, such a reply is
+credited to the node that was asked, so the round log names the right node. Only error replies
+are re-attributed: a content reply keeps the source Flower authenticated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
+
+#: error codes meaning "the node (or its reply) is not there": a dropped silo, not a ClientApp failure
+UNAVAILABLE_CODES = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                               ErrorCode.NODE_UNAVAILABLE})
+#: the first poll interval of an exchange (it grows by 1.5x up to the grid's poll_s)
+FIRST_POLL_S = 0.005
+
+
+def is_unavailable(msg: Message) -> bool:
+    """Whether ``msg`` is Flower's error reply for a node or reply that is not available."""
+    return msg.has_error() and int(msg.error.code) in UNAVAILABLE_CODES
+
+
+class ExchangeGrid:
+    """A Flower Grid whose ``send_and_receive`` polls every ``poll_s`` (at most) and attributes
+    error replies to the node asked. Everything else is the wrapped grid's."""
+
+    def __init__(self, grid: Any, poll_s: float = 0.05) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"poll interval must be > 0, got {poll_s}")
+        self._grid = grid
+        self.poll_s = float(poll_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        sent = list(messages)
+        if not sent:
+            return []
+        if not (hasattr(self._grid, "push_messages") and hasattr(self._grid, "pull_messages")):
+            replies = list(self._grid.send_and_receive(sent, timeout=timeout))
+            return attribute(replies, {m.metadata.message_id: m.metadata.dst_node_id for m in sent
+                                       if m.metadata.message_id})
+        ids = list(self._grid.push_messages(sent))
+        asked = {mid: m.metadata.dst_node_id for mid, m in zip(ids, sent, strict=False) if mid}
+        pending = set(asked)
+        end = None if timeout is None else time.monotonic() + float(timeout)
+        delay = min(FIRST_POLL_S, self.poll_s)
+        replies: list[Message] = []
+        while pending:
+            got = list(self._grid.pull_messages(pending))
+            replies += got
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if not pending or (end is not None and time.monotonic() >= end):
+                break
+            time.sleep(delay if end is None else max(0.0, min(delay, end - time.monotonic())))
+            delay = min(self.poll_s, delay * 1.5)
+        return attribute(replies, asked)
+
+
+def attribute(replies: list[Message], asked: dict[str, int]) -> list[Message]:
+    """Credit each error reply to the node its instruction went to (``asked``: message id ->
+    destination node); content replies are left as Flower delivered them."""
+    for reply in replies:
+        node = asked.get(reply.metadata.reply_to_message_id)
+        if node is not None and reply.has_error() and reply.metadata.src_node_id != node:
+            reply.metadata.__dict__["_src_node_id"] = int(node)
+    return replies
