@@ -41,8 +41,9 @@ test-fast: setup
 bench: setup
 	$(BIN)/python scripts/bench/per_sample_grads.py
 
+# Ends only the local simulation SuperLink this checkout started (found by its FLWR_HOME, by pid).
 stop:
-	-pkill -f flower-superlink
+	-$(BIN)/python -m app.launch --stop
 
 clean: stop
 	rm -rf .flwr outputs .pytest_cache

@@ -10,7 +10,10 @@
    ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine);
 4. reads the run's final status with ``flwr ls --run-id`` and checks that summary.json exists.
 
-Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight]``
+Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight]``,
+``python -m app.launch --resume RUN_NAME [--superlink NAME]`` (continue a run from its last
+checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
+simulation SuperLink of this checkout, by pid; nobody else's).
 Exit codes: 0 success, 1 the run failed, 2 bad configuration.
 """
 
@@ -84,13 +87,14 @@ def _toml_value(v: Any) -> str:
     return repr(v)
 
 
-def foreign_local_superlink(env: dict[str, str]) -> str | None:
-    """A running ``flower-superlink --simulation`` that was not started with our environment
-    (another FLWR_HOME, or runtime dependency installation on, which would try to download the
-    app's dependencies for every run). Returns a description, or None. Linux only (reads /proc)."""
+def local_superlinks(env: dict[str, str]) -> list[tuple[int, str, bool]]:
+    """The running ``flower-superlink --simulation`` processes: (pid, FLWR_HOME, runtime
+    dependency installation off). Linux only (reads /proc); others' processes we may not read
+    are skipped."""
     proc_dir = Path("/proc")
+    found = []
     if not proc_dir.exists():
-        return None
+        return found
     for pid_dir in proc_dir.iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -103,10 +107,43 @@ def foreign_local_superlink(env: dict[str, str]) -> str | None:
             )
         except OSError:
             continue
-        home = environ.get(b"FLWR_HOME", b"").decode()
-        no_install = environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1"
+        found.append((int(pid_dir.name), environ.get(b"FLWR_HOME", b"").decode(),
+                      environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1"))
+    return found
+
+
+def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
+    """SIGTERM (then SIGKILL after ``wait_s``) the local simulation SuperLinks started with this
+    checkout's FLWR_HOME, and their process groups (Flower starts them detached, as group
+    leaders); returns their pids. Nothing else is touched."""
+    import signal
+
+    mine = [pid for pid, home, _ in local_superlinks(env) if home == env["FLWR_HOME"]]
+    for pid in mine:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + wait_s
+    for pid in mine:
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.1)
+        if Path(f"/proc/{pid}").exists():
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return mine
+
+
+def foreign_local_superlink(env: dict[str, str]) -> str | None:
+    """A running ``flower-superlink --simulation`` that was not started with our environment
+    (another FLWR_HOME, or runtime dependency installation on, which would try to download the
+    app's dependencies for every run). Returns a description, or None. Linux only (reads /proc)."""
+    for pid, home, no_install in local_superlinks(env):
         if home != env["FLWR_HOME"] or not no_install:
-            return f"pid {pid_dir.name} (FLWR_HOME={home or 'unset'}, runtime dependency install {'off' if no_install else 'ON'})"
+            return f"pid {pid} (FLWR_HOME={home or 'unset'}, runtime dependency install {'off' if no_install else 'ON'})"
     return None
 
 
@@ -145,12 +182,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--superlink", default=None, help="SuperLink connection name (default: the local simulation one)")
     ap.add_argument("--federation-config", action="append", default=[], help="extra simulation settings")
     ap.add_argument("--no-preflight", action="store_true", help="skip the data check (config is still validated)")
+    ap.add_argument("--resume", metavar="RUN_NAME", default=None,
+                    help="continue RUN_NAME (under outputs-dir) from its last checkpoint, with its run config")
+    ap.add_argument("--stop", action="store_true", help="end this checkout's local simulation SuperLink and exit")
     args = ap.parse_args(argv)
+
+    if args.stop:
+        stopped = stop_own_superlinks(flower_env())
+        print(f"[silofl] stopped local SuperLink pid(s) {stopped}" if stopped else
+              "[silofl] no local SuperLink of this checkout is running")
+        return 0
 
     from app.config import ConfigError, parse_settings
 
     try:
         cfg = merged_run_config(args.run_config)
+        if args.resume:
+            cfg, args.run_config = resume_config(cfg, args.resume)
         settings = parse_settings(cfg) if args.no_preflight else preflight(cfg)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -166,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     # five-digit suffix that tells apart runs started in the same second is drawn here instead.
     from app.server_app import run_name
 
-    name = run_name(settings, secrets.randbelow(100_000))
+    name = settings.run_name if args.resume else run_name(settings, secrets.randbelow(100_000))
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
     run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())
@@ -174,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     env = flower_env()
     if not args.superlink and (other := foreign_local_superlink(env)):
         print(f"[silofl] a local SuperLink not started by silofl is running: {other}. It would run this app "
-              "with its own settings; stop it first (`make stop` or `pkill -f flower-superlink`).", file=sys.stderr)
+              "with its own settings; stop it first (its owner's `make stop`, or end that pid).", file=sys.stderr)
         return 2
     cmd = ["flwr", "run", str(stage_app(env)), *([args.superlink] if args.superlink else []), "--stream", "--run-config", run_config]
     if not args.superlink:
@@ -203,12 +251,37 @@ def main(argv: list[str] | None = None) -> int:
     summary = outputs / name / "summary.json"
     print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary}")
     if status != "finished:completed":
-        print(f"[silofl] FAILED: run {run_id} ended with status {status}; see `flwr log {run_id}`", file=sys.stderr)
+        reason = ""
+        if summary.exists():
+            reason = json.loads(summary.read_text()).get("status_reason") or ""
+        print(f"[silofl] FAILED: run {run_id} ended with status {status}"
+              + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`", file=sys.stderr)
         return 1
     if not summary.exists():
         print(f"[silofl] FAILED: {summary} was not written", file=sys.stderr)
         return 1
     return 0
+
+
+def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
+    """The run config to continue run ``name`` with: the checkpoint's own run config, plus
+    resume = true and the silos' original per-run ledger name. Returns it and the overrides to
+    pass (every key, so the ServerApp sees exactly the original's settings)."""
+    from app.checkpoint import load_checkpoint
+    from app.config import ConfigError, parse_settings
+
+    outputs = Path(parse_settings(cfg).outputs_dir)
+    outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
+    try:
+        state = load_checkpoint(outputs / name / "checkpoint.npz")
+    except Exception as exc:
+        raise ConfigError(f"--resume {name}: {exc}") from exc
+    original = dict(state.get("run_config") or {})
+    if not original:
+        raise ConfigError(f"--resume {name}: the checkpoint holds no run config (written by an older version)")
+    resumed = default_run_config() | original | {"resume": True, "run-name": name,
+                                                  "ledger-run-key": state["ledger_run_key"]}
+    return resumed, [" ".join(f"{k}={_toml_value(v)}" for k, v in resumed.items())]
 
 
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:

@@ -178,7 +178,8 @@ def main(grid: Grid, context: Context) -> None:
 
     def checkpoint(rnd: int, w: dict[str, Any]) -> None:
         save_checkpoint(out / CHECKPOINT_FILE, strategy.state(rnd, w) | {
-            "settings": settings_json, "run_id": context.run_id, "run_name": name,
+            "settings": settings_json, "run_config": dict(context.run_config), "run_id": context.run_id,
+            "run_name": name,
             "ledger_run_key": s.ledger_run_key or f"run{context.run_id}"})
 
     stopped: str | None = None

@@ -62,6 +62,28 @@ from app.seeding import derive_seed, np_rng, torch_gen
 from app.sketch.broadcast import build_sketch
 from app.sketch.powersgd import PowerSGDState
 
+#: how many released replies each silo keeps (in memory, per ledger) to answer a replayed request
+REPLAY_DEPTH = 2
+#: ledger path -> {request digest: the reply released for it}, most recent last. Module level, so
+#: a resumed run (a new Flower run id, the same ledger-run-key) still finds them in a warm
+#: process (the silo service, a simulation's actors).
+_REPLAYS: dict[str, dict[str, RecordDict]] = {}
+
+
+def request_digest(ins: wire.Instruction, context: str) -> str:
+    """SHA-256 of everything an instruction asks (round, phase, points, sketch, local steps, step
+    size) and of ``context`` (the ledger and the calibration it is answered under)."""
+    h = hashlib.sha256(context.encode())
+    h.update(repr((ins.round, str(ins.phase), ins.sketch, ins.local_steps, ins.lr)).encode())
+    for point in (ins.arrays, ins.prev):
+        for key in sorted(point or {}):
+            arr = np.ascontiguousarray(point[key])
+            h.update(f"{key}:{arr.dtype.str}:{arr.shape}".encode())
+            h.update(memoryview(arr).cast("B"))
+        h.update(b"|")
+    return h.hexdigest()
+
+
 class Silo:
     """One silo's state: data, model template, ledger and noise calibration."""
 
@@ -105,6 +127,18 @@ class Silo:
                             if self.shuffle else None)
         self.plan = self._calibrate()
         self.powersgd_state: PowerSGDState | None = None
+
+    def _data_digest(self) -> str:
+        """SHA-256 of the training records (once): a replayed reply is only ever one computed
+        from these very records."""
+        if getattr(self, "_data_sha", None) is None:
+            h = hashlib.sha256()
+            for t in (self.data.train_x, self.data.train_y):
+                arr = np.ascontiguousarray(t.detach().cpu().numpy())
+                h.update(f"{arr.dtype.str}:{arr.shape}".encode())
+                h.update(memoryview(arr).cast("B"))
+            self._data_sha = h.hexdigest()
+        return self._data_sha
 
     # -- calibration ----------------------------------------------------------------------
     def _calibrate(self) -> dict[str, ReleaseSpec]:
@@ -173,6 +207,15 @@ class Silo:
         w_prev = self._tensors(ins.prev) if phase == Phase.DIFF and ins.prev is not None else None
         if self.shuffle:
             return self._shuffle_release(ins, spec, w0, w_prev)
+        # a request this silo already answered (a server resumed from its checkpoint replays the
+        # round it lost) gets the same reply again: a copy of a release is no new release, so it
+        # is not recorded or charged again, and the resumed run goes on as if never interrupted
+        digest = request_digest(ins, f"{self.ledger.path}|{spec}|{self._data_digest()}")
+        replayed = _REPLAYS.get(str(self.ledger.path), {}).get(digest)
+        if replayed is not None:
+            log(INFO, "silo %d: round %d (%s) was already answered; the same reply again, nothing new released",
+                self.data.index, rnd, phase)
+            return replayed
         if phase == Phase.DISJOINT:  # Algorithm 6: round r uses block r of the secret permutation, once
             releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
             blocks = self.n // spec.batch
@@ -215,7 +258,12 @@ class Silo:
             return self._refuse(wire.REFUSED_CONFIG, "the update computed from the model and step size sent is not "
                                 "finite (values beyond float32 range); the release was recorded")
         # a loss computed on private records is itself a release: only without privacy
-        return wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
+        reply = wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
+        kept = _REPLAYS.setdefault(str(self.ledger.path), {})
+        kept[digest] = reply
+        while len(kept) > REPLAY_DEPTH:
+            del kept[next(iter(kept))]
+        return reply
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Answer an evaluation request as the node's policy says (app/privacy/policy.py):

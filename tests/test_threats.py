@@ -171,18 +171,43 @@ def test_fed_spider_alt_uploads_of_one_round_have_independent_noise(tmp_path: Pa
 
 
 def test_a_repeated_round_number_gets_fresh_noise_and_a_fresh_batch(tmp_path: Path) -> None:
-    """Two requests with the same round number and model: the difference of the replies is
-    N(0, 2 sigma^2 I), not 0 (the ledger counts two releases, so they must be two draws)."""
+    """Two requests with the same round number and (nearly) the same model: the difference of
+    the replies is N(0, 2 sigma^2 I), not 0 (the ledger counts two releases, so they must be two
+    draws). The models differ by 1e-7 in one weight: an identical request is a replay (below)."""
     silo = _silo(tmp_path, {"num-rounds": 60, "privacy.epsilon": 50.0, "batch-size": 32})
     w = {k: v.detach().numpy() for k, v in silo.model.named_parameters()}
     sigma = silo.plan["grad"].sigma
-    pairs = [(_update(_train(silo, w, {"round": 7, "phase": "grad"})),
-              _update(_train(silo, w, {"round": 7, "phase": "grad"}))) for _ in range(25)]
+
+    def nudged(i: int) -> dict[str, np.ndarray]:
+        out = {k: v.copy() for k, v in w.items()}
+        first = next(iter(out))
+        out[first].flat[0] += 1e-7 * (i + 1)
+        return out
+
+    pairs = [(_update(_train(silo, nudged(2 * i), {"round": 7, "phase": "grad"})),
+              _update(_train(silo, nudged(2 * i + 1), {"round": 7, "phase": "grad"}))) for i in range(25)]
     diff = np.stack([a - b for a, b in pairs])
     # sampled batches differ too, which only adds variance: at least the noise's share
     assert diff.std() >= 0.9 * math.sqrt(2) * sigma
     assert len({tuple(a[:3]) for a, _ in pairs} | {tuple(b[:3]) for _, b in pairs}) == 50
     assert len(silo.ledger.releases) == 50
+
+
+def test_an_identical_request_is_answered_with_the_same_release_and_charged_once(tmp_path: Path) -> None:
+    """A server resumed from its checkpoint asks again what it lost: an identical instruction
+    gets the identical reply (a copy of a release is no new release), one ledger row; any change
+    to the request (model, round, phase) is a new release with fresh noise."""
+    silo = _silo(tmp_path, {"num-rounds": 60, "privacy.epsilon": 50.0, "batch-size": 32})
+    w = {k: v.detach().numpy() for k, v in silo.model.named_parameters()}
+    first = _update(_train(silo, w, {"round": 3, "phase": "grad"}))
+    again = _update(_train(silo, w, {"round": 3, "phase": "grad"}))
+    assert np.array_equal(first, again) and len(silo.ledger.releases) == 1
+    other_round = _update(_train(silo, w, {"round": 4, "phase": "grad"}))
+    assert not np.array_equal(first, other_round) and len(silo.ledger.releases) == 2
+    # a rebuilt silo on the same ledger (the resumed run's, in the same process) still replays
+    twin = _silo(tmp_path, {"num-rounds": 60, "privacy.epsilon": 50.0, "batch-size": 32})
+    assert np.array_equal(_update(_train(twin, w, {"round": 4, "phase": "grad"})), other_round)
+    assert len(twin.ledger.releases) == 2
 
 
 def test_training_reply_carries_only_what_the_server_uses(tmp_path: Path) -> None:

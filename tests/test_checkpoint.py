@@ -1,0 +1,122 @@
+"""Durable server state: the checkpoint file, and a run resumed after a crash of the server.
+
+The reference for "resumed correctly" is independent of the checkpoint code: the same run
+without the crash. A resumed run must end with the same model, the same rounds.jsonl (but the
+wall times) and the same silo ledgers (no release charged twice)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.results import load_rounds
+from tests.helpers import run
+
+
+def test_a_checkpoint_round_trips_every_kind_of_state(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    rng.random(3)
+    state = {"model": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "none": None, "nan": math.nan,
+             "inf": -math.inf, "ints": {3: 0.5, 7: 1.0}, "nodes": {11, 2}, "rows": [{"a": 1, "b": [1.5, "x"]}],
+             "rng": rng, "flag": True}
+    save_checkpoint(tmp_path / "c.npz", state)
+    back = load_checkpoint(tmp_path / "c.npz")
+    assert np.array_equal(back["model"]["w"], state["model"]["w"]) and back["model"]["w"].dtype == np.float32
+    assert back["none"] is None and math.isnan(back["nan"]) and back["inf"] == -math.inf
+    assert back["ints"] == {3: 0.5, 7: 1.0} and back["nodes"] == {2, 11} and back["rows"] == state["rows"]
+    assert back["rng"].random() == rng.random()  # the generator continues where it was saved
+    assert back["flag"] is True
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "c.npz"
+    save_checkpoint(path, {"round": 1})
+    monkeypatch.setattr("app.checkpoint.os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"round": 2})
+    assert load_checkpoint(path)["round"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]  # no temporary file left behind
+
+
+def test_a_checkpoint_refuses_to_load_what_is_not_one(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "missing.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        load_checkpoint(tmp_path / "bad.npz")
+    np.savez(tmp_path / "pickle.npz", x=np.array([object()], dtype=object))  # needs pickle to load
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path / "pickle.npz")
+
+
+class ServerCrash(Exception):
+    """What the hook raises: the ServerApp dies in the middle of a round."""
+
+
+def _crash_in(round_: int):
+    def hook(node: int, msg: Message, reply: Message) -> Message:
+        if msg.metadata.message_type == "train" and int(msg.content["config"]["round"]) == round_:
+            raise ServerCrash(f"server lost in round {round_}")
+        return reply
+    return hook
+
+
+def _without_wall(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+CASES = {
+    "mbsgd": {"algorithm": "mbsgd"},
+    "spider": {"algorithm": "spider", "spider.q": 2},  # h, h_at carried across rounds
+    "plsvrg-random-output": {"algorithm": "plsvrg", "output": "random", "plsvrg.restarts": 2},  # the sampler
+    "gradbant": {"algorithm": "robust", "privacy.mode": "off", "trust.size": 40, "attack.kind": "sign-flip",
+                 "attack.fraction": 0.5},  # trust weights p
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path, case: str) -> None:
+    """Round 3 of 5 is lost after the first silo answered it (its release is on its ledger);
+    the resumed run replays round 3 from the round-2 checkpoint: the first silo answers with the
+    reply it already released (charged once), and the run ends bit-identical to one that never
+    stopped."""
+    cfg = CASES[case] | {"num-rounds": 5, "eval-every": 1}
+    ref_summary, ref_rows, _ = run(tmp_path / "ref", cfg, run_id=1, name="r")
+    with pytest.raises(ServerCrash):
+        run(tmp_path / "cut", cfg, hook=_crash_in(3), run_id=1, name="r")
+    cut = tmp_path / "cut" / "out" / "r"
+    assert load_checkpoint(cut / "checkpoint.npz")["round"] == 2
+    assert len(load_rounds(cut / "rounds.jsonl")) == 2
+    summary, rows, _ = run(tmp_path / "cut", cfg | {"resume": True, "ledger-run-key": "run1"}, run_id=2, name="r")
+    assert summary["status"] == "completed" and summary["resumed_after_round"] == 2
+    assert _without_wall(rows) == _without_wall(ref_rows)
+    final, ref_final = (load_checkpoint(p / "out" / "r" / "checkpoint.npz") for p in (tmp_path / "cut", tmp_path / "ref"))
+    assert all(np.array_equal(final["model"][k], ref_final["model"][k]) for k in ref_final["model"])
+    assert summary["test_error"] == ref_summary["test_error"]
+    # the silos' ledgers: the same releases as the uninterrupted run's, none charged twice
+    for silo, ref_silo in zip(summary["silos"], ref_summary["silos"], strict=True):
+        assert silo["releases"] == ref_silo["releases"] and silo["eps_spent"] == ref_silo["eps_spent"]
+
+
+def test_a_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    cfg = {"num-rounds": 3}
+    with pytest.raises(ServerCrash):
+        run(tmp_path, cfg, hook=_crash_in(2), run_id=1, name="r")
+    with pytest.raises(CheckpointError, match="lr"):
+        run(tmp_path, cfg | {"resume": True, "lr": 0.1}, run_id=2, name="r")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        run(tmp_path, cfg | {"resume": True}, run_id=3, name="other")
+
+
+def test_checkpoint_holds_the_settings_and_the_ledger_key_to_resume_with(tmp_path: Path) -> None:
+    run(tmp_path, {"num-rounds": 2}, run_id=7, name="r")
+    state = load_checkpoint(tmp_path / "out" / "r" / "checkpoint.npz")
+    assert state["round"] == 2 and state["ledger_run_key"] == "run7" and state["run_name"] == "r"
+    assert state["settings"]["num_rounds"] == 2
+    json.dumps(state["settings"])  # plain JSON: the launcher reads it back for --resume
