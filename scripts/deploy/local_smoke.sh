@@ -1,32 +1,117 @@
 #!/usr/bin/env bash
-# Deployment smoke run on one machine: a SuperLink (deployment mode, insecure) and two SuperNodes
-# with their own node config (state dir, privacy policy), then the embedded default through the
-# launcher with `--superlink deploy`. TLS and multi-machine launchers belong to the deployment issue.
+# Deployment smoke run on one machine, through the same launchers a real federation uses:
+# a CA and SuperLink certificate (make_certs.py), two SuperNode keys (make_node_key.py), a SuperLink
+# with TLS, node authentication and a database (superlink.sh), the two keys registered
+# (register_node.sh), two SuperNodes with their own node config (supernode.sh: state dir,
+# noise-seed='os', epsilon-cap=3.0), then the embedded default through the launcher
+# (python -m app.launch --superlink smoke) and the two ledgers.
 #
-#   bash scripts/deploy/local_smoke.sh [ROUNDS]
+#   bash scripts/deploy/local_smoke.sh [ROUNDS] [--insecure]
+#
+# ROUNDS defaults to 5. Everything lives in a fresh temporary directory (printed; kept for the
+# logs): free ports are picked at start, each process gets its own FLWR_HOME, and only the
+# processes started here are stopped at the end. --insecure runs the same federation without TLS
+# and node authentication (loopback only). Exit code: the launcher's (0: run completed).
+# shellcheck disable=SC2174,SC2317  # mkdir -m applies to the leaf on purpose; trap handlers
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROUNDS=${1:-5}
-WORK=$(mktemp -d)
-export PATH="$PWD/.venv/bin:$PATH" FLWR_HOME="$WORK/.flwr" FLWR_TELEMETRY_ENABLED=0 \
-       FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 OMP_NUM_THREADS=1
-mkdir -p "$FLWR_HOME"
-cat > "$FLWR_HOME/config.toml" <<TOML
-[superlink]
-default = "deploy"
-[superlink.deploy]
-address = "127.0.0.1:8000"
-insecure = true
-TOML
-cleanup() { kill $(jobs -p) 2>/dev/null || true; }
-trap cleanup EXIT
-flower-superlink --insecure >"$WORK/superlink.log" 2>&1 &
-sleep 4
-for i in 0 1; do
-  flower-supernode --insecure --superlink 127.0.0.1:8000 --port $((9094 + i)) \
-    --node-config "partition-id=$i num-partitions=2 state-dir='$WORK/state$i' noise-seed='os' epsilon-cap=3.0" \
-    >"$WORK/supernode$i.log" 2>&1 &
+# shellcheck source=_common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+
+ROUNDS=5 INSECURE=0
+for a in "$@"; do
+  case "$a" in
+    --insecure) INSECURE=1 ;;
+    -h|--help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) [[ "$a" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer, not $a"; ROUNDS=$a ;;
+  esac
 done
-sleep 5
-python -m app.launch --superlink deploy --run-config "num-rounds=$ROUNDS"
-echo "ledgers:"; ls "$WORK"/state*/
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/silofl-smoke.XXXXXX")
+CONN=smoke
+note "work dir $WORK"
+mapfile -t PORTS < <("$PYTHON" "$UTIL" free-ports 3)
+SL_PORT=${PORTS[0]}
+note "SuperLink port $SL_PORT, SuperNode runtime ports ${PORTS[1]} ${PORTS[2]}"
+
+PIDS=()
+cleanup() {
+  local p i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    p=${PIDS[i]}
+    if kill -0 "$p" 2>/dev/null; then kill -TERM "$p" 2>/dev/null || true; fi
+  done
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 75); do kill -0 "$p" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  note "stopped pids ${PIDS[*]:-none}; logs in $WORK"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+if [[ $INSECURE == 1 ]]; then
+  insecure_warning
+  SL_TLS=(--insecure) SN_TLS=(--insecure) REG_TLS=(--insecure)
+else
+  "$PYTHON" "$DEPLOY_DIR/make_certs.py" --out "$WORK/certs" --host 127.0.0.1
+  for i in 0 1; do "$PYTHON" "$DEPLOY_DIR/make_node_key.py" --out "$WORK/keys" --name "silo$i" >/dev/null; done
+  SL_TLS=(--certs "$WORK/certs") REG_TLS=(--root-cert "$WORK/certs/ca.crt")
+fi
+
+FLWR_HOME="$WORK/superlink/flwr-home" "$DEPLOY_DIR/superlink.sh" "${SL_TLS[@]}" \
+  --database "$WORK/superlink/superlink.db" --host 127.0.0.1 --port "$SL_PORT" >"$WORK/superlink.log" 2>&1 &
+PIDS+=($!)
+if [[ $INSECURE == 1 ]]; then
+  "$PYTHON" "$UTIL" wait "127.0.0.1:$SL_PORT" --timeout 120 --pid "${PIDS[0]}" || { tail -20 "$WORK/superlink.log"; exit 1; }
+else
+  "$PYTHON" "$UTIL" wait "127.0.0.1:$SL_PORT" --ca "$WORK/certs/ca.crt" --timeout 120 --pid "${PIDS[0]}" \
+    || { tail -20 "$WORK/superlink.log"; exit 1; }
+fi
+
+# The researcher's side: its own FLWR_HOME with the [superlink.smoke] connection.
+export FLWR_HOME="$WORK/flwr-home"
+if [[ $INSECURE == 1 ]]; then
+  "$PYTHON" "$UTIL" connection --name "$CONN" --address "127.0.0.1:$SL_PORT" --insecure >/dev/null
+else
+  "$DEPLOY_DIR/register_node.sh" --superlink "$CONN" --address "127.0.0.1:$SL_PORT" "${REG_TLS[@]}" \
+    --record "$WORK/nodes.txt" "$WORK/keys/silo0.pub" "$WORK/keys/silo1.pub" 2>>"$WORK/register.log"
+fi
+
+for i in 0 1; do
+  [[ $INSECURE == 1 ]] || SN_TLS=(--root-cert "$WORK/certs/ca.crt" --auth-key "$WORK/keys/silo$i.key")
+  FLWR_HOME="$WORK/state$i/flwr-home" "$DEPLOY_DIR/supernode.sh" --superlink "127.0.0.1:$SL_PORT" "${SN_TLS[@]}" \
+    --state-dir "$WORK/state$i" --runtime-port "${PORTS[$((i + 1))]}" \
+    --node-config "partition-id=$i num-partitions=2 noise-seed='os' epsilon-cap=3.0" >"$WORK/supernode$i.log" 2>&1 &
+  PIDS+=($!)
+done
+# Both SuperNodes connected: each has logged its node id.
+for i in 0 1; do
+  for _ in $(seq 600); do
+    grep -q "SuperNode ID:" "$WORK/supernode$i.log" 2>/dev/null && break
+    kill -0 "${PIDS[$((i + 1))]}" 2>/dev/null || { tail -20 "$WORK/supernode$i.log"; die "SuperNode $i exited"; }
+    sleep 0.2
+  done
+  grep -q "SuperNode ID:" "$WORK/supernode$i.log" || { tail -20 "$WORK/supernode$i.log"; die "SuperNode $i did not connect within 120 s"; }
+  note "SuperNode $i: $(grep -o 'SuperNode ID: [0-9]*' "$WORK/supernode$i.log" | head -1)"
+done
+
+set +e
+show "$PYTHON" -m app.launch --superlink "$CONN" --run-config "num-rounds=$ROUNDS outputs-dir='$WORK/outputs'"
+(cd "$REPO_ROOT" && "$PYTHON" -m app.launch --superlink "$CONN" --run-config "num-rounds=$ROUNDS outputs-dir='$WORK/outputs'")
+RC=$?
+set -e
+echo "ledgers:"
+for i in 0 1; do
+  for f in "$WORK/state$i"/ledger-*.json; do
+    [[ -f "$f" ]] || { echo "  state$i: no ledger"; continue; }
+    "$PYTHON" - "$f" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rel = doc.get("releases", [])
+print(f"  {sys.argv[1]}: epsilon budget {doc.get('epsilon_budget')}, delta {doc.get('delta')}, "
+      f"{len(rel)} release(s) in rounds {sorted({r.get('round') for r in rel})}")
+PY
+  done
+done
+exit $RC
