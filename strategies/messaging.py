@@ -11,6 +11,10 @@ answers for it with an error reply whose source is the SuperLink itself
 (``SUPERLINK_NODE_ID``), not the node; matched through ``reply_to_message_id``, such a reply is
 credited to the node that was asked, so the round log names the right node. Only error replies
 are re-attributed: a content reply keeps the source Flower authenticated.
+
+Every instruction lives only as long as its exchange: its time-to-live is set to the exchange's
+timeout, so a SuperNode that comes back after a crash is not handed the instructions of rounds
+that are over (each would be a release its silo pays for and the server ignores).
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class ExchangeGrid:
             replies = list(self._grid.send_and_receive(sent, timeout=timeout))
             return attribute(replies, {m.metadata.message_id: m.metadata.dst_node_id for m in sent
                                        if m.metadata.message_id})
+        if timeout is not None:
+            for m in sent:  # an instruction expires with its exchange
+                m.metadata.ttl = min(float(m.metadata.ttl), float(timeout))
         ids = list(self._grid.push_messages(sent))
         asked = {mid: m.metadata.dst_node_id for mid, m in zip(ids, sent, strict=False) if mid}
         pending = set(asked)

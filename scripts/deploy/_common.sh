@@ -54,3 +54,14 @@ warn_key_mode() {
 need_value() { [[ "$2" -ge 2 ]] || die "$1 needs a value"; }
 
 abspath() { realpath -m -- "$1"; }
+
+# running_as PID PATTERN: PID is a live process (not a zombie) whose command line contains
+# PATTERN. A pid file left by a crash names a dead pid, a zombie nobody reaped, or a pid the
+# kernel has since given to an unrelated process: none of those is "still running".
+running_as() {
+  local pid=$1 pattern=$2 state
+  [[ "$pid" =~ ^[0-9]+$ && -r /proc/$pid/stat ]] || return 1
+  state=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [[ "$state" != Z && "$state" != X ]] || return 1
+  tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$pattern"
+}

@@ -81,7 +81,7 @@ fi
 PID_FILE=$(abspath "${PID_FILE:-$STATE_DIR/superlink.pid}")
 mkdir -p "$(dirname "$PID_FILE")"
 old=$(cat "$PID_FILE" 2>/dev/null || true)
-if [[ "$old" =~ ^[0-9]+$ ]] && kill -0 "$old" 2>/dev/null; then
+if running_as "$old" flower-superlink; then
   die "$PID_FILE: pid $old is still running (a SuperLink with this state is up); stop it first"
 fi
 export FLWR_HOME=${FLWR_HOME:-$STATE_DIR/flwr-home}

@@ -97,7 +97,7 @@ PID_DIR=$(abspath "${PID_DIR:-$STATE_DIR}")
 mkdir -p "$PID_DIR"
 for f in supernode.pid silo-service.pid; do
   old=$(cat "$PID_DIR/$f" 2>/dev/null || true)
-  if [[ "$old" =~ ^[0-9]+$ ]] && kill -0 "$old" 2>/dev/null; then
+  if running_as "$old" "$([[ $f == supernode.pid ]] && echo flower-supernode || echo app.silo_service)"; then
     die "$PID_DIR/$f: pid $old is still running (another SuperNode with this state dir?); stop it first"
   fi
 done
