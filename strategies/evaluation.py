@@ -39,7 +39,7 @@ def evaluate_point(grid: Grid, rnd: int, w: Mapping[str, np.ndarray], layout: Ma
     grads: list[dict[str, np.ndarray]] = []
     refused = 0
     answered: set[int] = set()
-    for msg in grid.send_and_receive(messages, timeout=timeout):
+    for msg in sorted(grid.send_and_receive(messages, timeout=timeout), key=lambda m: m.metadata.src_node_id):
         node = msg.metadata.src_node_id
         if node in answered:
             log(WARNING, "round %d: ignored a second evaluation reply of node %d", rnd, node)

@@ -208,10 +208,12 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
                  out: Updates) -> Updates:
     """Sort one exchange's training replies into ``out``: failed, refused, malformed (``accept``
     raised ReplyError) or valid (``accept`` recorded it); nothing here raises. Only the first
-    reply of each node that was sent an instruction counts; others are ignored."""
+    reply of each node that was sent an instruction counts; others are ignored. Replies are taken
+    in node-id order, not arrival order, so the aggregate's floating-point sums do not depend on
+    which silo happened to answer first (a resumed run ends bit-identical to an uninterrupted one)."""
     expected = set(sent_to)
     answered: set[int] = set()
-    for msg in replies:
+    for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
         node = msg.metadata.src_node_id
         if node not in expected or node in answered:
             log(WARNING, "round %d: ignored a reply from node %d (%s)", server_round, node,

@@ -14,6 +14,9 @@
 #   --role shuffler        this node is the shuffle-DP shuffler (adds role="shuffler"; no partition-id)
 #   --runtime-port PORT    this node's local Runtime API port (default 9094; one per SuperNode on a host)
 #   --no-silo-service      do not start the long-lived silo service (app.silo_service)
+#   --executor             run every ClientApp task in one long-lived silofl executor (app.executor)
+#                          instead of a flwr-clientapp process per message (flower-supernode
+#                          --isolation process); no silo service is needed then
 #   --max-wait-time S      give up connecting to the SuperLink after S seconds (default: keep trying)
 #   --pid-dir DIR          where supernode.pid and silo-service.pid go (default: the state dir)
 #   --insecure             no TLS, no authentication: loopback tests only (loud warning)
@@ -30,7 +33,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 SUPERLINK="" ROOT_CERT="" AUTH_KEY="" NODE_AUTH=1 STATE_DIR="" NODE_CONFIG="" ROLE=silo RT_PORT=9094
-SILO_SERVICE=1 MAX_WAIT="" PID_DIR="" INSECURE=0
+SILO_SERVICE=1 EXECUTOR=0 MAX_WAIT="" PID_DIR="" INSECURE=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -43,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --role) need_value "$1" $#; ROLE=$2; shift 2 ;;
     --runtime-port) need_value "$1" $#; RT_PORT=$2; shift 2 ;;
     --no-silo-service) SILO_SERVICE=0; shift ;;
+    --executor) EXECUTOR=1; SILO_SERVICE=0; shift ;;
     --max-wait-time) need_value "$1" $#; MAX_WAIT=$2; shift 2 ;;
     --pid-dir) need_value "$1" $#; PID_DIR=$2; shift 2 ;;
     --insecure) INSECURE=1; shift ;;
@@ -95,16 +99,17 @@ fi
 mkdir -p -m 700 "$STATE_DIR"
 PID_DIR=$(abspath "${PID_DIR:-$STATE_DIR}")
 mkdir -p "$PID_DIR"
-for f in supernode.pid silo-service.pid; do
+for f in supernode.pid silo-service.pid executor.pid; do
   old=$(cat "$PID_DIR/$f" 2>/dev/null || true)
-  if running_as "$old" "$([[ $f == supernode.pid ]] && echo flower-supernode || echo app.silo_service)"; then
+  case $f in supernode.pid) what=flower-supernode ;; silo-service.pid) what=app.silo_service ;; *) what=app.executor ;; esac
+  if running_as "$old" "$what"; then
     die "$PID_DIR/$f: pid $old is still running (another SuperNode with this state dir?); stop it first"
   fi
 done
 export FLWR_HOME=${FLWR_HOME:-$STATE_DIR/flwr-home}
 mkdir -p -m 700 "$FLWR_HOME"
 
-SN_PID="" SVC_PID=""
+SN_PID="" SVC_PID="" EXE_PID=""
 stop_pid() {  # stop_pid PID: SIGTERM, up to 10 s, then SIGKILL
   local p=$1
   [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null || return 0
@@ -113,9 +118,10 @@ stop_pid() {  # stop_pid PID: SIGTERM, up to 10 s, then SIGKILL
   kill -KILL "$p" 2>/dev/null || true
 }
 stop() {
+  stop_pid "$EXE_PID"
   stop_pid "$SN_PID"
   stop_pid "$SVC_PID"
-  rm -f "$PID_DIR/supernode.pid" "$PID_DIR/silo-service.pid"
+  rm -f "$PID_DIR/supernode.pid" "$PID_DIR/silo-service.pid" "$PID_DIR/executor.pid"
 }
 trap stop EXIT
 trap 'exit 143' TERM
@@ -139,6 +145,7 @@ if [[ $SILO_SERVICE == 1 ]]; then
   fi
 fi
 
+[[ $EXECUTOR == 1 ]] && CMD+=(--isolation process)
 CMD+=(--node-config "$NODE_CONFIG" "${EXTRA[@]}")
 note "FLWR_HOME=$FLWR_HOME"
 show "${CMD[@]}"
@@ -152,6 +159,14 @@ TEE_PID=$!
 SN_PID=$!
 echo "$SN_PID" > "$PID_DIR/supernode.pid"
 note "flower-supernode pid $SN_PID (in $PID_DIR/supernode.pid), log $LOG"
+if [[ $EXECUTOR == 1 ]]; then
+  EXE_CMD=("$PYTHON" -m app.executor --runtime-api "127.0.0.1:$RT_PORT" --node-config "$NODE_CONFIG")
+  show "${EXE_CMD[@]}"
+  (cd "$REPO_ROOT" && exec "${EXE_CMD[@]}") >&"$LOG_FD" 2>&1 &
+  EXE_PID=$!
+  echo "$EXE_PID" > "$PID_DIR/executor.pid"
+  note "silofl executor pid $EXE_PID (in $PID_DIR/executor.pid)"
+fi
 set +e
 wait "$SN_PID"
 RC=$?
