@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import os
 import signal
 import socket
@@ -298,7 +299,9 @@ def federation(pki, tmp_path_factory):
             p = procs.start(f"supernode{i}", [
                 "bash", str(DEPLOY / "supernode.sh"), "--superlink", f"127.0.0.1:{sl_port}",
                 "--root-cert", str(pki["ca"]), "--auth-key", str(pki["keys"] / f"silo{i}.key"),
-                "--state-dir", str(work / f"state{i}"), "--runtime-port", str(rt), "--node-config", node_config(i)],
+                "--state-dir", str(work / f"state{i}"), "--runtime-port", str(rt), "--node-config", node_config(i),
+                # silo 0 answers through its silo service, silo 1 through the long-lived executor
+                *(["--executor"] if i == 1 else [])],
                 env_for(work / f"state{i}" / "home"), log)
             logs.append((p, log))
         for p, log in logs:
@@ -348,8 +351,10 @@ def test_two_round_run_over_tls_with_registered_nodes(federation) -> None:
         (ledger,) = (work / f"state{i}").glob("ledger-*.json")
         assert sorted(r["round"] for r in json.loads(ledger.read_text())["releases"]) == [1, 2]
     if importlib.util.find_spec("app.silo_service") is not None:  # supernode.sh's default path
-        for i in (0, 1):
-            assert "[silo-service] listening on" in (work / f"supernode{i}.log").read_text(errors="replace")
+        assert "[silo-service] listening on" in (work / "supernode0.log").read_text(errors="replace")
+    executor_log = (work / "supernode1.log").read_text(errors="replace")  # supernode.sh --executor
+    trained = re.findall(r"\[silofl-executor\] run \d+ train \d+ ms \(completed\)", executor_log)
+    assert "[silofl-executor] ready" in executor_log and len(trained) == 2, executor_log[-3000:]
     link_log = federation["link_log"].read_text(errors="replace")
     assert "Uvicorn running on https://127.0.0.1" in link_log and "--enable-supernode-auth" in link_log
     print(f"2-round TLS run: {wall:.1f}s wall")
