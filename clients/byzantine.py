@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import torch
 
 from app.attacks import DATA_ATTACKS, byzantine_indices, flip_labels, random_labels
 from app.config import Settings
@@ -21,6 +20,8 @@ __all__ = ["DATA_ATTACKS", "byzantine_indices", "poison_labels"]
 
 def poison_labels(data: SiloData, s: Settings, num_classes: int) -> SiloData:
     """The silo's training labels flipped (y -> C - 1 - y) or drawn at random."""
+    import torch  # only a silo that poisons its labels needs it here
+
     y = data.train_y.numpy()
     if s.attack.kind == "label-flip":
         new = flip_labels(y, num_classes)

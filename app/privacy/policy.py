@@ -25,8 +25,22 @@ protects the silo's records is decided here, by the silo's operator:
     with ``evaluation="private"``: an evaluation's noise multiplier relative to the training
     releases' (default 1).
 
+``allow-non-private``
+    ``true``: the node also trains in runs with ``privacy.mode = "off"`` (no noise, no ledger
+    budget); ``false``: it refuses them. The default is ``true`` only in a simulation without
+    caps; a deployed node refuses non-private runs unless its operator sets it, and a node with a
+    cap refuses them whatever it says (``allow-non-private = true`` with a cap is an error).
+
 A node "sets a cap" when it has ``epsilon-cap`` or ``delta-cap``: that is how an operator says
 this node guards real records, and every default above then takes the safe side.
+
+A node is **deployed** when it serves a real federation: the silo service
+(app/silo_service.py) always is, and so is a ClientApp running in one of Flower's
+``flwr-clientapp`` processes; Flower's simulation engine and the in-process grid
+(app/local_grid.py) are not. A deployed node takes the safe side without caps too: noise and
+batches from the OS CSPRNG (unless ``noise-seed = "run"``), no evaluation replies (unless
+``evaluation`` says otherwise) and no non-private runs (unless ``allow-non-private = true``).
+Simulations keep the defaults above, so their runs stay reproducible.
 """
 
 from __future__ import annotations
@@ -40,7 +54,8 @@ LEDGER_SCOPES = ("run", "node")
 NOISE_SEEDS = ("run", "os")
 EVALUATION_POLICIES = ("open", "private", "off")
 #: node-config keys this module reads (besides the silo's identity and paths, read by the ClientApp)
-POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio")
+POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio",
+               "allow-non-private")
 
 
 class PolicyError(ValueError):
@@ -56,6 +71,10 @@ class NodePolicy:
     noise_seed: str | None = None
     evaluation: str = "open"
     evaluation_noise_ratio: float = 1.0
+    #: whether the node trains in runs without privacy (privacy.mode = "off")
+    allow_non_private: bool = True
+    #: a real deployment (silo service, flwr-clientapp), not a simulation
+    deployed: bool = False
 
     @property
     def capped(self) -> bool:
@@ -84,28 +103,52 @@ def _positive(node: Mapping[str, Any], key: str, hi: float | None = None) -> flo
     return value
 
 
-def node_policy(node: Mapping[str, Any]) -> NodePolicy:
-    """Parse the policy keys of a node config, with the defaults described above."""
+def _flag(node: Mapping[str, Any], key: str) -> bool | None:
+    if key not in node:
+        return None
+    value = node[key]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise PolicyError(f"node config {key} = {value!r}; allowed: true, false")
+
+
+def node_policy(node: Mapping[str, Any], *, deployed: bool = False) -> NodePolicy:
+    """Parse the policy keys of a node config, with the defaults described above (``deployed``:
+    the node serves a real federation, so the safe defaults hold without caps too)."""
     eps_cap = _positive(node, "epsilon-cap")
     delta_cap = _positive(node, "delta-cap", hi=1.0)
     capped = eps_cap is not None or delta_cap is not None
+    safe = capped or deployed
     scope = _choice(node, "ledger-scope", LEDGER_SCOPES, "node" if eps_cap is not None else "run")
     if scope == "node" and eps_cap is None:
         raise PolicyError("node config ledger-scope = 'node' needs epsilon-cap (the silo's lifetime budget)")
     ratio = _positive(node, "evaluation-noise-ratio")
+    allow = _flag(node, "allow-non-private")
+    if allow and capped:
+        raise PolicyError("node config allow-non-private = true contradicts its privacy cap (epsilon-cap/delta-cap); "
+                          "remove one of them")
     return NodePolicy(
         epsilon_cap=eps_cap, delta_cap=delta_cap, ledger_scope=str(scope),
-        noise_seed=_choice(node, "noise-seed", NOISE_SEEDS, "os" if capped else None),
-        evaluation=str(_choice(node, "evaluation", EVALUATION_POLICIES, "off" if capped else "open")),
+        noise_seed=_choice(node, "noise-seed", NOISE_SEEDS, "os" if safe else None),
+        evaluation=str(_choice(node, "evaluation", EVALUATION_POLICIES, "off" if safe else "open")),
         evaluation_noise_ratio=1.0 if ratio is None else ratio,
+        allow_non_private=(not safe) if allow is None else allow,
+        deployed=deployed,
     )
 
 
 def policy_violation(policy: NodePolicy, private: bool, epsilon: float, delta: float, delta_asked: str) -> str | None:
-    """Why this silo's caps forbid training in this run (or None). ``delta`` is the delta the
-    silo would use (1/n^2 for ``auto``), ``delta_asked`` how the run config said it."""
+    """Why this silo's policy (its caps, or no runs without privacy) forbids training in this run
+    (or None). ``delta`` is the delta the silo would use (1/n^2 for ``auto``), ``delta_asked``
+    how the run config said it."""
     if policy.capped and not private:
         return "this silo's policy sets a privacy cap; the run asks for no privacy"
+    if not private and not policy.allow_non_private:
+        why = ("a deployed silo trains without privacy only with node config allow-non-private = true"
+               if policy.deployed else "its node config sets allow-non-private = false")
+        return f"this silo refuses runs without privacy (privacy.mode = 'off'): {why}"
     if policy.epsilon_cap is not None and epsilon > policy.epsilon_cap:
         return f"this silo's policy caps epsilon at {policy.epsilon_cap:g}; the run asks for epsilon={epsilon:g}"
     if policy.delta_cap is not None and delta > policy.delta_cap:

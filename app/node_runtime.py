@@ -1,0 +1,239 @@
+"""What a node does with each message: its role, its silo (or shuffler) and their state.
+
+One implementation for both ways a node runs (DESIGN.md section 2, composition root):
+
+* in process: the ClientApp (app/client_app.py) imports this module lazily and calls
+  :func:`handle` (simulations, the in-process grid, or a SuperNode without a silo service);
+* in the silo service (app/silo_service.py): a long-lived process per SuperNode that keeps the
+  data, the model, the ledger, the calibration and the PowerSGD state across messages and runs,
+  while Flower starts a fresh ``flwr-clientapp`` process for every message.
+
+Node config (the node operator's, never the run's): ``partition-id`` (this silo's index),
+``num-partitions`` (must equal num-silos), ``state-dir`` (where the privacy ledger lives;
+default ``$FLWR_HOME/silofl-state``), ``data-dir`` (overrides the run's data-dir), ``role``, the
+shuffle-DP pins ``shuffler-public-key`` / ``silo-keys``, and the silo's own privacy policy
+(app/privacy/policy.py: a node that sets a cap, or a deployed node, gets OS randomness, no
+evaluation replies and no runs without privacy unless its operator says otherwise; a node with
+a cap gets a lifetime ledger).
+
+Shuffle DP (``privacy.mode = shuffle``) adds a third role: ``role = "shuffler"`` in a node's
+config makes it the trusted shuffler (clients/shuffler.py; its private key stays in its
+state-dir; ``silo-keys``, comma-separated hex, pins the silos whose contributions it accepts).
+A silo pins the shuffler with ``shuffler-public-key`` (hex). In a simulation (num-partitions =
+num-silos + 1) the node with partition-id = num-silos is the shuffler and the keys travel
+through the server, which a deployment must not rely on (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from flwr.app import Context, MessageType, RecordDict
+
+from app import wire
+from app.config import Settings, parse_settings
+from app.data.federated import build_federated_data
+from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
+from app.privacy.ledger import LedgerError
+from app.privacy.policy import NodePolicy, node_policy, policy_violation
+from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
+from clients.shuffler import ShuffleRefused, Shuffler
+from clients.silo import RefusingSilo, Silo
+
+#: the silos (and shufflers) this process serves, built once per run and reused across messages
+_SILOS: dict[tuple, Silo] = {}
+_SHUFFLERS: dict[tuple, Shuffler] = {}
+
+
+def state_dir(node: dict) -> Path:
+    flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
+    return Path(str(node.get("state-dir", flwr_home / "silofl-state")))
+
+
+def node_role(context: Context) -> str:
+    """``shuffler`` for the node whose config says so (or, in a shuffle-mode simulation with
+    num-silos + 1 nodes, the last one), else ``silo``."""
+    node = context.node_config
+    role = str(node.get("role", ""))
+    if role:
+        if role not in (wire.ROLE_SILO, wire.ROLE_SHUFFLER):
+            raise ValueError(f"node config role = {role!r} is not allowed; allowed: silo, shuffler")
+        return role
+    s = parse_settings(context.run_config)
+    if (s.privacy.mode == "shuffle" and int(node.get("num-partitions", -1)) == s.num_silos + 1
+            and int(node.get("partition-id", -1)) == s.num_silos):
+        return wire.ROLE_SHUFFLER
+    return wire.ROLE_SILO
+
+
+def shuffler(context: Context) -> Shuffler:
+    """This node's shuffler (its key pair on its own disk; one per run and state dir)."""
+    node = context.node_config
+    where = state_dir(node)
+    key = (context.run_id, where)
+    if key not in _SHUFFLERS:
+        for old in [k for k in _SHUFFLERS if k != key]:
+            del _SHUFFLERS[old]
+        keys = StaticKeys.load_or_create(where / "shuffler.key")
+        pinned = str(node.get("silo-keys", "")).strip()
+        allowed = [parse_public_key(k.strip()) for k in pinned.split(",") if k.strip()] if pinned else None
+        _SHUFFLERS[key] = Shuffler(keys, allowed, seen_path=where / f"shuffler-seen-run{context.run_id}.json")
+    return _SHUFFLERS[key]
+
+
+def settings(context: Context, policy: NodePolicy) -> Settings:
+    """The run's settings as this node applies them (its data-dir, its noise-seed)."""
+    s = parse_settings(context.run_config)
+    node = context.node_config
+    if node.get("data-dir"):
+        s = replace(s, data_dir=str(node["data-dir"]))
+    if policy.noise_seed is not None:  # the node's choice (or its safe default, os) wins
+        s = replace(s, privacy=replace(s.privacy, noise_seed=policy.noise_seed))
+    return s
+
+
+def silo(context: Context, deployed: bool = False) -> Silo:
+    """The silo of this node and run (built once per process and reused across rounds)."""
+    node = context.node_config
+    policy = node_policy(node, deployed=deployed)
+    s = settings(context, policy)
+    if "partition-id" not in node:
+        raise ValueError("node config must set partition-id (this silo's index) and num-partitions")
+    index = int(node["partition-id"])
+    num = int(node.get("num-partitions", s.num_silos))
+    if s.privacy.mode == "shuffle" and num == s.num_silos + 1:  # a simulation with its shuffler node
+        num = s.num_silos
+    if num != s.num_silos or not 0 <= index < s.num_silos:
+        raise ValueError(
+            f"node config partition-id={index}, num-partitions={num} does not fit num-silos = {s.num_silos}; "
+            f"start the federation with {s.num_silos} silo nodes"
+        )
+    # a run-scoped ledger is named by the run (a resumed run names its original's: ledger-run-key)
+    run_key = getattr(s, "ledger_run_key", "") or f"run{context.run_id}"
+    ledger_key = run_key if policy.ledger_scope == "run" else "node"
+    where = state_dir(node)
+    key = (context.run_id, index, where, ledger_key, deployed)
+    if key not in _SILOS:
+        # a warm process (simulation actors, the in-process grid, the silo service) serves run
+        # after run: keep only the silos of this run, or the old runs' data would pile up in memory
+        for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
+            del _SILOS[old]
+        fed = build_federated_data(s)
+        data = fed.silos[index]
+        if s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
+            data = poison_labels(data, s, fed.num_classes)
+        n = fed.silos[index].n
+        ledger_budget = None
+        if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
+            # (epsilon-cap, delta-cap), or delta = 1/n^2 without a delta cap: never what one run asks
+            ledger_budget = (float(policy.epsilon_cap), policy.delta_cap if policy.delta_cap is not None else 1.0 / (n * n))
+        delta_asked = "1/n^2" if s.privacy.delta is None else f"{s.privacy.delta:g}"
+        violation = policy_violation(policy, s.privacy.enabled, s.privacy.epsilon, s.delta_for(n), delta_asked)
+        pin = str(node.get("shuffler-public-key", "")).strip() or None
+        if pin is not None:
+            try:
+                parse_public_key(pin)
+            except EnvelopeError as exc:  # the operator's typo: refuse everything, say why
+                violation = violation or f"node config shuffler-public-key is not an X25519 public key: {exc}"
+                pin = None
+        if violation is None and s.privacy.mode == "shuffle" and pin is None and policy.epsilon_cap is not None:
+            violation = ("this node has a privacy cap and no pinned shuffler key (node config shuffler-public-key): "
+                         "it does not seal contributions to a key the server chose")
+        try:
+            _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, where, ledger_key,
+                               policy_violation=violation, ledger_budget=ledger_budget,
+                               evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio,
+                               run_id=context.run_id, shuffler_pin=pin)
+        except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
+            _SILOS[key] = RefusingSilo(index, str(exc))
+    return _SILOS[key]
+
+
+# -- one function per message type: (content, context, deployed) -> reply content ----------------
+
+def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it trains nothing", 0.0).encode()
+    node_silo = silo(context, deployed)
+    try:
+        return node_silo.train(content)
+    except wire.ReplyError as exc:  # a malformed instruction is refused, not a crash
+        return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
+
+
+def evaluate(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it holds no data", 0.0).encode()
+    node_silo = silo(context, deployed)
+    try:
+        return node_silo.evaluate(content)
+    except wire.ReplyError as exc:
+        return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
+
+
+def ledger(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    """The silo's public privacy record: n, K, budget, releases, epsilon spent."""
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.ledger_reply({"role": wire.ROLE_SHUFFLER})
+    return wire.ledger_reply(silo(context, deployed).ledger_report())
+
+
+def keys(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    """This node's role and X25519 public key: the shuffler's (silos seal to it) or a silo's
+    sender key (the shuffler accepts only contributions from known senders)."""
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.keys_reply(wire.ROLE_SHUFFLER, shuffler(context).keys.public_hex)
+    sender = getattr(silo(context, deployed), "sender_keys", None)
+    if sender is None:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this silo has no shuffle key (not a shuffle-mode run)", 0.0).encode()
+    return wire.keys_reply(wire.ROLE_SILO, sender.public_hex)
+
+
+def shuffle(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    """The shuffler's one job: decrypt, check and sum one exchange's contributions, and return
+    only the totals (or refuse). A malformed request is refused, never a crash."""
+    if node_role(context) != wire.ROLE_SHUFFLER:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this node is not the shuffler", 0.0).encode()
+    node_shuffler = shuffler(context)
+    try:
+        req = wire.ShuffleRequest.decode(content)
+        if node_shuffler.allowed_senders is None:  # simulation: the silo keys the server saw
+            senders = [parse_public_key(k) for k in req.senders]
+            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels, allowed_senders=senders)
+        else:
+            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels)
+    except (wire.ReplyError, EnvelopeError) as exc:
+        return wire.Refusal(wire.REFUSED_CONFIG, f"malformed shuffle request: {exc}", 0.0).encode()
+    except ShuffleRefused as exc:
+        return wire.Refusal(wire.REFUSED_POLICY, f"shuffler refused: {exc}", 0.0).encode()
+    return wire.ShuffleReply(result.totals, result.trials, result.records, result.accepted,
+                             len(result.dropped)).encode()
+
+
+def identity(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    """This node's partition id, for the simulation's attack harness (which silos are Byzantine
+    is the experiment's ground truth). The server never weights a silo by it."""
+    return wire.identity_reply(int(context.node_config["partition-id"]))
+
+
+#: Flower message type -> handler; the ClientApp registers exactly these
+HANDLERS: dict[str, Callable[[RecordDict, Context, bool], RecordDict]] = {
+    str(MessageType.TRAIN): train,
+    str(MessageType.EVALUATE): evaluate,
+    wire.LEDGER_QUERY: ledger,
+    wire.KEYS_QUERY: keys,
+    wire.SHUFFLE_QUERY: shuffle,
+    wire.IDENTITY_QUERY: identity,
+}
+
+
+def handle(message_type: str, content: RecordDict, context: Context, *, deployed: bool) -> RecordDict:
+    """The reply content for one message of ``message_type`` (a key of :data:`HANDLERS`)."""
+    try:
+        fn = HANDLERS[message_type]
+    except KeyError:
+        raise ValueError(f"unknown message type {message_type!r}; known: {', '.join(HANDLERS)}") from None
+    return fn(content, context, deployed)

@@ -1,0 +1,414 @@
+"""The silo service: one long-lived process per SuperNode that owns the silo's state.
+
+Flower 1.42's SuperNode starts a fresh ``flwr-clientapp`` process for every message, so
+anything a ClientApp keeps in memory (the data, the model, the calibration, PowerSGD's warm
+start) is rebuilt every time, and importing torch alone costs seconds. The operator starts this
+service next to the SuperNode, with the node's own config, and adds ``silo-service='<socket>'``
+to the SuperNode's node config::
+
+    python -m app.silo_service --socket /srv/silofl/state/silo-service.sock \\
+        --node-config "partition-id=0 num-partitions=2 state-dir='/srv/silofl/state' epsilon-cap=3.0"
+
+The ClientApp (app/client_app.py) then imports no torch and forwards each message here over a
+Unix socket; the service answers it with app/node_runtime.py, the same code a ClientApp runs in
+process, and keeps the silo between messages and runs.
+
+Security. The ClientApp's code comes from the server (the FAB that ``flwr run`` ships), so the
+service takes from a request only what the server decides anyway: the message type, its
+content, the run id and the run config. Everything that protects the silo's records (privacy
+caps, ledger scope and location, noise seed, evaluation policy, role, keys, data-dir) comes from
+its own ``--node-config``; a request cannot carry a node config. The service is always a
+deployment (app/privacy/policy.py): OS randomness, no evaluation and no runs without privacy
+unless its node config says otherwise. The socket is created 0600 in a directory created 0700,
+and only a peer with the service's own uid (or root) is served. It serves one request at a
+time, so its ledger is never written concurrently.
+
+Wire format (all integers big-endian): ``b"SLFS"``, version (u8), kind (u8: 0 request, 1
+reply), header length (u32), body length (u64), a JSON header, a body. A request's header is
+``{"type": <Flower message type or "ping">, "run_id": int, "run_config": {key: bool | int |
+float | str}}`` and its body the message content, a RecordDict serialised with Flower's protobuf
+serde (no pickle). A reply's header is ``{"ok": true}`` with the reply content as body, or
+``{"ok": false, "error": "..."}``. A malformed or oversized frame (``--max-frame-bytes``,
+1 GiB by default) gets an error reply and the connection is closed; the service keeps serving.
+
+This module's top level imports no torch: the ClientApp imports it for :func:`request`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+MAGIC = b"SLFS"
+VERSION = 1
+REQUEST, REPLY = 0, 1
+_PREFIX = struct.Struct(">4sBBIQ")  # magic, version, kind, header length, body length
+MAX_HEADER_BYTES = 16 << 20
+DEFAULT_MAX_FRAME_BYTES = 1 << 30
+PING = "ping"
+#: the fields of a request header: nothing else is accepted
+REQUEST_KEYS = frozenset({"type", "run_id", "run_config"})
+#: seconds a connected peer may take to send its request (between two reads)
+IO_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+class FrameError(ValueError):
+    """A frame is malformed, oversized, or its header is not what the protocol allows."""
+
+
+class ServiceUnavailable(ConnectionError):
+    """No silo service answers on the socket (missing, refused, or it went away mid-request)."""
+
+
+class ServiceError(RuntimeError):
+    """The silo service answered with an error (it could not handle the request)."""
+
+
+# -- framing --------------------------------------------------------------------------------------
+
+def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> bytes:
+    head = json.dumps(dict(header), allow_nan=True, separators=(",", ":")).encode()
+    return _PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes, read as they come (a frame that announces more than it sends costs nothing)."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(sock: socket.socket, kind: int, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+    """One frame of ``kind`` from ``sock``: (header, body). FrameError if malformed or too big;
+    EOFError if the peer closed the connection before the frame was complete."""
+    magic, version, got_kind, head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size))
+    if magic != MAGIC:
+        raise FrameError(f"not a silo-service frame (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise FrameError(f"protocol version {version}; this service speaks version {VERSION}")
+    if got_kind != kind:
+        raise FrameError(f"frame kind {got_kind}, expected {kind}")
+    if head_len > MAX_HEADER_BYTES or head_len + body_len > max_bytes:
+        raise FrameError(f"frame of {head_len + body_len} bytes is over the limit of {max_bytes} bytes")
+    try:
+        header = json.loads(_recv_exact(sock, head_len))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FrameError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameError("header is not a JSON object")
+    return header, _recv_exact(sock, body_len)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
+def parse_request(header: Mapping[str, Any], body: bytes, known_types: frozenset[str]) -> tuple[str, int, dict, RecordDict]:
+    """(message type, run id, run config, content) of a request; FrameError if malformed."""
+    extra = sorted(set(header) - REQUEST_KEYS)
+    if extra:  # in particular a node config: the service has its own and takes no other
+        raise FrameError(f"unexpected request fields {extra}; a request has only {sorted(REQUEST_KEYS)}")
+    mtype = header.get("type")
+    if not isinstance(mtype, str) or mtype not in known_types:
+        raise FrameError(f"message type {mtype!r} is not served; served: {', '.join(sorted(known_types))}")
+    run_id = header.get("run_id")
+    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 <= run_id < 2**64:
+        raise FrameError(f"run_id {run_id!r} is not an integer in [0, 2^64)")
+    run_config = header.get("run_config")
+    if not isinstance(run_config, dict) or not all(isinstance(k, str) and _scalar(v) for k, v in run_config.items()):
+        raise FrameError("run_config is not an object of str -> bool | int | float | str")
+    try:
+        content = recorddict_from_proto(ProtoRecordDict.FromString(body))
+    except Exception as exc:  # protobuf's DecodeError, or a record Flower refuses to build
+        raise FrameError(f"body is not a Flower RecordDict: {type(exc).__name__}: {exc}") from None
+    return mtype, run_id, run_config, content
+
+
+# -- client (the ClientApp side) -----------------------------------------------------------------
+
+def _connect(path: str, timeout: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        raise ServiceUnavailable(f"no silo service answers on {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _exchange(path: str, frame: bytes, timeout: float | None, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+    sock = _connect(path, CONNECT_TIMEOUT_S)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(frame)
+            return read_frame(sock, REPLY, max_bytes)
+        except (OSError, EOFError) as exc:
+            raise ServiceUnavailable(f"the silo service on {path} went away mid-request: {exc}") from None
+    finally:
+        sock.close()
+
+
+def request(path: str, message_type: str, content: RecordDict, run_id: int, run_config: Mapping[str, Any], *,
+            timeout: float | None = None, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> RecordDict:
+    """Forward one message to the service on ``path``; its reply content. ServiceUnavailable if
+    nothing answers, ServiceError if the service answers with an error."""
+    body = recorddict_to_proto(content).SerializeToString()
+    header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config)}
+    reply, reply_body = _exchange(path, encode_frame(REQUEST, header, body), timeout, max_bytes)
+    if reply.get("ok") is not True:
+        raise ServiceError(f"silo service on {path}: {reply.get('error', 'error reply without a reason')}")
+    try:
+        return recorddict_from_proto(ProtoRecordDict.FromString(reply_body))
+    except Exception as exc:
+        raise ServiceError(f"silo service on {path} sent a reply that is not a RecordDict: {exc}") from None
+
+
+def ping(path: str, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
+    """The service's ping answer (pid, partition, role); ServiceUnavailable if none answers."""
+    reply, _ = _exchange(path, encode_frame(REQUEST, {"type": PING, "run_id": 0, "run_config": {}}), timeout,
+                         MAX_HEADER_BYTES)
+    if reply.get("ok") is not True:
+        raise ServiceError(f"silo service on {path}: {reply.get('error')}")
+    return reply
+
+
+# -- the service ----------------------------------------------------------------------------------
+
+def _listening(path: str) -> bool:
+    """Whether a process listens on the Unix socket ``path`` (connection refused: a stale file)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2.0)
+    try:
+        sock.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # e.g. a full backlog: someone is there
+    finally:
+        sock.close()
+    return True
+
+
+def _log(msg: str) -> None:
+    print(f"[silo-service] {msg}", flush=True)
+
+
+class SiloService:
+    """Serves one request at a time on a listening Unix socket with this node's config."""
+
+    def __init__(self, socket_path: str | Path, node_config: Mapping[str, Any],
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        from app.privacy.policy import node_policy
+
+        self.path = str(socket_path)
+        self.node_config = dict(node_config)
+        self.node_config.pop("silo-service", None)  # the service is the silo: it forwards nothing
+        node_policy(self.node_config, deployed=True)  # a bad policy value stops the service here
+        self.max_frame_bytes = int(max_frame_bytes)
+        self.stopping = False
+        self.sock: socket.socket | None = None
+        self.runtime: Any = None
+        self.types: frozenset[str] = frozenset({PING})
+        self._ino: int | None = None
+
+    # socket lifecycle
+    def check_path(self) -> None:
+        """SystemExit unless the socket path is free: too long, not a socket, or another service
+        listening there stops this one; a stale socket (nobody listening) is removed."""
+        path = Path(self.path)
+        if len(os.fsencode(self.path)) > 107:
+            raise SystemExit(f"silo service: socket path {self.path} is too long for a Unix socket (max 107 bytes)")
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise SystemExit(f"silo service: {self.path} exists and is not a socket; refusing to replace it")
+            if _listening(self.path):  # a busy service still accepts: never judge by a timed-out ping
+                try:
+                    who = f" (pid {ping(self.path, timeout=2.0).get('pid')})"
+                except (ServiceUnavailable, ServiceError, FrameError, struct.error):
+                    who = ""
+                raise SystemExit(f"silo service: another silo service{who} answers on {self.path}; "
+                                 "refusing to start a second one")
+            path.unlink(missing_ok=True)  # a stale socket left by a service that died
+            _log(f"removed the stale socket {self.path}")
+
+    def load(self) -> None:
+        """Import the node runtime (torch, the data pipeline, the accountant) once, before the
+        socket exists, so that the first request does not pay for it."""
+        from app import node_runtime
+
+        self.runtime = node_runtime
+        self.types = frozenset(node_runtime.HANDLERS) | {PING}
+
+    def bind(self) -> None:
+        """Listen on the socket (0600, its directory created 0700): from now on it serves."""
+        self.check_path()
+        path = Path(self.path)
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+            os.chmod(path.parent, 0o700)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # the socket is 0600 from the moment it exists
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+        sock.listen(16)
+        sock.settimeout(0.5)  # wake up to notice SIGTERM
+        self._ino = os.stat(self.path).st_ino
+        self.sock = sock
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        try:
+            if self._ino is not None and os.stat(self.path).st_ino == self._ino:
+                os.unlink(self.path)  # ours, not a successor's
+        except FileNotFoundError:
+            pass
+
+    def serve_forever(self) -> None:
+        assert self.sock is not None
+        while not self.stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping:
+                    break
+                raise
+            with conn:
+                self.serve_connection(conn)
+
+    # one connection, one request
+    def _peer_allowed(self, conn: socket.socket) -> bool:
+        if not hasattr(socket, "SO_PEERCRED"):
+            return True
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+        _, uid, _ = struct.unpack("iII", creds)  # struct ucred: pid, uid, gid
+        return uid in (os.getuid(), 0)
+
+    def serve_connection(self, conn: socket.socket) -> None:
+        t0 = time.perf_counter()
+        conn.settimeout(IO_TIMEOUT_S)
+        run_id: Any = "-"
+        mtype = "?"
+        try:
+            if not self._peer_allowed(conn):
+                self._send(conn, {"ok": False, "error": "peer uid not allowed"})
+                _log("refused a peer with another uid")
+                return
+            header, body = read_frame(conn, REQUEST, self.max_frame_bytes)
+            mtype = "".join(c if c.isprintable() else "?" for c in str(header.get("type", "?"))[:40])
+            if header.get("type") == PING:
+                self._send(conn, {"ok": True, "pid": os.getpid(), "partition-id": self.node_config.get("partition-id"),
+                                  "role": self.node_config.get("role", "silo")})
+                return
+            mtype, run_id, run_config, content = parse_request(header, body, self.types)
+            del body
+            reply = self.handle(mtype, run_id, run_config, content)
+            self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
+            _log(f"run {run_id} {mtype} {1000 * (time.perf_counter() - t0):.1f} ms")
+        except (FrameError, struct.error, UnicodeDecodeError) as exc:
+            _log(f"run {run_id} {mtype} malformed request: {exc}")
+            self._send(conn, {"ok": False, "error": f"malformed request: {exc}"})
+        except (EOFError, TimeoutError, ConnectionError, BrokenPipeError) as exc:
+            _log(f"run {run_id} {mtype} connection dropped: {exc}")
+        except Exception as exc:  # the handler raised: say why, keep serving
+            traceback.print_exc(file=sys.stderr)
+            _log(f"run {run_id} {mtype} failed after {1000 * (time.perf_counter() - t0):.1f} ms: "
+                 f"{type(exc).__name__}: {exc}")
+            self._send(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    def handle(self, mtype: str, run_id: int, run_config: dict[str, Any], content: RecordDict) -> RecordDict:
+        """The reply to one request: this node's own config, the request's run and content."""
+        context = Context(run_id=run_id, node_id=0, node_config=dict(self.node_config), state=RecordDict(),
+                          run_config=run_config)
+        return self.runtime.handle(mtype, content, context, deployed=True)
+
+    @staticmethod
+    def _send(conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> None:
+        try:
+            conn.sendall(encode_frame(REPLY, header, body))
+        except OSError:
+            pass  # the peer left; nothing to tell it
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.silo_service", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--socket", required=True, help="the Unix socket to listen on (its directory is created 0700)")
+    ap.add_argument("--node-config", default="", help="this node's config, the same string as the SuperNode's "
+                    "--node-config (Flower's format: \"partition-id=0 num-partitions=2 state-dir='/state' ...\")")
+    ap.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
+                    help="the largest request accepted (default 1 GiB)")
+    args = ap.parse_args(argv)
+    from flwr.common.config import parse_config_args
+
+    from app.privacy.policy import PolicyError
+
+    try:
+        node_config = parse_config_args([args.node_config]) if args.node_config.strip() else {}
+    except Exception as exc:
+        print(f"silo service: --node-config cannot be parsed: {exc}", file=sys.stderr)
+        return 2
+    if args.max_frame_bytes < 1024:
+        print(f"silo service: --max-frame-bytes {args.max_frame_bytes} is out of range; allowed: >= 1024", file=sys.stderr)
+        return 2
+    try:
+        service = SiloService(args.socket, node_config, args.max_frame_bytes)
+    except PolicyError as exc:
+        print(f"silo service: {exc}", file=sys.stderr)
+        return 2
+
+    def stop(signum: int, _frame: Any) -> None:
+        service.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        service.check_path()  # fail fast, before the seconds of imports
+        service.load()
+        if service.stopping:
+            return 0
+        service.bind()
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    who = (f"role {node_config['role']}" if node_config.get("role")
+           else f"partition-id {node_config.get('partition-id', '?')}")
+    _log(f"listening on {service.path} (pid {os.getpid()}, {who}, max frame {service.max_frame_bytes} bytes)")
+    try:
+        service.serve_forever()
+    finally:
+        service.close()
+        _log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The ClientApp is thin: Flower 1.42's SuperNode starts a fresh ``flwr-clientapp`` process for
+every message, so whatever ``import app.client_app`` loads is paid for every message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "scipy", "matplotlib", "hydra", "sklearn", "dp_accounting", "opacus", "pandas")
+
+
+def _loaded_after(module: str) -> list[str]:
+    code = (f"import {module}, sys; "
+            f"print(sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in {HEAVY!r}}}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0",
+                              "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    return eval(out.stdout.strip())  # a list literal of module names
+
+
+def test_client_app_imports_nothing_heavy() -> None:
+    assert _loaded_after("app.client_app") == []
+
+
+def test_client_app_adds_only_its_protocol_to_flower() -> None:
+    """Beyond Flower itself, importing the ClientApp loads app.client_app and app.silo_service
+    (the socket protocol), nothing of the silo."""
+    code = ("import sys, flwr.app, flwr.clientapp, flwr.common.serde; before = set(sys.modules); "
+            "import app.client_app; print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+            "('app', 'clients', 'strategies')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert eval(out.stdout.strip()) == ["app", "app.client_app", "app.silo_service"]
+
+
+def test_query_names_match_the_wire() -> None:
+    """client_app spells the query actions itself (app.wire imports torch); they are wire's."""
+    import app.client_app as client_app
+    from app import node_runtime, wire
+
+    assert (client_app.LEDGER, client_app.IDENTITY, client_app.KEYS, client_app.SHUFFLE) == (
+        wire.LEDGER, wire.IDENTITY, wire.KEYS, wire.SHUFFLE)
+    registered = set(client_app.app._registered_funcs)  # "train.default", "query.ledger", ...
+    served = {t if "." in t else f"{t}.default" for t in node_runtime.HANDLERS}
+    assert registered == served
+
+
+def test_byzantine_silos_load_scipy_only_for_alie() -> None:
+    assert "scipy" not in _loaded_after("clients.byzantine")
+    assert "scipy" not in _loaded_after("app.attacks")
