@@ -6,12 +6,14 @@ Modes (each on a fresh insecure SuperLink, fresh SuperNodes, fresh state, free p
                 as silofl's default run), polling replies as silofl's ServerApp does: Flower's floor;
 * ``floor-3s``  the same with Flower's own ``Grid.send_and_receive`` (3 s between pulls): the
                 floor of a ServerApp that does not poll faster (silofl before poll-interval);
-* ``before``    silofl at ``--before-ref`` (git archive of that commit; default HEAD), whose
+* ``before``    silofl at ``--before-ref`` (git archive of that commit; default b69d7fb, before the deployment work), whose
                 ClientApp builds the silo in every ``flwr-clientapp`` process;
 * ``inproc``    silofl of the working tree without a silo service (the thin ClientApp imports
                 app.node_runtime in every ``flwr-clientapp`` process);
 * ``after``     silofl of the working tree with one silo service per SuperNode
                 (``python -m app.silo_service``, ``silo-service='<socket>'`` in the node config).
+* ``executor``  silofl of the working tree, each SuperNode started with ``--isolation process``
+                and one long-lived ``python -m app.executor`` running every task in process.
 
 Every mode runs ``--rounds`` rounds of its app's default run (silofl: ISRL-DP MB-SGD on WBCD,
 2 silos, each with node config ``epsilon-cap=3.0 evaluation='private'``), with the same
@@ -57,7 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_APP = Path(__file__).resolve().parent / "noop_app"
 APP_SOURCES = ("pyproject.toml", "README.md", ".gitignore", "app", "strategies", "clients")
-MODES = ("floor", "floor-3s", "before", "inproc", "after")
+MODES = ("floor", "floor-3s", "before", "inproc", "after", "executor")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BIN = Path(sys.executable).parent
 
@@ -193,8 +195,16 @@ class Deployment:
                 _wait(lambda s=sock: _service_up(s), 120, f"silo service {i} did not come up",
                       lambda i=i: self.log_text(f"service{i}"))
                 node_config += f" silo-service='{sock}'"
+            rt_port = free_port()
+            isolation = ["--isolation", "process"] if self.mode == "executor" else []
             self._start(f"supernode{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                                          "--port", str(free_port()), "--node-config", node_config], node_env, node_dir)
+                                          "--port", str(rt_port), *isolation, "--node-config", node_config],
+                        node_env, node_dir)
+            if self.mode == "executor":
+                self._start(f"service{i}", [sys.executable, "-m", "app.executor", "--runtime-api",
+                                            f"127.0.0.1:{rt_port}", "--node-config", node_config], node_env, ROOT)
+                _wait(lambda i=i: "[silofl-executor] ready" in self.log_text(f"service{i}"), 120,
+                      f"executor {i} did not come up", lambda i=i: self.log_text(f"service{i}"))
         for i in range(self.nodes):
             _wait(lambda i=i: "SuperNode ID" in self.log_text(f"supernode{i}"), 120,
                   f"SuperNode {i} did not connect", lambda i=i: self.log_text(f"supernode{i}"))
@@ -295,7 +305,7 @@ def run_config(mode: str, rounds: int, out: Path, server_poll: float) -> str:
         cfg["poll-interval"] = server_poll
     elif mode == "floor-3s":
         cfg["poll-interval"] = 0.0
-    elif mode in ("inproc", "after") and _has_key(ROOT / "pyproject.toml", "poll-interval"):
+    elif mode in ("inproc", "after", "executor") and _has_key(ROOT / "pyproject.toml", "poll-interval"):
         cfg["poll-interval"] = server_poll
     return " ".join(f"{k}={json.dumps(v)}" for k, v in cfg.items())
 
@@ -413,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--superlink-poll", type=float, default=1.0,
                     help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL of the SuperLink's SuperExec (it starts the ServerApp)")
     ap.add_argument("--server-poll", type=float, default=0.05, help="the ServerApps' poll-interval (s)")
-    ap.add_argument("--before-ref", default="HEAD", help="the commit whose silofl is 'before'")
+    ap.add_argument("--before-ref", default="b69d7fb", help="the commit whose silofl is 'before' (default: the last one before the deployment work)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one flwr run may take")
     ap.add_argument("--json", type=Path, default=None, help="write every round and the table here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories (logs, ledgers)")
