@@ -57,9 +57,11 @@ def validate(run_config: dict[str, Any]) -> Settings:
     the data (a deployment whose data lives only on the silos skips that part: each silo
     refuses what does not fit its own data, with the reason)."""
     s = parse_settings(run_config)
+    from app.data.sources import DataUnavailableError
+
     try:
         _, splits, _, _ = silo_splits(s)
-    except OSError as exc:
+    except (OSError, DataUnavailableError) as exc:
         log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves", s.dataset, exc)
         return s
     check_silo_sizes(s, [len(train) for train, _ in splits])
