@@ -10,16 +10,15 @@ or this round's, never a part of one.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from app.filelock import write_bytes_atomically
 
 #: bump when the layout of the tree changes; a checkpoint of another format is refused
 FORMAT = 1
@@ -80,28 +79,11 @@ def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (temporary file, fsync, rename, fsync the folder)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
     tree = json.dumps({"format": FORMAT, "state": _encode(state, arrays)})
     buf = io.BytesIO()
     np.savez(buf, **{_TREE: np.frombuffer(tree.encode(), dtype=np.uint8)}, **arrays)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(buf.getbuffer())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_bytes_atomically(path, buf.getvalue(), sync_dir=True)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

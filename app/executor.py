@@ -33,7 +33,6 @@ import time
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-PROFILE = bool(__import__("os").environ.get("SILOFL_EXECUTOR_PROFILE"))
 #: the app id this executor serves ("<publisher>/<name>" from pyproject's [tool.flwr.app])
 APP_ID = "silofl/silofl"
 
@@ -113,7 +112,6 @@ class Executor:
         try:
             heartbeat.start()
             message, context, run, _fab = pull_task_input(client)
-            t_in = time.perf_counter()
             if run.fab_id != self.app_id:
                 raise PermissionError(f"this node runs only {self.app_id}; the run's app is {run.fab_id!r}")
             if dict(context.node_config) != self.node_config:
@@ -121,7 +119,6 @@ class Executor:
                                       "(--node-config): start both with the same string")
             content = self.runtime.handle(message.metadata.message_type, message.content, context, deployed=True)
             reply = Message(content, reply_to=message)
-            t_app = time.perf_counter()
             status, details = SubStatus.COMPLETED, ""
         except Exception as exc:  # what flwr-clientapp does: an error reply, the task marked failed
             reason = f"{type(exc)}:<'{exc}'>"
@@ -139,9 +136,6 @@ class Executor:
             if heartbeat.is_running:
                 heartbeat.stop()
             client.close()
-        if PROFILE:
-            t_end = time.perf_counter()
-            print(f"[profile] pull {t_in - t0:.3f} app {t_app - t_in:.3f} push+close {t_end - t_app:.3f}", flush=True)
         self.served += 1
         kind = message.metadata.message_type if message is not None else "?"
         run_id = message.metadata.run_id if message is not None else "?"

@@ -34,16 +34,17 @@ def exclusive_lock(lock_path: str | Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None = None) -> None:
-    """Write ``payload`` as JSON to ``path`` so that a reader sees the old file or the new one,
-    never a part: a temporary file in the same directory, flushed and fsynced, then renamed over
-    ``path`` (the temporary file is removed if anything fails)."""
+def write_bytes_atomically(path: str | Path, data: bytes, *, sync_dir: bool = False) -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a
+    part: a temporary file in the same directory, flushed and fsynced, then renamed over ``path``
+    (the temporary file is removed if anything fails). ``sync_dir``: also fsync the directory,
+    so the rename itself survives a power loss."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=indent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -51,3 +52,14 @@ def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None 
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if sync_dir:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None = None) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (:func:`write_bytes_atomically`)."""
+    write_bytes_atomically(path, json.dumps(payload, indent=indent).encode())

@@ -20,6 +20,7 @@ Exit codes: 0 success, 1 the run failed, 2 bad configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -132,7 +133,7 @@ def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.1)
         if Path(f"/proc/{pid}").exists():
-            with __import__("contextlib").suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     return mine
 
@@ -157,13 +158,18 @@ def stage_app(env: dict[str, str], root: Path = ROOT) -> Path:
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
+    copy_app_sources(stage, root)
+    return stage
+
+
+def copy_app_sources(dst: Path, root: Path = ROOT) -> None:
+    """Copy :data:`APP_SOURCES` of ``root`` into the existing folder ``dst`` (no caches)."""
     for name in APP_SOURCES:
         src = root / name
         if src.is_dir():
-            shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         elif src.exists():
-            shutil.copy2(src, stage / name)
-    return stage
+            shutil.copy2(src, dst / name)
 
 
 def run_status(run_id: str, env: dict[str, str], superlink: str | None) -> str:

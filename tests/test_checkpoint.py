@@ -37,7 +37,7 @@ def test_a_checkpoint_round_trips_every_kind_of_state(tmp_path: Path) -> None:
 def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "c.npz"
     save_checkpoint(path, {"round": 1})
-    monkeypatch.setattr("app.checkpoint.os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr("app.filelock.os.replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         save_checkpoint(path, {"round": 2})
     assert load_checkpoint(path)["round"] == 1

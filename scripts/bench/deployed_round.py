@@ -56,9 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.launch import APP_SOURCES, copy_app_sources
+
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_APP = Path(__file__).resolve().parent / "noop_app"
-APP_SOURCES = ("pyproject.toml", "README.md", ".gitignore", "app", "strategies", "clients")
 MODES = ("floor", "floor-3s", "before", "inproc", "after", "executor")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BIN = Path(sys.executable).parent
@@ -290,12 +291,7 @@ def stage(mode: str, work: Path, before_ref: str) -> Path:
         subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
     else:
         dst.mkdir()
-        for name in APP_SOURCES:
-            src = ROOT / name
-            if src.is_dir():
-                shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            elif src.exists():
-                shutil.copy2(src, dst / name)
+        copy_app_sources(dst)
     return dst
 
 

@@ -60,22 +60,24 @@ def parse_host(host: str) -> x509.GeneralName:
     return x509.DNSName(name)
 
 
-def write_private(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+def write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` through a temporary file created with ``mode`` (a private key
+    is never readable by others, not even for a moment) and renamed over ``path``."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-    os.chmod(tmp, 0o600)
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def write_private(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    write_file(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()), 0o600)
 
 
 def write_public(path: Path, cert: x509.Certificate) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_file(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
 def make_ca(name: str, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:

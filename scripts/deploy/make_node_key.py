@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import os
 import re
 import sys
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from make_certs import write_file  # this folder is on sys.path when the script runs
 
 
 def fingerprint(public_line: bytes) -> str:
@@ -60,14 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     public += b" " + args.name.encode() + b"\n"
 
-    tmp = priv_p.with_name(priv_p.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, priv_p)
-    pub_p.write_bytes(public)
-    os.chmod(pub_p, 0o644)
+    write_file(priv_p, private, 0o600)
+    write_file(pub_p, public, 0o644)
     print(f"private key: {priv_p} (mode 0600, stays on the silo)")
     print(f"public key:  {pub_p} (register it: scripts/deploy/register_node.sh --superlink NAME {pub_p})")
     print(f"fingerprint: {fingerprint(public)}")
