@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app import wire
 from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
 from app.filelock import exclusive_lock
 from app.launch import flower_env
@@ -101,6 +100,132 @@ def engine_env() -> None:
 
 _WARM_POOLS: dict[str, Any] = {}
 
+#: the Flower release whose simulation engine the patches below were written against and checked on
+#: (flwr/server/superlink/fleet/vce/vce_api.py and .../backend/raybackend.py); on any other release
+#: they are skipped with a warning and Flower runs unpatched
+PATCHED_FLWR = "1.42."
+#: environment variable that turns the engine poll patch on (see :func:`fast_poll`): "1" (or
+#: "true") for :data:`FAST_POLL_S`, a number for that many seconds, unset / "0" / "false" off. It
+#: is read by :func:`run_federation` (sweeps, scripts) and, for ``flwr run``, by the ClientApp
+#: when Flower loads it in the engine's process (app/client_app.py; ``python -m app.launch
+#: --fast-poll`` sets it for the local SuperLink)
+FAST_POLL_ENV = "SILOFL_FAST_POLL"
+#: the engine's poll period with the patch (Flower 1.42: 0.1 s)
+FAST_POLL_S = 0.005
+#: the longest an engine thread waits on its queue before it looks at the stop event again
+#: (Flower 1.42: 1.0 s, paid once at the end of every federation)
+PROMPT_WAIT_S = 0.02
+
+
+def _engine_patchable(what: str) -> bool:
+    """Whether the installed Flower is the release the engine patches were checked on."""
+    import warnings
+    from importlib.metadata import version
+
+    found = version("flwr")
+    if not found.startswith(PATCHED_FLWR):
+        warnings.warn(f"silofl: {what} was written for flwr {PATCHED_FLWR}x, found flwr {found}; "
+                      "not applied (Flower runs unpatched)", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def fast_poll_setting(value: Any = None) -> float:
+    """The engine poll period asked for: ``value`` (True / a number of seconds / a string as in
+    :data:`FAST_POLL_ENV`), else the environment variable; 0.0 = off (Flower's own 0.1 s)."""
+    raw = os.environ.get(FAST_POLL_ENV, "") if value is None else value
+    if isinstance(raw, bool):
+        return FAST_POLL_S if raw else 0.0
+    text = str(raw).strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return 0.0
+    if text in ("1", "true", "yes", "on"):
+        return FAST_POLL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"{FAST_POLL_ENV} / sweep.fast-poll = {raw!r}; allowed: true, false or seconds "
+                          "in (0, 0.1]") from None
+    if not 0.0 < seconds <= 0.1:
+        raise ConfigError(f"{FAST_POLL_ENV} / sweep.fast-poll = {raw!r}; allowed: true, false or seconds "
+                          "in (0, 0.1]")
+    return seconds
+
+
+def fast_poll(seconds: float = FAST_POLL_S) -> bool:
+    """Opt-in: make Flower's simulation engine look for new instructions every ``seconds``.
+
+    Flower 1.42's engine moves the ServerApp's messages to its workers in a loop that sleeps a
+    hard-coded 0.1 s between looks (``vce_api.add_messages_to_queue``: ``f_stop.wait(0.1)``), so
+    every exchange of a simulated round waits up to 0.1 s for nothing. This replaces that
+    function (``run_api`` looks it up by name when it starts its threads, so the patch applies to
+    every engine started afterwards in this process) with the same loop and period ``seconds``.
+    What the apps compute is unchanged (messages are handled in the same order by the same
+    code); the engine thread wakes 1/``seconds`` times a second instead of 10 (a few hundred
+    microseconds of CPU each at 5 ms). ``seconds`` <= 0 restores Flower's function. Returns
+    whether the patch is in place; skipped with a warning on a Flower release other than 1.42."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    original = getattr(vce_api, "_silofl_original_add_messages", vce_api.add_messages_to_queue)
+    if seconds <= 0:
+        vce_api.add_messages_to_queue = original
+        return False
+    if not _engine_patchable("the engine poll patch (fast-poll)"):
+        return False
+    import inspect
+
+    if "f_stop.wait(0.1)" not in inspect.getsource(original):
+        import warnings
+
+        warnings.warn("silofl: flwr's vce_api.add_messages_to_queue is not the loop the poll patch replaces; "
+                      "not applied", RuntimeWarning, stacklevel=2)
+        return False
+
+    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
+        """Flower 1.42's loop (put the nodes' pending instructions in the workers' queue), polling
+        every ``seconds`` instead of 0.1 s (silofl's fast-poll patch)."""
+        while not f_stop.is_set():
+            for node_id in nodes_mapping.keys():
+                for msg in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(msg)
+            f_stop.wait(seconds)
+
+    add_messages_to_queue._silofl_poll_s = seconds  # type: ignore[attr-defined]
+    vce_api._silofl_original_add_messages = original
+    vce_api.add_messages_to_queue = add_messages_to_queue
+    return True
+
+
+def prompt_engine_stop() -> bool:
+    """End each federation's engine threads within :data:`PROMPT_WAIT_S` of the ServerApp's end.
+
+    Flower 1.42's engine workers and reply mover wait on their queues with ``timeout=1.0`` and
+    only then look at the stop event, so ``run_simulation`` returns about 1 s after the
+    ServerApp finished (most of a warm sweep job's overhead). This gives ``run_api``'s queues
+    (``vce_api.Queue``, looked up when each federation starts) a ``get`` that waits at most
+    :data:`PROMPT_WAIT_S` per call; Flower's loops already retry on ``Empty``, so a message is
+    still taken the moment it arrives and nothing else changes. Part of the warm-engine patches
+    (``sweep.warm-engine``); skipped with a warning on a Flower release other than 1.42."""
+    from queue import Queue
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    if getattr(vce_api.Queue, "_silofl_prompt", False):
+        return True
+    if not _engine_patchable("the prompt engine stop"):
+        return False
+
+    class PromptQueue(Queue):  # type: ignore[type-arg]
+        _silofl_prompt = True
+
+        def get(self, block: bool = True, timeout: float | None = None) -> Any:
+            if block and timeout is not None:
+                timeout = min(timeout, PROMPT_WAIT_S)
+            return super().get(block, timeout)
+
+    vce_api.Queue = PromptQueue
+    return True
+
 
 def keep_engine_warm() -> None:
     """Keep Ray and its ClientApp actors alive from one job to the next in this process.
@@ -111,13 +236,17 @@ def keep_engine_warm() -> None:
     keeps the first job's actor pool and gives it to the next job's backend (each message
     still carries that job's ClientApp; the actors only cache silos by run id). Ray and the
     actors are shut down when the process exits. This patches Flower's RayBackend (build and
-    terminate) and is checked against flwr 1.42; ``sweep.warm-engine=false`` turns it off."""
+    terminate) and the engine's queues (:func:`prompt_engine_stop`), and is checked against
+    flwr 1.42 (skipped with a warning on another release); ``sweep.warm-engine=false`` turns it off."""
     import atexit
 
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if getattr(RayBackend, "_silofl_warm", False):
         return
+    if not _engine_patchable("the warm-engine patch"):
+        return
+    prompt_engine_stop()
     build, terminate = RayBackend.build, RayBackend.terminate
 
     def warm_build(self: Any, app_fn: Any) -> None:
@@ -153,6 +282,8 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
 
+    from app import wire
+
     def with_config(context: Context) -> Context:
         return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
                        state=context.state, run_config=dict(run_config))
@@ -184,15 +315,18 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     return server, client
 
 
-def run_federation(run_config: dict[str, Any], warm: bool = True) -> dict[str, Any]:
+def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None) -> dict[str, Any]:
     """Run one federation on the simulation engine; returns its summary.json plus wall time and
     engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
-    ``warm``: reuse the engine's actors across the federations of this process."""
+    ``warm``: reuse the engine's actors across the federations of this process (and end each
+    federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
+    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset)."""
     from flwr.simulation import run_simulation
 
     engine_env()
     if warm:
         keep_engine_warm()
+    fast_poll(fast_poll_setting(fast))
     s = parse_settings(run_config)
     out = Path(s.outputs_dir) / s.run_name
     for name in ("summary.json", "rounds.jsonl"):
@@ -239,7 +373,7 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
     for i, point in enumerate(points):
         cfg = base | point | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         parse_settings(cfg)
-        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)))
+        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"))
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")

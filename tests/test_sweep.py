@@ -30,7 +30,7 @@ def nested(**over) -> dict:
 
 def fake_federation(calls: list[dict]):
     """Stands in for the engine: validation error falls with lr, test error is 0.1 + lr / 10."""
-    def run(cfg: dict, warm: bool = True) -> dict:
+    def run(cfg: dict, warm: bool = True, fast=None) -> dict:
         calls.append(cfg)
         if cfg["seed"] == 13:
             raise RuntimeError("silo exploded")
