@@ -167,6 +167,9 @@ SKETCH_FIELDS = {"kind": "sketch-kind", "ratio": "sketch-ratio", "epsilon": "ske
                  "layerwise": "sketch-layerwise", "seed": "sketch-seed", "error_feedback": "sketch-error-feedback"}
 EPS_SPENT, LOSS = "eps-spent", "loss"
 SHUFFLER_KEY, EXCHANGE = "shuffler-key", "exchange"
+#: a training instruction that also asks for the evaluation of the model it carries: the round
+#: that model comes from (the previous round's result), and whether to add the training gradient
+EVALUATE_ROUND = "evaluate-round"
 
 
 def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -194,7 +197,12 @@ def _phase(value: Any) -> Phase:
 class Instruction:
     """Server -> silo: release ``phase`` at ``arrays`` (w_r), in round ``round``; ``prev`` is the
     second point of a difference release; ``sketch`` the round's broadcast sketch;
-    ``local_steps`` and ``lr`` (local releases only) the local SGD the silo runs."""
+    ``local_steps`` and ``lr`` (local releases only) the local SGD the silo runs.
+
+    ``evaluate_round`` (optional) folds the evaluation into the exchange: the silo also answers
+    ``EvaluateRequest(evaluate_round, arrays, train_gradient)`` (under its evaluation policy)
+    and attaches that reply to its training reply (:func:`with_evaluation`), so a round costs one
+    exchange, not two. ``arrays`` is then the model round ``evaluate_round`` produced."""
 
     round: int
     phase: Phase
@@ -204,6 +212,14 @@ class Instruction:
     local_steps: int | None = None
     lr: float | None = None
     shuffle: ShuffleTicket | None = None
+    evaluate_round: int | None = None
+    train_gradient: bool = False
+
+    def evaluation(self) -> EvaluateRequest | None:
+        """The evaluation request folded into this instruction (None when there is none)."""
+        if self.evaluate_round is None:
+            return None
+        return EvaluateRequest(self.evaluate_round, self.arrays, self.train_gradient)
 
     def encode(self) -> RecordDict:
         config: dict[str, Any] = {ROUND: int(self.round), PHASE: str(self.phase)}
@@ -215,6 +231,8 @@ class Instruction:
             config[LR] = float(self.lr)
         if self.sketch is not None:
             config |= _encode_sketch(self.sketch)
+        if self.evaluate_round is not None:
+            config |= {EVALUATE_ROUND: int(self.evaluate_round), TRAIN_GRADIENT: bool(self.train_gradient)}
         return instruction(params_to_record(self.arrays), config,
                            None if self.prev is None else params_to_record(self.prev))
 
@@ -227,7 +245,9 @@ class Instruction:
                    local_steps=_int(config, LOCAL_STEPS) if LOCAL_STEPS in config else None,
                    lr=_float(config, LR) if LR in config else None,
                    shuffle=ShuffleTicket(str(config[SHUFFLER_KEY]), _int(config, EXCHANGE))
-                   if SHUFFLER_KEY in config else None)
+                   if SHUFFLER_KEY in config else None,
+                   evaluate_round=_int(config, EVALUATE_ROUND) if EVALUATE_ROUND in config else None,
+                   train_gradient=bool(config.get(TRAIN_GRADIENT, False)))
 
 
 def _encode_sketch(sketch: RoundSketch) -> dict[str, Any]:
@@ -353,6 +373,27 @@ class EvaluateReply:
                 dropped = str(exc)
         fields = {name: m[key] for name, key in _EVAL_FIELDS.items() if key in m}
         return cls(**fields, gradient=gradient), dropped
+
+
+#: the prefix under which a training reply carries the silo's folded evaluation reply
+EVALUATION_PREFIX = "evaluation."
+
+
+def with_evaluation(reply: RecordDict, evaluation: RecordDict) -> RecordDict:
+    """``reply`` (a training reply or refusal) carrying ``evaluation`` (an evaluation reply or
+    refusal): each of the evaluation's records under :data:`EVALUATION_PREFIX` + its name."""
+    out = RecordDict(dict(reply.items()))
+    for key, record in evaluation.items():
+        out[EVALUATION_PREFIX + key] = record
+    return out
+
+
+def evaluation_of(content: RecordDict) -> RecordDict | None:
+    """The evaluation reply folded into a training reply (:func:`with_evaluation`), as the
+    RecordDict a separate evaluation exchange would have returned; None when there is none."""
+    part = {key[len(EVALUATION_PREFIX):]: record for key, record in content.items()
+            if key.startswith(EVALUATION_PREFIX)}
+    return RecordDict(part) if part else None
 
 
 def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray] | None]:

@@ -74,7 +74,8 @@ def request_digest(ins: wire.Instruction, context: str) -> str:
     """SHA-256 of everything an instruction asks (round, phase, points, sketch, local steps, step
     size) and of ``context`` (the ledger and the calibration it is answered under)."""
     h = hashlib.sha256(context.encode())
-    h.update(repr((ins.round, str(ins.phase), ins.sketch, ins.local_steps, ins.lr)).encode())
+    h.update(repr((ins.round, str(ins.phase), ins.sketch, ins.local_steps, ins.lr, ins.evaluate_round,
+                   ins.train_gradient)).encode())
     for point in (ins.arrays, ins.prev):
         for key in sorted(point or {}):
             arr = np.ascontiguousarray(point[key])
@@ -216,6 +217,24 @@ class Silo:
             log(INFO, "silo %d: round %d (%s) was already answered; the same reply again, nothing new released",
                 self.data.index, rnd, phase)
             return replayed
+        # an evaluation folded into the instruction (the model it carries, the previous round's
+        # result) is answered first, under the evaluation policy, as a separate request would be
+        folded = ins.evaluation()
+        evaluation = None if folded is None else self._answer_evaluation(folded)
+        reply = self._release(ins, spec, w0, w_prev, steps, lr)
+        if evaluation is not None:
+            reply = wire.with_evaluation(reply, evaluation)
+        if wire.refusal_of(reply) is None:  # only a release is kept for replays
+            kept = _REPLAYS.setdefault(str(self.ledger.path), {})
+            kept[digest] = reply
+            while len(kept) > REPLAY_DEPTH:
+                del kept[next(iter(kept))]
+        return reply
+
+    def _release(self, ins: wire.Instruction, spec: ReleaseSpec, w0: dict[str, torch.Tensor],
+                 w_prev: dict[str, torch.Tensor] | None, steps: int, lr: float) -> RecordDict:
+        """Record, compute, privatise and sketch one training release (or refuse)."""
+        phase, rnd = ins.phase, ins.round
         if phase == Phase.DISJOINT:  # Algorithm 6: round r uses block r of the secret permutation, once
             releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
             blocks = self.n // spec.batch
@@ -258,12 +277,7 @@ class Silo:
             return self._refuse(wire.REFUSED_CONFIG, "the update computed from the model and step size sent is not "
                                 "finite (values beyond float32 range); the release was recorded")
         # a loss computed on private records is itself a release: only without privacy
-        reply = wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
-        kept = _REPLAYS.setdefault(str(self.ledger.path), {})
-        kept[digest] = reply
-        while len(kept) > REPLAY_DEPTH:
-            del kept[next(iter(kept))]
-        return reply
+        return wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Answer an evaluation request as the node's policy says (app/privacy/policy.py):
@@ -274,6 +288,13 @@ class Silo:
         * ``private``: noisy counts and clipped loss sums, one Gaussian release charged to the
           ledger (app/privacy/evaluation.py); no gradient;
         * ``off``: a refusal. A silo whose policy refuses the run refuses its evaluation too."""
+        refusal = self._evaluation_refusal()
+        if refusal is not None:
+            return refusal
+        return self._answer_evaluation(wire.EvaluateRequest.decode(content))
+
+    def _evaluation_refusal(self) -> RecordDict | None:
+        """The refusal this silo's evaluation policy gives every evaluation request (None: it answers)."""
         if self.policy_violation:
             return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
         if self.evaluation == "off":
@@ -285,7 +306,13 @@ class Silo:
         if self.evaluation == "private" and not self.private:
             return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
                                 "'private'), which needs a private run")
-        req = wire.EvaluateRequest.decode(content)
+        return None
+
+    def _answer_evaluation(self, req: wire.EvaluateRequest) -> RecordDict:
+        """The evaluation reply to ``req`` as the policy says (:meth:`evaluate`)."""
+        refusal = self._evaluation_refusal()
+        if refusal is not None:
+            return refusal
         w = self._tensors(req.arrays)
         if self.evaluation == "private":
             return self._private_evaluation(w, req.round)

@@ -12,6 +12,15 @@ exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step tha
 non-finite or outside float32's range is skipped and logged), evaluates, and records the round.
 The algorithm's schedule (``app/algorithms/``) says which phase each round asks for.
 
+Evaluation rides on the next round's training exchange: round r's row waits (``pending``) until
+round r+1's first exchange, whose instruction (it carries w_r) also asks the sampled silos to
+evaluate w_r and whose same send asks every other silo node for its evaluation alone. A round then
+costs one exchange instead of two; the row, its numbers and the silos' ledgers are what a separate
+evaluation exchange after round r gives (each silo evaluates w_r before its round r+1 release).
+The last round's result, a first exchange at another point than w_r (SPIDER-alt's difference
+round), a round that asks nothing, and shuffle mode (whose replies go to the shuffler) get an
+evaluation exchange of their own, in the same order as before.
+
 Faults are the paper's Assumption 6 (M_r of the N silos available in round r): the loop waits
 at most ``node-wait`` seconds for the silo nodes, then each round asks min(M, connected) of
 those connected; a node that is gone is a dropped silo (Flower's node-unavailable reply), never
@@ -42,7 +51,7 @@ from app.privacy.shuffle import row_bound
 from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
-from strategies.evaluation import evaluate_point
+from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
 from strategies.messaging import is_unavailable
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
@@ -100,6 +109,8 @@ class FederatedOptimizer:
     #: the instance attributes, besides the loop's own, that make up the optimiser's state
     #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one)
     state_attrs: ClassVar[tuple[str, ...]] = ()
+    #: carry each round's evaluation in the next round's first exchange (False: an exchange of its own)
+    fold_evaluation: ClassVar[bool] = True
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
                  node_wait_s: float | None = None) -> None:
@@ -128,6 +139,8 @@ class FederatedOptimizer:
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
         #: the output iterate: uniform over w_1..w_R when ``output`` = random (else the last one)
         self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
+        #: the last round's row while its evaluation travels with the next round's first exchange
+        self.pending: dict[str, Any] | None = None
 
     # -- the optimiser's hooks ----------------------------------------------------------------
     def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
@@ -151,6 +164,7 @@ class FederatedOptimizer:
             "sampler": {"seen": self.sampler.seen, "round": self.sampler.round, "value": self.sampler.value,
                         "rng": self.sampler.rng},
             "relay_exchanges": self.relay.exchanges if self.relay is not None else 0,
+            "pending": self.pending,
             "optimizer": {name: getattr(self, name) for name in self.state_attrs},
         }
 
@@ -166,6 +180,7 @@ class FederatedOptimizer:
         self.sampler.seen, self.sampler.round, self.sampler.value = sampler["seen"], sampler["round"], sampler["value"]
         if self.relay is not None:
             self.relay.exchanges = int(state["relay_exchanges"])
+        self.pending = state.get("pending")
         for name in self.state_attrs:
             setattr(self, name, state["optimizer"][name])
         w = {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
@@ -188,20 +203,28 @@ class FederatedOptimizer:
         if self.relay is not None:
             self.relay.discover(grid, nodes, timeout)
         self.prepare(grid, timeout)
-        for rnd in range(first, num_rounds + 1):
-            t0 = time.perf_counter()
-            w, row = self.round(grid, rnd, w, timeout)
-            if self.s.output == "random":  # only the random output needs the iterates
-                self.sampler.offer(rnd, w)
-            if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
-                ev = self.evaluate(grid, rnd, w, timeout)
-                if ev is not None:
-                    row |= ev
-            row["wall_s"] = time.perf_counter() - t0
-            self.rows.append(row)
-            if checkpoint is not None:
-                checkpoint(rnd, w)
-            self.on_round(row)
+        try:
+            for rnd in range(first, num_rounds + 1):
+                t0 = time.perf_counter()
+                w, row = self.round(grid, rnd, w, timeout)
+                if self.s.output == "random":  # only the random output needs the iterates
+                    self.sampler.offer(rnd, w)
+                if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
+                    if rnd < num_rounds and self.relay is None and self.fold_evaluation:  # with round rnd + 1's
+                        row["wall_s"] = time.perf_counter() - t0
+                        self.pending = row
+                    else:
+                        ev = self.evaluate(grid, rnd, w, timeout)
+                        if ev is not None:
+                            row |= ev
+                if self.pending is not row:
+                    row["wall_s"] = time.perf_counter() - t0
+                    self._record(row)
+                if checkpoint is not None:
+                    checkpoint(rnd, w)
+        finally:  # a run stopped with a row still waiting for its evaluation keeps the row
+            if self.pending is not None:
+                self._finish_pending(None)
         if self.s.output == "random" and self.sampler.value is not None:
             result = RunResult(self.sampler.value, int(self.sampler.round or 0))
         else:
@@ -210,8 +233,19 @@ class FederatedOptimizer:
             result.metrics = self.evaluate(grid, num_rounds, result.model, timeout) or {}
         return result
 
+    def _record(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self.on_round(row)
+
+    def _finish_pending(self, ev: dict[str, float] | None) -> None:
+        """Complete the waiting row with its evaluation (None: none came) and record it."""
+        row, self.pending = self.pending, None
+        assert row is not None
+        self._record(row | (ev or {}))
+
     def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
-        """One round: the optimiser's step through the round's exchanges, the model guard, the row."""
+        """One round: the optimiser's step through the round's exchanges, the model guard, the row.
+        A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
         nodes = self.sample_nodes(grid, rnd)
         spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
                             self.s.seed, rnd, self.s.sketch.error_feedback)
@@ -223,11 +257,24 @@ class FederatedOptimizer:
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
             local = phase == Phase.LOCAL
             ticket = self.relay.ticket() if self.relay is not None else None
+            tally = None
+            if self.pending is not None:  # the evaluation of w waits for this exchange
+                if same_point(at, w):
+                    tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self._client_error)
+                else:
+                    self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
             content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
-                                       self.s.lr if local else None, ticket).encode()
+                                       self.s.lr if local else None, ticket,
+                                       evaluate_round=None if tally is None else tally.rnd,
+                                       train_gradient=tally is not None).encode()
             messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
             counts["sent"] += len(messages)
-            replies = grid.send_and_receive(messages, timeout=timeout)
+            others = [n for n in self.silo_nodes(grid) if n not in set(nodes)] if tally is not None else []
+            replies = grid.send_and_receive(messages + evaluation_messages(tally.rnd, w, others) if tally is not None
+                                            else messages, timeout=timeout)
+            if tally is not None:
+                replies = self._fold_evaluation(tally, replies, set(nodes))
+                self._finish_pending(tally.result(self.prox, self.s.lr))
             if self.relay is not None and ticket is not None:
                 bound = row_bound(phase == Phase.DIFF, self.s.privacy.clip, self.s.diff_clip)
                 updates = self.relay.exchange(grid, rnd, str(phase), ticket, self.run_id, bound, replies, nodes,
@@ -242,6 +289,8 @@ class FederatedOptimizer:
             return updates
 
         result = self.step(rnd, w, ask)
+        if self.pending is not None:  # the step asked nothing: w's evaluation gets its own exchange
+            self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
         tally = exchanges[0] if exchanges else Updates()
         for more in exchanges[1:]:
             tally = tally.merge(more)
@@ -264,6 +313,25 @@ class FederatedOptimizer:
             "uplink_floats": counts["floats"], "uploads_G": self.uploads,
         }
         return w, row | extra_row | result.row
+
+    @staticmethod
+    def _fold_evaluation(tally: EvaluationTally, replies: Any, trained: set[int]) -> list[Message]:
+        """Give ``tally`` the evaluations of one exchange: those attached to the training replies
+        of the ``trained`` nodes and the evaluation replies of the others. Returns the training
+        replies (the others are evaluation-only: they are not the optimiser's)."""
+        training: list[Message] = []
+        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
+            node = msg.metadata.src_node_id
+            if node not in trained:
+                tally.add_message(msg)
+                continue
+            training.append(msg)
+            if msg.has_error() or node in tally.answered:  # an error is the training reply's (counted there)
+                continue
+            part = wire.evaluation_of(msg.content)
+            if part is not None:
+                tally.add(node, part)
+        return training
 
     def accept_model(self, rnd: int, new_w: Params) -> bool:
         """Whether ``new_w`` may become the model: finite and within float32's range (else the
@@ -348,6 +416,13 @@ class FederatedOptimizer:
         self.client_errors.append(text)
         log(WARNING, "ClientApp failure: %s", text)
         return text
+
+
+def same_point(a: Params, b: Params) -> bool:
+    """Whether two models are the same point (the same arrays, or equal ones)."""
+    if a is b:
+        return True
+    return a.keys() == b.keys() and all(a[k] is b[k] or np.array_equal(a[k], b[k]) for k in a)
 
 
 def _mean(values: list[float]) -> float:
