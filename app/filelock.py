@@ -1,6 +1,7 @@
 """One advisory file lock for every read-check-write that several processes may do at once
-(a sweep's results.csv, a silo's privacy ledger, the shuffler's aggregated exchanges), and one
-atomic JSON write for the files such a step rewrites.
+(a sweep's results.csv, a silo's privacy ledger, the shuffler's aggregated exchanges), one
+atomic JSON write for the files such a step rewrites, and one durable append for the files it
+only grows (the ledger).
 
     with exclusive_lock(path.with_suffix(".lock")):
         ...  # re-read, check, write
@@ -63,3 +64,19 @@ def write_bytes_atomically(path: str | Path, data: bytes, *, sync_dir: bool = Fa
 def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None = None) -> None:
     """Write ``payload`` as JSON to ``path`` atomically (:func:`write_bytes_atomically`)."""
     write_bytes_atomically(path, json.dumps(payload, indent=indent).encode())
+
+
+def append_bytes_durably(path: str | Path, data: bytes) -> int:
+    """Append ``data`` to the existing file ``path`` and fsync it: when this returns, the bytes
+    (and the file's new size) are on disk. Returns the file's size after the append. The caller
+    holds the lock that serialises appends, so the bytes land contiguously at the end; a crash
+    part-way leaves a prefix of ``data`` (a reader under the lock can recognise and cut it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)

@@ -4,28 +4,52 @@ The ledger is the silo's source of truth for what it has spent. Several processe
 the same silo (a simulation engine runs silos in a pool of workers; a restarted SuperNode), so
 every read-check-write happens under an exclusive file lock on ``<ledger>.lock`` and starts by
 re-reading the file: an in-memory copy is never trusted. A release is checked and written to
-disk (atomically) in one step, :meth:`PrivacyLedger.record_release`, *before* the silo computes
-it; one that would take epsilon above the budget is refused with :class:`BudgetExceededError`.
-A crash can only over-count, never under-count.
-A silo that restarts reloads the file and continues from what it has already spent.
+disk in one step, :meth:`PrivacyLedger.record_release`, *before* the silo computes it; one that
+would take epsilon above the budget is refused with :class:`BudgetExceededError`. A crash can
+only over-count, never under-count. A silo that restarts reloads the file and continues from
+what it has already spent.
+
+File format (version 2): JSON lines, append-only. The first line is the header, written
+atomically (and the directory fsynced) when the ledger is created::
+
+    {"ledger": 2, "epsilon_budget": 3.0, "delta": 1e-05}
+    {"calibration": {"key": ..., "noise_multiplier": 4.16, "block_seed": ...}}
+    {"release": {"kind": "grad", "n": 229, "batch": 64, "noise_multiplier": 4.16, "count": 1,
+                 "disjoint": false, "round": 1, "seq": 0, "time": 1764600000.0}}
+
+one ``release`` line per row (in ``seq`` order) and a ``calibration`` line each time the noise plan
+is stored (the last one wins). A release costs one append of its line and one fsync, under the
+lock; a reader parses only the bytes appended since its last read (it keeps the file's identity
+and size: another process may have appended; a file that shrank or was replaced is read again
+in full). A last line without its newline is the trace of a crash in the middle of an append:
+that release never returned, so nothing was computed or sent from it, and the line is cut off
+(under the lock, with a warning). Any other line that is not one of the three kinds is an error
+(:class:`LedgerError`), as is a header for another budget. A version-1 ledger (one JSON object,
+rewritten whole on every release) is converted to version 2 on first open, atomically.
+:func:`read_ledger` reads either version without the lock, for reports and tests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
+import os
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from app.filelock import exclusive_lock, write_json_atomically
+from app.filelock import append_bytes_durably, exclusive_lock, write_bytes_atomically
 from app.privacy.accounting import Release, epsilon_spent
 
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
 #: Relative slack for floating-point noise when comparing epsilon with the budget.
 BUDGET_RTOL = 1e-9
+
+logger = logging.getLogger(__name__)
 
 
 class BudgetExceededError(RuntimeError):
@@ -45,6 +69,11 @@ class PrivacyLedger:
     delta: float
     releases: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
+    #: what this handle has parsed: the file's (st_dev, st_ino) and the bytes read from it
+    _file_id: tuple[int, int] | None = field(default=None, repr=False, compare=False)
+    _offset: int = field(default=0, repr=False, compare=False)
+    #: the recorded releases grouped by kind (count 1 -> total count): what the accountant composes
+    _counts: Counter[Release] = field(default_factory=Counter, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | Path, epsilon_budget: float, delta: float) -> PrivacyLedger:
@@ -55,19 +84,45 @@ class PrivacyLedger:
             if ledger.path.exists():
                 ledger._reload()
             else:
-                ledger._save()
+                ledger._create()
         return ledger
 
     def _reload(self) -> None:
-        """Re-read the file (caller holds the lock) and check it is for this budget."""
+        """Bring this handle up to date with the file (caller holds the lock): parse the lines
+        appended since the last read, or the whole file if it was replaced or shrank."""
         try:
-            data = json.loads(self.path.read_text())
-            stored_eps = _decode_float(data["epsilon_budget"])
-            stored_delta = float(data["delta"])
-            releases = list(data["releases"])
-            calibration = dict(data.get("calibration", {}))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            with open(self.path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                file_id = (st.st_dev, st.st_ino)
+                if file_id != self._file_id or st.st_size < self._offset:
+                    self._file_id, self._offset = None, 0
+                    data = fh.read()
+                else:
+                    if st.st_size == self._offset:
+                        return
+                    fh.seek(self._offset)
+                    data = fh.read()
+        except OSError as exc:
             raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
+        if self._file_id is None:  # a full read
+            if _is_version_1(data):
+                self._migrate_version_1(data)
+                return
+            header, releases, calibration, used = _parse(self.path, data, first=True)
+            self._check_budget(_decode_float(header["epsilon_budget"]), float(header["delta"]))
+            self.releases, self.calibration, self._counts = [], calibration or {}, Counter()
+        else:
+            _, releases, calibration, used = _parse(self.path, data, first=False)
+            if calibration is not None:
+                self.calibration = calibration
+        self._add_rows(releases)
+        if used < len(data):  # a torn last line: its release never returned; cut it off
+            logger.warning("privacy ledger %s: dropping an incomplete last line (%d bytes) left by an interrupted "
+                           "write", self.path, len(data) - used)
+            os.truncate(self.path, self._offset + used)
+        self._file_id, self._offset = file_id, self._offset + used
+
+    def _check_budget(self, stored_eps: float, stored_delta: float) -> None:
         same_eps = stored_eps == self.epsilon_budget or math.isclose(stored_eps, self.epsilon_budget)
         if not same_eps or not math.isclose(stored_delta, self.delta):
             raise LedgerError(
@@ -75,7 +130,55 @@ class PrivacyLedger:
                 f"but this run asks for (epsilon={self.epsilon_budget}, delta={self.delta}); "
                 "use a new state dir or ledger scope"
             )
-        self.releases, self.calibration = releases, calibration
+
+    def _create(self) -> None:
+        """A new ledger: its header line, written atomically (caller holds the lock)."""
+        self._replace_file([], {})
+
+    def _migrate_version_1(self, data: bytes) -> None:
+        """Convert a version-1 ledger (one JSON object) to version 2, atomically."""
+        try:
+            doc = json.loads(data)
+            stored_eps, stored_delta = _decode_float(doc["epsilon_budget"]), float(doc["delta"])
+            releases = [dict(r) for r in doc["releases"]]
+            calibration = dict(doc.get("calibration", {}))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
+        self._check_budget(stored_eps, stored_delta)
+        logger.info("privacy ledger %s: converting version 1 (%d releases) to version %d", self.path, len(releases),
+                    LEDGER_VERSION)
+        self._replace_file(releases, calibration)
+
+    def _replace_file(self, releases: list[dict[str, Any]], calibration: dict[str, Any]) -> None:
+        lines = [_line({"ledger": LEDGER_VERSION, "epsilon_budget": _encode_float(self.epsilon_budget),
+                        "delta": self.delta})]
+        if calibration:
+            lines.append(_line({"calibration": calibration}))
+        lines += [_line({"release": row}) for row in releases]
+        data = b"".join(lines)
+        write_bytes_atomically(self.path, data, sync_dir=True)
+        st = os.stat(self.path)
+        self.releases, self.calibration, self._counts = [], dict(calibration), Counter()
+        self._add_rows(releases)
+        self._file_id, self._offset = (st.st_dev, st.st_ino), len(data)
+
+    def _add_rows(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            r = _release(row)
+            self._counts[replace(r, count=1)] += r.count
+        self.releases.extend(rows)
+
+    def _append(self, entries: list[dict[str, Any]]) -> None:
+        """Append ``entries`` as lines, durably (caller holds the lock and has just reloaded)."""
+        data = b"".join(_line(e) for e in entries)
+        try:
+            end = append_bytes_durably(self.path, data)
+        except OSError as exc:
+            self._file_id = None  # read it again in full next time (it may hold a torn line)
+            raise LedgerError(f"privacy ledger {self.path} could not be written: {exc}") from exc
+        if end != self._offset + len(data):  # someone wrote without the lock: trust nothing read
+            self._file_id = None
+        self._offset = end
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return exclusive_lock(self.path.with_suffix(self.path.suffix + ".lock"))
@@ -83,16 +186,19 @@ class PrivacyLedger:
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
         """The recorded releases as accountant events."""
-        return [Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
-                        bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
-                        int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)))
-                for r in self.releases]
+        return [_release(r) for r in self.releases]
+
+    def _grouped(self) -> list[Release]:
+        """The recorded releases, identical ones merged into one with their total count: the
+        same composition as :meth:`recorded` (epsilon_spent merges them the same way), without
+        a pass over the whole history per question."""
+        return [replace(r, count=c) for r, c in self._counts.items() if c > 0]
 
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
         with self._locked():
             self._reload()
-        return epsilon_spent(self.recorded(), self.delta)
+        return epsilon_spent(self._grouped(), self.delta)
 
     def _check_loaded(self, new: list[Release], exclusive_round: int | None = None) -> float:
         if exclusive_round is not None:
@@ -101,20 +207,20 @@ class PrivacyLedger:
                 raise BudgetExceededError(f"release refused: round {exclusive_round}'s block of records was already "
                                           f"released ({', '.join(sorted(kinds))}); each block may be released once")
         try:
-            after = epsilon_spent(self.recorded() + list(new), self.delta)
+            after = epsilon_spent(self._grouped() + list(new), self.delta)
         except ValueError as exc:  # e.g. more disjoint releases than disjoint blocks
             raise BudgetExceededError(f"release refused: {exc}") from exc
         if not math.isinf(self.epsilon_budget) and after > self.epsilon_budget * (1 + BUDGET_RTOL):
             kinds = ", ".join(f"{r.count}x {r.kind} (K={r.batch} of n={r.n}, z={r.noise_multiplier:.4g})" for r in new)
             raise BudgetExceededError(
                 f"privacy budget exceeded: budget epsilon={self.epsilon_budget:g} at delta={self.delta:.3g}, "
-                f"spent {epsilon_spent(self.recorded(), self.delta):.4f}, this request ({kinds}) would bring it to {after:.4f}"
+                f"spent {epsilon_spent(self._grouped(), self.delta):.4f}, this request ({kinds}) would bring it to {after:.4f}"
             )
         return after
 
     def record(self, new: list[Release], *, round_: int, extra: dict[str, Any] | None = None,
                exclusive: bool = False) -> float:
-        """Check, then append ``new`` to the file (atomically, under the lock). Returns epsilon
+        """Check, then append ``new`` to the file (durably, under the lock). Returns epsilon
         spent after. ``exclusive``: refuse if ``new``'s kind was already released in ``round_``."""
         return self.record_release(new, round_=round_, extra=extra, exclusive=exclusive)[0]
 
@@ -124,37 +230,105 @@ class PrivacyLedger:
         ledger held before it. Rows are only ever appended under the lock, so every release of
         this ledger gets its own number, whatever round the server says it is, even when
         several processes serve the silo; the silo keys its noise and batch draws to it
-        (a release's randomness never repeats)."""
+        (a release's randomness never repeats). The rows are on disk (appended and fsynced)
+        when this returns."""
         with self._locked():
             self._reload()
             after = self._check_loaded(new, round_ if exclusive else None)
             seq = len(self.releases)
             stamp = time.time()
+            rows = []
             for i, r in enumerate(new):
                 row = _row(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
                 if extra:
                     row |= extra
-                self.releases.append(row)
-            self._save()
+                rows.append(row)
+            self._append([{"release": row} for row in rows])
+            self._add_rows(rows)
         return after, seq
 
     def set_calibration(self, calibration: dict[str, Any]) -> None:
         """Store the noise plan so a restarted silo keeps the same noise multiplier."""
         with self._locked():
             self._reload()
+            self._append([{"calibration": dict(calibration)}])
             self.calibration = dict(calibration)
-            self._save()
 
-    # -- persistence --------------------------------------------------------------------
-    def _save(self) -> None:
-        payload = {
-            "version": LEDGER_VERSION,
-            "epsilon_budget": _encode_float(self.epsilon_budget),
-            "delta": self.delta,
-            "calibration": self.calibration,
-            "releases": self.releases,
-        }
-        write_json_atomically(self.path, payload, indent=1)
+
+def read_ledger(path: str | Path) -> dict[str, Any]:
+    """A ledger file's contents (either version), read without the lock and without changing
+    the file: ``version``, ``epsilon_budget``, ``delta``, ``calibration`` and ``releases``. An
+    incomplete last line (an append in progress, or a crash's) is left out."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    if _is_version_1(data):
+        try:
+            doc = json.loads(data)
+            return {"version": 1, "epsilon_budget": _decode_float(doc["epsilon_budget"]), "delta": float(doc["delta"]),
+                    "calibration": dict(doc.get("calibration", {})), "releases": list(doc["releases"])}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    header, releases, calibration, _ = _parse(path, data, first=True)
+    return {"version": int(header["ledger"]), "epsilon_budget": _decode_float(header["epsilon_budget"]),
+            "delta": float(header["delta"]), "calibration": calibration or {}, "releases": releases}
+
+
+def _line(entry: dict[str, Any]) -> bytes:
+    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+
+
+def _is_version_1(data: bytes) -> bool:
+    """Version 1 is one JSON object (a whole-file JSON document); version 2 starts with a
+    one-line header ``{"ledger": 2, ...}``. Anything else is read as version 1 and fails there."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        head = json.loads(first)
+    except ValueError:
+        return True
+    return not (isinstance(head, dict) and "ledger" in head)
+
+
+def _parse(path: Path, data: bytes, *, first: bool
+           ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None, int]:
+    """Parse complete lines of ``data`` (a whole version-2 file if ``first``, else what was
+    appended since the last read): (header, release rows, last calibration or None, bytes
+    used). Bytes after the last newline (a torn append) are not used."""
+    used = data.rfind(b"\n") + 1
+    lines = data[:used].split(b"\n")[:-1]
+    header: dict[str, Any] = {}
+    releases: list[dict[str, Any]] = []
+    calibration: dict[str, Any] | None = None
+    for i, raw in enumerate(lines):
+        try:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict) or len(entry) != 1 and not (first and i == 0):
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+            if first and i == 0:
+                if entry.get("ledger") != LEDGER_VERSION:
+                    raise ValueError(f"no version-{LEDGER_VERSION} ledger header: {raw[:80]!r}")
+                header = {"ledger": entry["ledger"], "epsilon_budget": entry["epsilon_budget"], "delta": entry["delta"]}
+            elif "release" in entry:
+                row = entry["release"]
+                _release(row)  # a row the accountant can read
+                releases.append(row)
+            elif "calibration" in entry and isinstance(entry["calibration"], dict):
+                calibration = entry["calibration"]
+            else:
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: line {i + 1} of the part read: {exc}") from exc
+    if first and not header:
+        raise LedgerError(f"privacy ledger {path} is unreadable: no complete header line")
+    return header, releases, calibration, used
+
+
+def _release(r: dict[str, Any]) -> Release:
+    return Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
+                   bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
+                   int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)))
 
 
 def _row(r: Release) -> dict[str, Any]:
