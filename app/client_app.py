@@ -14,6 +14,10 @@ runs in one of two places:
 * without it (simulations, the in-process grid, or an operator's choice), app/node_runtime.py
   is imported on the first message and runs here. A ClientApp in a ``flwr-clientapp`` process
   is a deployed node (app/privacy/policy.py); a simulation's is not.
+
+With ``SILOFL_FAST_POLL`` set (``python -m app.launch --fast-poll``), importing this module in the
+process of Flower's simulation engine (which loads the ClientApp before it starts its threads)
+applies the opt-in engine poll patch, app.sweep.fast_poll; anywhere else it does nothing.
 """
 
 from __future__ import annotations
@@ -96,6 +100,22 @@ def shuffle(msg: Message, context: Context) -> Message:
 def identity(msg: Message, context: Context) -> Message:
     """This node's partition id, for the simulation's attack harness (never a weight)."""
     return _answer(f"{MessageType.QUERY}.{IDENTITY}", msg, context)
+
+
+def _engine_poll_patch() -> None:
+    """``flwr run`` on the local SuperLink: the engine runs in the run's ``flwr-simulation``
+    process, which imports this module (to check the ClientApp loads) before it starts the loop
+    the patch replaces; the patch is applied there only if asked for and only in that process."""
+    if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() in ("", "0", "false", "no", "off"):
+        return
+    if "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:  # not the engine's process
+        return
+    from app.sweep import fast_poll, fast_poll_setting
+
+    fast_poll(fast_poll_setting())
+
+
+_engine_poll_patch()
 
 
 def __getattr__(name: str) -> Any:

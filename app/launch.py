@@ -8,9 +8,20 @@
 3. runs ``flwr run --stream`` with ``num-supernodes = num-silos`` (+ 1, the shuffler, in shuffle mode) and an absolute outputs dir, on
    a staged copy of the app's sources (``flwr run .`` would walk the whole checkout, a multi-GB
    ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine);
-4. reads the run's final status with ``flwr ls --run-id`` and checks that summary.json exists.
+4. decides from the run's own ``summary.json``: the run succeeded when the summary that the
+   ServerApp writes as its last step names this Flower run id and says ``completed``; a summary
+   that says ``failed``, or none when the stream ends, fails the launch. It returns as soon as
+   that summary is there and the ServerApp's last line has been streamed, instead of waiting for
+   Flower to shut its engine down and starting the ``flwr`` CLI again for ``flwr ls`` (about 8 s);
+   the engine's teardown finishes inside the SuperLink. ``flwr ls`` is read only to explain a
+   run that ended without a summary.
 
-Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight]``,
+``--fast-poll`` turns on the opt-in engine poll patch (app.sweep.fast_poll: the simulation
+engine looks for instructions every 5 ms instead of 0.1 s) in the local SuperLink's runs: it sets
+``SILOFL_FAST_POLL`` for the SuperLink (restarting this checkout's local SuperLink when it runs
+with the other setting) and the ClientApp applies the patch in the engine's process.
+
+Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight] [--fast-poll]``,
 ``python -m app.launch --resume RUN_NAME [--superlink NAME]`` (continue a run from its last
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
 simulation SuperLink of this checkout, by pid; nobody else's).
@@ -48,6 +59,9 @@ def flower_env(root: Path = ROOT) -> dict[str, str]:
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",
     }
+    # the local SuperLink's SuperExec looks for a new run every second by default (flwr 1.42);
+    # 0.2 s starts a run 0.4 s sooner on average for a few HTTP requests a second while idle
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in env.get("PATH", "").split(os.pathsep):
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
@@ -92,6 +106,11 @@ def local_superlinks(env: dict[str, str]) -> list[tuple[int, str, bool]]:
     """The running ``flower-superlink --simulation`` processes: (pid, FLWR_HOME, runtime
     dependency installation off). Linux only (reads /proc); others' processes we may not read
     are skipped."""
+    return [(pid, home, no_install) for pid, home, no_install, _ in _local_superlinks()]
+
+
+def _local_superlinks() -> list[tuple[int, str, bool, str]]:
+    """:func:`local_superlinks`, plus each one's ``SILOFL_FAST_POLL`` ("" when unset)."""
     proc_dir = Path("/proc")
     found = []
     if not proc_dir.exists():
@@ -109,8 +128,14 @@ def local_superlinks(env: dict[str, str]) -> list[tuple[int, str, bool]]:
         except OSError:
             continue
         found.append((int(pid_dir.name), environ.get(b"FLWR_HOME", b"").decode(),
-                      environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1"))
+                      environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1",
+                      environ.get(b"SILOFL_FAST_POLL", b"").decode()))
     return found
+
+
+def own_superlink_fast_poll(env: dict[str, str]) -> list[tuple[int, str]]:
+    """This checkout's running local SuperLinks and the ``SILOFL_FAST_POLL`` each was started with."""
+    return [(pid, fast) for pid, home, _, fast in _local_superlinks() if home == env["FLWR_HOME"]]
 
 
 def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
@@ -119,7 +144,7 @@ def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
     leaders); returns their pids. Nothing else is touched."""
     import signal
 
-    mine = [pid for pid, home, _ in local_superlinks(env) if home == env["FLWR_HOME"]]
+    mine = [pid for pid, _ in own_superlink_fast_poll(env)]
     for pid in mine:
         try:
             if os.getpgid(pid) == pid:
@@ -182,6 +207,81 @@ def run_status(run_id: str, env: dict[str, str], superlink: str | None) -> str:
         return f"unknown ({out.stdout.strip()[:200]} {out.stderr.strip()[:200]})"
 
 
+def run_name(settings: Any, suffix: int) -> str:
+    """The name app.server_app.run_name gives a run (``settings.run_name``, else time stamp,
+    algorithm, dataset, epsilon, seed and a five-digit suffix), without importing the ServerApp
+    (it loads torch: 4-6 s before the run could start); tests/test_startup.py checks they agree."""
+    from datetime import datetime, timezone
+
+    if settings.run_name:
+        return settings.run_name
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    eps = "inf" if not settings.privacy.enabled else f"{settings.privacy.epsilon:g}"
+    return f"{stamp}-{settings.algorithm}-{settings.dataset}-eps{eps}-seed{settings.seed}-{suffix % 100000:05d}"
+
+
+def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
+    """``path``'s summary if the ServerApp of Flower run ``run_id`` wrote it (a resumed run's
+    folder may hold the summary of an earlier attempt), else None."""
+    if run_id is None:
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):  # not there yet, or being replaced
+        return None
+    return summary if str(summary.get("run_id")) == run_id else None
+
+
+class _Stream:
+    """``flwr run --stream``'s output, echoed line by line from a thread; notes the run id and
+    whether the ServerApp's last line (``silofl run NAME completed`` / ``run FAILED``) went by."""
+
+    def __init__(self, proc: subprocess.Popen, name: str) -> None:
+        import threading
+
+        self.proc, self.name, self.run_id = proc, name, None
+        self.last_line = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if self.run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
+                self.run_id = m.group(1)
+            if f"silofl run {self.name} completed" in line or "[silofl] run FAILED" in line:
+                self.last_line.set()
+
+
+def follow_run(proc: subprocess.Popen, name: str, summary_path: Path, poll_s: float = 0.1,
+               tail_s: float = 5.0) -> tuple[int | None, str | None, dict[str, Any] | None]:
+    """Echo ``flwr run --stream`` until the run's summary is written and its last line streamed
+    (at most ``tail_s`` after the summary), then end the CLI (only a log stream: the run itself
+    has finished and its engine shuts down inside the SuperLink). Returns the CLI's exit code
+    (None when it was ended here), the Flower run id and this run's summary (None if none)."""
+    stream = _Stream(proc, name)
+    summary, seen_at = None, None
+    while proc.poll() is None:
+        if summary is None and (summary := run_summary(summary_path, stream.run_id)) is not None:
+            seen_at = time.monotonic()
+        if summary is not None and (stream.last_line.is_set() or time.monotonic() - seen_at > tail_s):
+            break
+        stream.last_line.wait(poll_s) if summary is not None else time.sleep(poll_s)
+    rc = proc.poll()
+    if rc is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    else:
+        stream.thread.join(timeout=5)
+    return rc, stream.run_id, summary or run_summary(summary_path, stream.run_id)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app.launch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--run-config", "-c", action="append", default=[], help='e.g. "privacy.epsilon=0.75 seed=1"')
@@ -190,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-preflight", action="store_true", help="skip the data check (config is still validated)")
     ap.add_argument("--resume", metavar="RUN_NAME", default=None,
                     help="continue RUN_NAME (under outputs-dir) from its last checkpoint, with its run config")
+    ap.add_argument("--fast-poll", action="store_true",
+                    help="opt-in engine poll patch for the local SuperLink's runs (5 ms instead of 0.1 s; flwr 1.42)")
     ap.add_argument("--stop", action="store_true", help="end this checkout's local simulation SuperLink and exit")
     args = ap.parse_args(argv)
 
@@ -218,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     # The ServerApp's name for the run, fixed here and passed as run-name so that the launcher
     # knows where summary.json will be. Flower's run id is not known before the run starts: the
     # five-digit suffix that tells apart runs started in the same second is drawn here instead.
-    from app.server_app import run_name
-
     name = settings.run_name if args.resume else run_name(settings, secrets.randbelow(100_000))
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
@@ -230,41 +330,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[silofl] a local SuperLink not started by silofl is running: {other}. It would run this app "
               "with its own settings; stop it first (its owner's `make stop`, or end that pid).", file=sys.stderr)
         return 2
+    if args.fast_poll:
+        env["SILOFL_FAST_POLL"] = "1"
+    else:
+        env.pop("SILOFL_FAST_POLL", None)
+    if not args.superlink:
+        # the engine runs in the local SuperLink's processes, with the environment it started with
+        want = env.get("SILOFL_FAST_POLL", "")
+        if stale := [pid for pid, fast in own_superlink_fast_poll(env) if fast != want]:
+            print(f"[silofl] restarting this checkout's local SuperLink (pid {stale}) with the engine poll patch "
+                  f"{'on' if want else 'off'}", flush=True)
+            stop_own_superlinks(env)
     cmd = ["flwr", "run", str(stage_app(env)), *([args.superlink] if args.superlink else []), "--stream", "--run-config", run_config]
     if not args.superlink:
         cmd += ["--federation-config", " ".join(fed_cfg)]
+    summary_path = outputs / name / "summary.json"
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_id = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        m = re.search(r"Successfully started run (\d+)", line)
-        if m:
-            run_id = m.group(1)
-    rc = proc.wait()
+    rc, run_id, summary = follow_run(proc, name, summary_path)
     wall = time.perf_counter() - t0
-    if rc != 0 or run_id is None:
+    if run_id is None or (rc not in (None, 0) and summary is None):
         print(f"[silofl] flwr run failed (exit code {rc}, run id {run_id})", file=sys.stderr)
         return 1
-    status = run_status(run_id, env, args.superlink)
-    for _ in range(20):  # the status can trail the end of the log stream briefly
-        if status.startswith("finished"):
-            break
-        time.sleep(0.5)
+    if summary is None:  # the stream ended without this run's summary: ask Flower why
         status = run_status(run_id, env, args.superlink)
-    summary = outputs / name / "summary.json"
-    print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary}")
+        print(f"[silofl] FAILED: run {run_id} ended with status {status} and wrote no {summary_path}; "
+              f"see `flwr log {run_id}`", file=sys.stderr)
+        return 1
+    # in Flower's words (finished:completed / finished:failed), as `flwr ls` would say it
+    status = f"finished:{summary.get('status')}"
+    print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary_path}", flush=True)
     if status != "finished:completed":
-        reason = ""
-        if summary.exists():
-            reason = json.loads(summary.read_text()).get("status_reason") or ""
+        reason = summary.get("status_reason") or ""
         print(f"[silofl] FAILED: run {run_id} ended with status {status}"
               + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`", file=sys.stderr)
-        return 1
-    if not summary.exists():
-        print(f"[silofl] FAILED: {summary} was not written", file=sys.stderr)
         return 1
     return 0
 

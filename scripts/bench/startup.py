@@ -1,0 +1,158 @@
+"""Start-up and whole-run wall time of ``make run`` (``python -m app.launch``, the default config).
+
+Runs the launcher ``--runs`` times, each with a fresh outputs dir, and reports per run:
+
+* round 1 done: launch -> the first row of the run's rounds.jsonl on disk (polled every 20 ms;
+  the streamed console lines arrive in batches and cannot be timed);
+* whole run: launch -> the launcher's exit;
+* CPU: the launcher and the ``flwr`` CLI (rusage of the child), and this checkout's local
+  SuperLink process tree (SuperLink, SuperExec, the run's flwr-simulation process, Ray and its
+  actors: utime + stime, children included, before vs after); the load average before each run;
+* whether that run had to start the local SuperLink (the first run after ``make stop`` does).
+
+Then the import-time breakdown of what the engine's actors load: ``python -X importtime`` of
+``app.client_app`` (imported to unpickle the first message) and ``app.node_runtime`` (the silo,
+imported on the first message), top modules by cumulative time.
+
+Targets (issue 14, on a quiet machine): round 1 done <= 8 s, whole run <= 20 s, as medians over
+the runs that found the SuperLink running (all runs if none did); PASS/FAIL and the ratios.
+
+    python scripts/bench/startup.py [--runs 3] [--fast-poll] [--no-imports] [-- launcher args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from app.launch import flower_env, own_superlink_fast_poll  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(root_pid: int) -> float:
+    """utime + stime (+ reaped children's) of ``root_pid`` and its live descendants, seconds."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(d.name)] = fields
+        children.setdefault(int(fields[1]), []).append(int(d.name))
+    total, todo = 0.0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            f = stats[pid]
+            total += sum(int(x) for x in f[11:15]) / TICKS  # utime stime cutime cstime
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def _superlink_cpu(env: dict[str, str]) -> float:
+    return sum(_tree_cpu(pid) for pid, _ in own_superlink_fast_poll(env))
+
+
+def one_run(extra: list[str], env: dict[str, str]) -> dict[str, float | bool | int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        load = os.getloadavg()[0]
+        cpu_link0 = _superlink_cpu(env)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "app.launch", "--run-config", f'outputs-dir="{tmp}"', *extra],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first_round: list[float] = []
+
+        def watch() -> None:
+            while proc.poll() is None and not first_round:
+                for f in Path(tmp).glob("*/rounds.jsonl"):
+                    if f.read_text().endswith("\n"):
+                        first_round.append(time.perf_counter() - t0)
+                        return
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        out = proc.stdout.read() if proc.stdout else ""
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        watcher.join(timeout=1)
+        cpu_link = _superlink_cpu(env) - cpu_link0
+    rounds = [float(x) for x in re.findall(r"round +\d+/\d+ .*? ([0-9.]+)s\n", out)]
+    return {"rc": proc.returncode, "started_superlink": "Starting local SuperLink" in out,
+            "round1_done_s": first_round[0] if first_round else float("nan"), "wall_s": wall,
+            "cpu_launcher_s": usage.ru_utime + usage.ru_stime, "cpu_superlink_s": max(cpu_link, 0.0),
+            "load_1min": load, "round_median_s": statistics.median(rounds[1:]) if len(rounds) > 1 else float("nan"),
+            "log_tail": out[-600:] if proc.returncode else ""}
+
+
+def import_breakdown(module: str, top: int = 8) -> list[tuple[float, str]]:
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], cwd=ROOT,
+                         env=flower_env(ROOT), capture_output=True, text=True, timeout=300)
+    rows = []
+    for line in out.stderr.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\s*)(\S+)", line)
+        if m and len(m.group(2)) <= 6:  # the module itself and three levels below it
+            rows.append((int(m.group(1)) / 1e6, "  " * (len(m.group(2)) // 2) + m.group(3)))
+    return sorted(rows, reverse=True)[:top]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--fast-poll", action="store_true", help="python -m app.launch --fast-poll")
+    ap.add_argument("--no-imports", action="store_true", help="skip the import-time breakdown")
+    ap.add_argument("--round1-target", type=float, default=8.0)
+    ap.add_argument("--wall-target", type=float, default=20.0)
+    ap.add_argument("launcher_args", nargs="*", help="more arguments for python -m app.launch (after --)")
+    args = ap.parse_args(argv)
+    env = flower_env(ROOT)
+    extra = [*(["--fast-poll"] if args.fast_poll else []), *args.launcher_args]
+    rows = []
+    print(f"{os.cpu_count()} CPUs; python -m app.launch {' '.join(extra)}", flush=True)
+    for i in range(args.runs):
+        r = one_run(extra, env)
+        rows.append(r)
+        print(f"run {i + 1}: rc {r['rc']}, round 1 done {r['round1_done_s']:.1f} s, whole run {r['wall_s']:.1f} s, "
+              f"CPU launcher+CLI {r['cpu_launcher_s']:.1f} s, SuperLink tree {r['cpu_superlink_s']:.1f} s, "
+              f"median round {r['round_median_s']:.3f} s, load {r['load_1min']:.2f}"
+              + (" (started the local SuperLink)" if r["started_superlink"] else "") + r["log_tail"], flush=True)
+    ok_rows = [r for r in rows if r["rc"] == 0]
+    warm = [r for r in ok_rows if not r["started_superlink"]] or ok_rows
+    if not args.no_imports:
+        for module in ("app.client_app", "app.node_runtime"):
+            print(f"\nimport {module} in a fresh process (cumulative s, python -X importtime):")
+            for sec, name in import_breakdown(module):
+                print(f"  {sec:6.2f}  {name}")
+    if not warm:
+        print("\nFAIL: no run succeeded")
+        return 1
+    r1 = statistics.median(r["round1_done_s"] for r in warm)
+    wall = statistics.median(r["wall_s"] for r in warm)
+    load = statistics.median(r["load_1min"] for r in warm)
+    print(f"\nmedian of {len(warm)} run(s){' with the SuperLink already running' if warm is not ok_rows else ''}, "
+          f"load {load:.2f} on {os.cpu_count()} CPUs (the targets are for a quiet machine):")
+    print(f"  launch -> round 1 done {r1:.1f} s (target {args.round1_target:g} s, ratio {r1 / args.round1_target:.2f}): "
+          f"{'PASS' if r1 <= args.round1_target else 'FAIL'}")
+    print(f"  whole run {wall:.1f} s (target {args.wall_target:g} s, ratio {wall / args.wall_target:.2f}): "
+          f"{'PASS' if wall <= args.wall_target else 'FAIL'}")
+    return 0 if len(ok_rows) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
