@@ -11,18 +11,33 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "scipy", "matplotlib", "hydra", "sklearn", "dp_accounting", "opacus", "pandas")
 
 
-def _loaded_after(module: str) -> list[str]:
-    code = (f"import {module}, sys; "
-            f"print(sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in {HEAVY!r}}}))")
+def _loaded_after(module: str, before: str = "", env: dict[str, str] | None = None) -> list[str]:
+    """The heavy packages loaded by importing ``module`` in a fresh process (after the
+    statement ``before``, e.g. what Flower's process has imported when it loads the app)."""
+    code = (f"{before or 'pass'}; import sys; pre = set(sys.modules); import {module}; "
+            f"print(sorted({{m.split('.')[0] for m in set(sys.modules) - pre if m.split('.')[0] in {HEAVY!r}}}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0",
-                              "PYTHONPATH": str(ROOT)})
+                              "PYTHONPATH": str(ROOT), **(env or {})})
     assert out.returncode == 0, out.stderr
-    return eval(out.stdout.strip())  # a list literal of module names
+    return eval(out.stdout.strip().splitlines()[-1])  # a list literal of module names
 
 
 def test_client_app_imports_nothing_heavy() -> None:
     assert _loaded_after("app.client_app") == []
+
+
+def test_what_the_simulation_engine_imports_first_is_light() -> None:
+    """The engine's processes load the ClientApp before the first message: Flower's simulation
+    process (to check it loads; with SILOFL_FAST_POLL it also applies app.sweep's poll patch
+    there) and each Ray actor (to unpickle the first message). None of it loads torch,
+    scipy.stats, matplotlib or hydra; the silo's imports wait for the first message."""
+    engine = "import flwr.server.superlink.fleet.vce.vce_api"
+    assert _loaded_after("app.client_app", before=engine) == []
+    assert _loaded_after("app.client_app", before=engine, env={"SILOFL_FAST_POLL": "1"}) == []
+    # the in-process sweep: its ServerApp/ClientApp wrappers and engine patches (hydra: only in main)
+    assert _loaded_after("app.sweep") == []
+    assert _loaded_after("app.launch") == []
 
 
 def test_client_app_adds_only_its_protocol_to_flower() -> None:

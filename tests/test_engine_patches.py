@@ -1,0 +1,160 @@
+"""The simulation engine patches of app/sweep.py, checked against flwr 1.42's vce_api: the opt-in
+poll patch (fast_poll: the loop that hands instructions to the engine's workers waits 5 ms instead
+of 0.1 s) and the prompt stop of the warm engine (the engine's queues wait at most 20 ms between
+looks at the stop event). Mechanics here; a real federation with and without the poll patch in
+test_fast_poll_keeps_numbers_and_is_faster (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from queue import Empty
+
+import pytest
+
+from app import sweep
+from app.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def vce_api():
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    original, queue = vce_api.add_messages_to_queue, vce_api.Queue
+    yield vce_api
+    sweep.fast_poll(0)
+    vce_api.Queue = queue
+    assert vce_api.add_messages_to_queue is getattr(vce_api, "_silofl_original_add_messages", original)
+
+
+class _Event:
+    """A stop event that records what the loop waits for and stops it after ``n`` waits."""
+
+    def __init__(self, n: int) -> None:
+        self.waits: list[float] = []
+        self.n = n
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self.n
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
+class _State:
+    def __init__(self, pending: dict[int, list[str]]) -> None:
+        self.pending = pending
+
+    def get_message_ins(self, node_id: int, limit: int) -> list[str]:
+        out, self.pending[node_id] = self.pending[node_id][:limit], self.pending[node_id][limit:]
+        return out
+
+
+def test_fast_poll_replaces_the_loop_and_keeps_what_it_does(vce_api) -> None:
+    from queue import Queue
+
+    original = vce_api.add_messages_to_queue
+    assert sweep.fast_poll(0.005) is True
+    patched = vce_api.add_messages_to_queue
+    assert patched is not original and patched._silofl_poll_s == 0.005
+    for loop, period in ((original, 0.1), (patched, 0.005)):  # same messages, same order; other period
+        q: Queue = Queue()
+        stop = _Event(3)
+        loop(_State({7: ["a", "b"], 9: ["c"]}), q, {7: 0, 9: 1}, stop)
+        assert [q.get_nowait() for _ in range(q.qsize())] == ["a", "c", "b"]
+        assert stop.waits == [period] * 3
+    assert sweep.fast_poll(0) is False and vce_api.add_messages_to_queue is original
+
+
+def test_fast_poll_is_skipped_with_a_warning_on_another_flower(vce_api, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    original = vce_api.add_messages_to_queue
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.43.0")
+    with pytest.warns(RuntimeWarning, match="flwr 1.43.0"):
+        assert sweep.fast_poll(0.005) is False
+    assert vce_api.add_messages_to_queue is original
+
+
+def test_fast_poll_setting() -> None:
+    assert sweep.fast_poll_setting(True) == sweep.FAST_POLL_S
+    assert sweep.fast_poll_setting(False) == 0.0
+    assert sweep.fast_poll_setting("0.01") == 0.01
+    for off in ("", "0", "false", "off"):
+        assert sweep.fast_poll_setting(off) == 0.0
+    for bad in ("fast", "0.5", "-1"):
+        with pytest.raises(ConfigError, match="SILOFL_FAST_POLL"):
+            sweep.fast_poll_setting(bad)
+
+
+def test_fast_poll_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sweep.FAST_POLL_ENV, raising=False)
+    assert sweep.fast_poll_setting() == 0.0  # off unless asked for
+    monkeypatch.setenv(sweep.FAST_POLL_ENV, "1")
+    assert sweep.fast_poll_setting() == sweep.FAST_POLL_S
+
+
+def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
+    assert sweep.prompt_engine_stop() is True
+    q = vce_api.Queue()
+    t0 = time.perf_counter()
+    with pytest.raises(Empty):
+        q.get(timeout=1.0)  # Flower's worker wait: at most PROMPT_WAIT_S now
+    assert time.perf_counter() - t0 < 0.5
+    threading.Timer(0.05, q.put, args=("m",)).start()
+    got = None
+    while got is None:  # Flower's loop: retry on Empty; the message is taken when it comes
+        try:
+            got = q.get(timeout=1.0)
+        except Empty:
+            pass
+    assert got == "m"
+
+
+def test_client_app_applies_the_poll_patch_only_in_the_engines_process() -> None:
+    """flwr run: the ClientApp, imported by the engine's process with SILOFL_FAST_POLL set,
+    patches the loop; imported anywhere else (a SuperNode, a Ray actor) it patches nothing."""
+    code = ("import sys; {pre}import app.client_app; "
+            "v = sys.modules.get('flwr.server.superlink.fleet.vce.vce_api'); "
+            "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), 'app.sweep' in sys.modules)")
+    env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    for pre, fast, expected in (("import flwr.server.superlink.fleet.vce.vce_api; ", "1", "0.005 True"),
+                                ("import flwr.server.superlink.fleet.vce.vce_api; ", "", "None False"),
+                                ("", "1", "None False")):
+        out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120, env=env | ({"SILOFL_FAST_POLL": fast} if fast else {}))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == expected.split(), (pre, fast, out.stdout)
+
+
+@pytest.mark.slow
+def test_fast_poll_keeps_numbers_and_is_faster(tmp_path: Path) -> None:
+    """Two federations on one warm engine, without and with the poll patch: rounds.jsonl is the
+    same but for wall_s, and the patched rounds are faster (medians; a generous bound)."""
+    code = f"""
+import json, statistics, sys
+from app.launch import merged_run_config
+from app.sweep import run_federation
+out = {{}}
+for fast in (False, True):
+    cfg = merged_run_config([]) | {{"num-rounds": 6, "outputs-dir": {str(tmp_path)!r}, "run-name": f"fast{{fast}}"}}
+    res = run_federation(cfg, warm=True, fast=fast)
+    out[str(fast)] = res["rounds_rows"]
+print("RESULT " + json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    slow, fast = rows["False"], rows["True"]
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
+    assert strip(slow) == strip(fast) and len(fast) == 6
+    median = lambda rs: sorted(float(r["wall_s"]) for r in rs[1:])[len(rs[1:]) // 2]  # noqa: E731
+    assert median(fast) < median(slow), (median(fast), median(slow))
