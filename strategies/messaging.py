@@ -3,8 +3,9 @@
 Flower 1.42's ``Grid.send_and_receive`` sleeps 3 s between pulls on a deployed SuperLink (and
 the simulation's 0.1 s), which is most of a deployed round. :class:`ExchangeGrid` wraps the
 run's grid and does the same exchange through the grid's public ``push_messages`` /
-``pull_messages`` with a short, growing poll interval (5 ms up to ``poll_s``), bounded by the
-exchange's timeout.
+``pull_messages``, polling every max(5 ms, elapsed / 10) up to ``poll_s`` (so a reply is seen at
+most ~10% after it arrives, and a long exchange costs few pulls), bounded by the exchange's
+timeout.
 
 It also attributes every reply to the node it answers for. When a node is gone, the SuperLink
 answers for it with an error reply whose source is the SuperLink itself
@@ -29,8 +30,10 @@ from flwr.common.constant import ErrorCode
 #: error codes meaning "the node (or its reply) is not there": a dropped silo, not a ClientApp failure
 UNAVAILABLE_CODES = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                                ErrorCode.NODE_UNAVAILABLE})
-#: the first poll interval of an exchange (it grows by 1.5x up to the grid's poll_s)
+#: the first poll interval of an exchange (then a tenth of the time elapsed, up to the grid's poll_s)
 FIRST_POLL_S = 0.005
+#: the poll interval as a fraction of the exchange's elapsed time
+POLL_FRACTION = 0.1
 
 
 def is_unavailable(msg: Message) -> bool:
@@ -68,17 +71,18 @@ class ExchangeGrid:
         ids = list(self._grid.push_messages(sent))
         asked = {mid: m.metadata.dst_node_id for mid, m in zip(ids, sent, strict=False) if mid}
         pending = set(asked)
-        end = None if timeout is None else time.monotonic() + float(timeout)
-        delay = min(FIRST_POLL_S, self.poll_s)
+        start = time.monotonic()
+        end = None if timeout is None else start + float(timeout)
         replies: list[Message] = []
         while pending:
             got = list(self._grid.pull_messages(pending))
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
-            if not pending or (end is not None and time.monotonic() >= end):
+            now = time.monotonic()
+            if not pending or (end is not None and now >= end):
                 break
-            time.sleep(delay if end is None else max(0.0, min(delay, end - time.monotonic())))
-            delay = min(self.poll_s, delay * 1.5)
+            delay = min(self.poll_s, max(FIRST_POLL_S, POLL_FRACTION * (now - start)))
+            time.sleep(delay if end is None else max(0.0, min(delay, end - now)))
         return attribute(replies, asked)
 
 
