@@ -25,8 +25,9 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# FAST_POLL=1: the opt-in engine poll patch (docs/configuration.md, "Simulation engine patches")
 run: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)") $(if $(filter 1,$(FAST_POLL)),--fast-poll)
 
 # Every test, as CI runs them (.ci/run).
 test: setup
