@@ -31,6 +31,14 @@ Accounting rules (all numbers come from dp-accounting):
   app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
   that module's orders (Gaussian releases by their exact RDP curves); no amplification by
   sampling is claimed for a binomial release (it is accounted as if its record were included).
+
+Calibration (:func:`calibrate_noise_multiplier`) is a bisection over the noise scale. For plans
+with sampled releases its steps use :func:`wor_gaussian_rdp`, a vectorised copy of
+dp-accounting's without-replacement formula that reproduces its numbers bit for bit
+(milliseconds per curve instead of a third of a second), so the search takes the same path and
+returns the same multiplier as :func:`calibrate_reference` (dp-accounting at every step); the
+answer is then certified with :func:`epsilon_spent` (dp-accounting, whose curve the ledger then
+finds in the cache), and the reference search runs instead if that check ever fails.
 """
 
 from __future__ import annotations
