@@ -3,7 +3,6 @@ output iterate, and every algorithm's privacy recomputed from the silos' ledger 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,7 @@ from app import wire
 from app.config import ConfigError, parse_settings
 from app.launch import merged_run_config
 from app.privacy.accounting import Release, epsilon_spent
-from app.privacy.ledger import BudgetExceededError, PrivacyLedger
+from app.privacy.ledger import BudgetExceededError, PrivacyLedger, read_ledger
 from strategies.loop import IterateSampler
 from tests.helpers import analytic_gaussian_delta, logistic_objective
 
@@ -73,7 +72,7 @@ def test_every_algorithm_spends_at_most_its_budget(federation, tmp_path: Path, a
     ledgers = sorted((tmp_path / "state").glob("ledger-run7-silo*.json"))
     assert len(ledgers) == 2
     for path in ledgers:
-        data = json.loads(path.read_text())
+        data = read_ledger(path)
         counts = Counter()
         for r in data["releases"]:
             counts[r["kind"].split(":")[0]] += r["count"]

@@ -105,10 +105,11 @@ echo "ledgers:"
 for i in 0 1; do
   for f in "$WORK/state$i"/ledger-*.json; do
     [[ -f "$f" ]] || { echo "  state$i: no ledger"; continue; }
-    "$PYTHON" - "$f" <<'PY'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-rel = doc.get("releases", [])
+    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$f" <<'PY'
+import sys
+from app.privacy.ledger import read_ledger
+doc = read_ledger(sys.argv[1])
+rel = doc["releases"]
 print(f"  {sys.argv[1]}: epsilon budget {doc.get('epsilon_budget')}, delta {doc.get('delta')}, "
       f"{len(rel)} release(s) in rounds {sorted({r.get('round') for r in rel})}")
 PY

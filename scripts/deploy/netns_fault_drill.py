@@ -191,11 +191,11 @@ class Drill:
 
     def ledger(self, i: int) -> list[dict]:
         """Silo i's ledgers: (file, releases, eps) for each run-scope ledger file."""
-        from app.privacy.ledger import PrivacyLedger
+        from app.privacy.ledger import PrivacyLedger, read_ledger
 
         out = []
         for path in sorted(self.state(i).glob("ledger-*.json")):
-            data = json.loads(path.read_text())
+            data = read_ledger(path)
             ledger = PrivacyLedger.open(path, float(data["epsilon_budget"]), float(data["delta"]))
             out.append({"file": path.name, "releases": len(ledger.releases), "eps": round(ledger.spent(), 4)})
         return out
