@@ -207,19 +207,6 @@ def run_status(run_id: str, env: dict[str, str], superlink: str | None) -> str:
         return f"unknown ({out.stdout.strip()[:200]} {out.stderr.strip()[:200]})"
 
 
-def run_name(settings: Any, suffix: int) -> str:
-    """The name app.server_app.run_name gives a run (``settings.run_name``, else time stamp,
-    algorithm, dataset, epsilon, seed and a five-digit suffix), without importing the ServerApp
-    (it loads torch: 4-6 s before the run could start); tests/test_startup.py checks they agree."""
-    from datetime import datetime, timezone
-
-    if settings.run_name:
-        return settings.run_name
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    eps = "inf" if not settings.privacy.enabled else f"{settings.privacy.epsilon:g}"
-    return f"{stamp}-{settings.algorithm}-{settings.dataset}-eps{eps}-seed{settings.seed}-{suffix % 100000:05d}"
-
-
 def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
     """``path``'s summary if the ServerApp of Flower run ``run_id`` wrote it (a resumed run's
     folder may hold the summary of an earlier attempt), else None."""
@@ -320,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     # The ServerApp's name for the run, fixed here and passed as run-name so that the launcher
     # knows where summary.json will be. Flower's run id is not known before the run starts: the
     # five-digit suffix that tells apart runs started in the same second is drawn here instead.
+    from app.results import run_name  # light: not the ServerApp (torch)
+
     name = settings.run_name if args.resume else run_name(settings, secrets.randbelow(100_000))
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}

@@ -47,3 +47,16 @@ class RunRecorder:
 def load_rounds(path: str | Path) -> list[dict[str, Any]]:
     """Read rounds.jsonl back."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_name(settings: Any, suffix: int) -> str:
+    """A run's folder name under outputs/: ``run-name`` when set, else the UTC time stamp,
+    algorithm, dataset, epsilon, seed and a five-digit suffix (the Flower run id's last digits).
+    Here, not in the ServerApp, so the launcher names a run without importing torch."""
+    from datetime import datetime, timezone
+
+    if settings.run_name:
+        return settings.run_name
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    eps = "inf" if not settings.privacy.enabled else f"{settings.privacy.epsilon:g}"
+    return f"{stamp}-{settings.algorithm}-{settings.dataset}-eps{eps}-seed{settings.seed}-{suffix % 100000:05d}"

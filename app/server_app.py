@@ -28,7 +28,7 @@ from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
-from app.results import RunRecorder
+from app.results import RunRecorder, run_name
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
@@ -92,14 +92,6 @@ def _jsonish(d: dict[str, Any]) -> dict[str, Any]:
 
 def nothing_trained(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and all(int(r.get("answered", 0)) == 0 for r in rows)
-
-
-def run_name(s: Settings, run_id: int) -> str:
-    if s.run_name:
-        return s.run_name
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    eps = "inf" if not s.privacy.enabled else f"{s.privacy.epsilon:g}"
-    return f"{stamp}-{s.algorithm}-{s.dataset}-eps{eps}-seed{s.seed}-{run_id % 100000:05d}"
 
 
 def progress_line(row: dict[str, Any], num_rounds: int) -> str:

@@ -20,10 +20,14 @@ from app import launch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_run_name_is_the_server_apps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_launcher_and_the_server_app_name_a_run_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function names the run for both (the launcher must know the folder summary.json goes
+    to); its name is the documented pattern."""
+    import app.results as results
     import app.server_app as server_app
     from app.config import parse_settings
 
+    assert server_app.run_name is results.run_name
     fixed = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
     class Frozen(datetime):
@@ -31,11 +35,12 @@ def test_run_name_is_the_server_apps(monkeypatch: pytest.MonkeyPatch) -> None:
         def now(cls, tz=None):  # noqa: ANN001
             return fixed
 
-    monkeypatch.setattr(server_app, "datetime", Frozen)
     monkeypatch.setattr("datetime.datetime", Frozen)
-    for over in ({}, {"privacy.mode": "off"}, {"privacy.epsilon": 0.75, "seed": 3}, {"run-name": "mine"}):
-        s = parse_settings(launch.default_run_config() | over)
-        assert launch.run_name(s, 1234567) == server_app.run_name(s, 1234567)
+    s = parse_settings(launch.default_run_config() | {"privacy.epsilon": 0.75, "seed": 3})
+    assert results.run_name(s, 1234567) == "20260102-030405-mbsgd-wbcd-eps0.75-seed3-34567"
+    s = parse_settings(launch.default_run_config() | {"privacy.mode": "off"})
+    assert results.run_name(s, 7).endswith("-epsinf-seed0-00007")
+    assert results.run_name(parse_settings(launch.default_run_config() | {"run-name": "mine"}), 1) == "mine"
 
 
 def test_the_launcher_does_not_import_the_server_app() -> None:
