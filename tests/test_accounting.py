@@ -195,3 +195,39 @@ def test_fast_calibration_equals_the_reference_bisection_run_now() -> None:
     plan = (PlannedRelease("grad", 400, 40, 15, 1.0), PlannedRelease("anchor", 400, 400, 3, 1.5))
     accounting._calibrate.cache_clear()
     assert calibrate_noise_multiplier(plan, 1.5, 1e-5, rtol=1e-2) == calibrate_reference(plan, 1.5, 1e-5, 1e-2)
+
+
+def test_a_wrong_fast_curve_is_caught_by_dp_accountings_own_number(monkeypatch, caplog) -> None:
+    """Attack: the vectorised curve under-reports (a bug, a changed dp-accounting formula).
+    epsilon_spent checks it against dp-accounting's accountant at the order that decides the
+    answer, so what a ledger reports is dp-accounting's epsilon, not the under-report."""
+    releases = [Release("grad", 229, 64, 4.160164640959711, 25)]
+    delta = 1 / 229**2
+    acc = RdpAccountant(list(RDP_ORDERS), NeighboringRelation.REPLACE_ONE)
+    acc.compose(SampledWithoutReplacementDpEvent(229, 64, GaussianDpEvent(4.160164640959711)), 25)
+    truth = acc.get_epsilon(delta)
+    honest = accounting.wor_gaussian_rdp
+    for fn in (accounting._epsilon, accounting._rdp_one, accounting._calibrate):
+        fn.cache_clear()
+    monkeypatch.setattr(accounting, "wor_gaussian_rdp", lambda q, z, orders: 0.5 * honest(q, z, orders))
+    with caplog.at_level("WARNING", logger="app.privacy.accounting"):
+        assert epsilon_spent(releases, delta) == pytest.approx(truth, rel=1e-12)
+    assert "differs from dp-accounting" in caplog.text
+    # and the calibration, searching with the wrong curves, still hands out a multiplier within budget
+    z = calibrate_noise_multiplier([PlannedRelease("grad", 229, 64, 25)], 3.0, delta, rtol=0.05)
+    acc = RdpAccountant(list(RDP_ORDERS), NeighboringRelation.REPLACE_ONE)
+    acc.compose(SampledWithoutReplacementDpEvent(229, 64, GaussianDpEvent(z)), 25)
+    assert acc.get_epsilon(delta) <= 3.0
+    for fn in (accounting._epsilon, accounting._rdp_one, accounting._calibrate):
+        fn.cache_clear()
+
+
+def test_reported_epsilon_is_dp_accountings_for_ledger_states() -> None:
+    """The ledger's epsilon after each of 25 rounds, as dp-accounting's accountant gives it."""
+    n, z, delta = 136, 6.525347295012731, 1 / 136**2
+    for fn in (accounting._epsilon, accounting._rdp_one):
+        fn.cache_clear()
+    for count in (1, 2, 7, 25):
+        acc = RdpAccountant(list(RDP_ORDERS), NeighboringRelation.REPLACE_ONE)
+        acc.compose(SampledWithoutReplacementDpEvent(n, 64, GaussianDpEvent(z)), count)
+        assert epsilon_spent([Release("grad", n, 64, z, count)], delta) == acc.get_epsilon(delta)

@@ -32,13 +32,16 @@ Accounting rules (all numbers come from dp-accounting):
   that module's orders (Gaussian releases by their exact RDP curves); no amplification by
   sampling is claimed for a binomial release (it is accounted as if its record were included).
 
-Calibration (:func:`calibrate_noise_multiplier`) is a bisection over the noise scale. For plans
-with sampled releases its steps use :func:`wor_gaussian_rdp`, a vectorised copy of
-dp-accounting's without-replacement formula that reproduces its numbers bit for bit
-(milliseconds per curve instead of a third of a second), so the search takes the same path and
-returns the same multiplier as :func:`calibrate_reference` (dp-accounting at every step); the
-answer is then certified with :func:`epsilon_spent` (dp-accounting, whose curve the ledger then
-finds in the cache), and the reference search runs instead if that check ever fails.
+Calibration (:func:`calibrate_noise_multiplier`) is a bisection over the noise scale. A sampled
+release's Renyi curve comes from :func:`wor_gaussian_rdp`, a vectorised copy of dp-accounting's
+without-replacement formula that reproduces its numbers bit for bit (milliseconds per curve
+instead of a third of a second, tests/test_accounting.py). The calibration's search uses it
+unchecked, along the same path as :func:`calibrate_reference` (dp-accounting at every order and
+step), so it returns the same multiplier; every epsilon that is *reported* or *certified*
+(:func:`epsilon_spent`: the ledger, the calibration's final check) is checked against
+dp-accounting's own accountant at the order that attains the minimum, so it is dp-accounting's
+number at that order, never below dp-accounting's epsilon; on any mismatch dp-accounting's
+curves are used at every order (and the calibration falls back to the reference search).
 """
 
 from __future__ import annotations
@@ -148,11 +151,35 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
     """Smallest epsilon the accountant certifies at ``delta`` for all ``releases``."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    live = tuple(sorted((parallel_view(r) for r in group_releases(releases) if r.count > 0),
-                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier, r.trials)))
+    live = _live(releases)
     if any(r.binomial for r in live):
         return _epsilon_rdp_binomial(live, float(delta))
     return _epsilon(live, float(delta))
+
+
+def epsilon_spent_reference(releases: Sequence[Release], delta: float) -> float:
+    """:func:`epsilon_spent` with dp-accounting's accountant for every curve at every order
+    (the reference of the calibration's fallback and of the tests; Gaussian releases only)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    live = _live(releases)
+    if not live:
+        return 0.0
+    if any(r.binomial for r in live):
+        raise ValueError("epsilon_spent_reference covers Gaussian releases only")
+    if any(r.noise_multiplier == 0 for r in live):
+        return math.inf
+    if not any(r.sampled for r in live):
+        return _epsilon(live, float(delta))  # the analytic Gaussian mechanism: no RDP curve involved
+    rdp = sum(r.count * _rdp_one_accountant(r.n, r.batch, r.noise_multiplier, r.sampled) for r in live)
+    return float(compute_epsilon(RDP_ORDERS, rdp, delta)[0])
+
+
+def _live(releases: Sequence[Release]) -> tuple[Release, ...]:
+    """The releases that count, identical ones merged, disjoint ones as their parallel view, in
+    a canonical order (the cache key, and the order the curves are summed in)."""
+    return tuple(sorted((parallel_view(r) for r in group_releases(releases) if r.count > 0),
+                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier, r.trials)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -181,7 +208,14 @@ def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
 @functools.lru_cache(maxsize=1024)
 def _epsilon(live: tuple[Release, ...], delta: float) -> float:
     """Cached: a silo asks for the same ledger state several times per round (check, record,
-    report), and Renyi accounting of sampled releases takes a fraction of a second."""
+    report), and Renyi accounting of sampled releases takes a fraction of a second.
+
+    The sampled curves are :func:`wor_gaussian_rdp`'s (dp-accounting's numbers, computed
+    faster); the answer is checked against dp-accounting's own accountant at the order that
+    attains the minimum: if every sampled kind's value there is dp-accounting's, the epsilon
+    returned is dp-accounting's conversion of dp-accounting's RDP at one order, which can only
+    be at or above dp-accounting's epsilon (the minimum over all orders). If any differs, the
+    curves are recomputed with dp-accounting at every order."""
     if not live:
         return 0.0
     if any(r.noise_multiplier == 0 for r in live):
@@ -191,14 +225,35 @@ def _epsilon(live: tuple[Release, ...], delta: float) -> float:
         return float(get_epsilon_gaussian(1.0 / math.sqrt(mu_sq), delta))
     # RDP composes additively: sum count * RDP(one release) over the kinds, then convert.
     rdp = sum(r.count * _rdp_one(r.n, r.batch, r.noise_multiplier, r.sampled) for r in live)
-    eps, _ = compute_epsilon(RDP_ORDERS, rdp, delta)
+    eps, order = compute_epsilon(RDP_ORDERS, rdp, delta)
+    k = RDP_ORDERS.index(order)
+    mismatched = [r for r in live if r.sampled
+                  and _rdp_at_order(r.n, r.batch, r.noise_multiplier, order) != _rdp_one(r.n, r.batch, r.noise_multiplier,
+                                                                                        True)[k]]
+    if mismatched:
+        logger.warning("the fast Renyi curve of %s differs from dp-accounting's at order %s; using dp-accounting's "
+                       "curves", mismatched, order)
+        rdp = sum(r.count * _rdp_one_accountant(r.n, r.batch, r.noise_multiplier, r.sampled) for r in live)
+        eps, _ = compute_epsilon(RDP_ORDERS, rdp, delta)
     return float(eps)
 
 
 @functools.lru_cache(maxsize=4096)
 def _rdp_one(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.ndarray:
-    """RDP curve (at RDP_ORDERS) of ONE release, from dp-accounting; cached, so a ledger that
-    grows by one release per round costs a vector sum, not a new accountant run."""
+    """RDP curve (at RDP_ORDERS) of ONE release; cached, so a ledger that grows by one release
+    per round costs a vector sum, not a new accountant run. A sampled release's curve comes from
+    :func:`wor_gaussian_rdp` (dp-accounting's formula, vectorised; :func:`_epsilon` checks it
+    against dp-accounting where it matters), an unsampled one's from dp-accounting."""
+    if sampled:
+        curve = wor_gaussian_rdp(batch / n, noise_multiplier, RDP_ORDERS)
+        curve.setflags(write=False)
+        return curve
+    return _rdp_one_accountant(n, batch, noise_multiplier, sampled)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_one_accountant(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.ndarray:
+    """RDP curve (at RDP_ORDERS) of ONE release, from dp-accounting's accountant."""
     accountant = RdpAccountant(RDP_ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
     event: dpa.DpEvent = dpa.GaussianDpEvent(noise_multiplier)
     if sampled:
@@ -207,6 +262,15 @@ def _rdp_one(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.n
     curve = np.asarray(accountant._rdp, dtype=np.float64)  # dp-accounting keeps the curve here
     curve.setflags(write=False)
     return curve
+
+
+@functools.lru_cache(maxsize=16384)
+def _rdp_at_order(n: int, batch: int, noise_multiplier: float, order: float) -> float:
+    """dp-accounting's RDP of ONE sampled release at one order (its cost grows with order^2,
+    so one order is a small fraction of the whole curve)."""
+    accountant = RdpAccountant([order], dpa.NeighboringRelation.REPLACE_ONE)
+    accountant.compose(dpa.SampledWithoutReplacementDpEvent(n, batch, dpa.GaussianDpEvent(noise_multiplier)))
+    return float(accountant._rdp[0])
 
 
 @dataclass(frozen=True)
@@ -248,21 +312,24 @@ def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, r
     A plan with sampled Gaussian releases searches with :func:`wor_gaussian_rdp` (a vectorised
     copy of dp-accounting's formula, milliseconds per evaluation instead of a third of a second),
     along the same bisection path as :func:`calibrate_reference`, so it returns the same number;
-    the answer is then certified by dp-accounting itself (:func:`epsilon_spent`, whose curve the
-    ledger reuses from the cache). Should that ever disagree, the exact search is run instead."""
+    the answer is then certified by :func:`epsilon_spent`, the number the ledger will use, which
+    checks the curves against dp-accounting's accountant at the order that decides it. Should the
+    answer not fit, the reference search (dp-accounting at every order, every step) runs instead."""
     if not any(r.count > 0 and r.batch < r.n and not r.disjoint for r in plan):
         return calibrate_reference(plan, epsilon, delta, rtol)  # no RDP involved: already fast
     scale = _bisect(lambda s: _epsilon_fast([r.at(s) for r in plan], delta), epsilon, delta, rtol)
     if epsilon_spent([r.at(scale) for r in plan], delta) <= epsilon:
         return scale
-    logger.warning("fast calibration's answer z=%r is over budget by dp-accounting's own numbers (epsilon=%r, "
-                   "delta=%r); searching with dp-accounting", scale, epsilon, delta)
+    logger.warning("fast calibration's answer z=%r is over budget by the certified accountant (epsilon=%r, "
+                   "delta=%r); searching with dp-accounting at every step", scale, epsilon, delta)
     return calibrate_reference(plan, epsilon, delta, rtol)
 
 
 def calibrate_reference(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-3) -> float:
-    """The bisection with dp-accounting at every step (the fallback, and the tests' reference)."""
-    return _bisect(lambda s: epsilon_spent([r.at(s) for r in plan], delta), float(epsilon), float(delta), float(rtol))
+    """The bisection with dp-accounting at every step (the fallback, and the tests' reference):
+    the algorithm before the fast search, with the accountant's curves at every order."""
+    return _bisect(lambda s: epsilon_spent_reference([r.at(s) for r in plan], delta), float(epsilon), float(delta),
+                   float(rtol))
 
 
 def _bisect(eps_at: Callable[[float], float], epsilon: float, delta: float, rtol: float) -> float:
@@ -289,7 +356,7 @@ def _bisect(eps_at: Callable[[float], float], epsilon: float, delta: float, rtol
 def _epsilon_fast(releases: Sequence[Release], delta: float) -> float:
     """:func:`epsilon_spent` for Gaussian releases with at least one sampled kind, with the
     vectorised RDP curves (used by the calibration's search only, never for a reported number)."""
-    live = [parallel_view(r) for r in group_releases(releases) if r.count > 0]
+    live = _live(releases)
     if any(r.noise_multiplier == 0 for r in live):
         return math.inf
     orders = np.asarray(RDP_ORDERS, dtype=np.float64)
