@@ -14,10 +14,11 @@ silo sizes; z does not depend on lr, clip or seed). The authors' code runs it in
 temporary ``--out`` (so nothing is skipped as already done), and reports CPU time (user + sys of
 this process and its children, ``resource.getrusage``: for the whole command, imports included,
 which is what the verdict uses, and for the grid alone), wall time, the load average, and the
-CPU spent (``time.thread_time`` of the calling thread) in noise calibration, in dp-accounting's
-RDP curves (``accounting._rdp_one``, which the calibration's certification and the ledger's
-epsilon share), and in the ledger's calls (open, record_release, set_calibration, spent), per run
-and per release. ``--compare CSV`` checks that every run's validation and test errors and
+CPU spent (``time.thread_time`` of the calling thread) in noise calibration, in the RDP curves
+(``accounting._rdp_one``, which the calibration's certification and the ledger's epsilon share;
+dp-accounting's full curves and single-order checks where the code has them; nested calls are
+counted in each), and in the ledger's calls (open, record_release, set_calibration, spent), per
+run and per release. ``--compare CSV`` checks that every run's validation and test errors and
 epsilon spent equal those of an earlier runs.csv (e.g. one written before a change).
 
 ``calibration`` times the grid's 6 calibrations from cold caches (``--reference``: also the
@@ -105,8 +106,10 @@ def run_grid(args: argparse.Namespace) -> None:
     meter = Meter()
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(accounting, "_calibrate", meter.wrap("calibration", accounting._calibrate)))
-        stack.enter_context(patched(accounting, "_rdp_one", meter.wrap("rdp curve (dp-accounting)",
-                                                                        accounting._rdp_one)))
+        for name, label in [("_rdp_one", "rdp curves (_rdp_one)"), ("_rdp_one_accountant", "dp-accounting full curves"),
+                            ("_rdp_at_order", "dp-accounting 1-order checks")]:
+            if hasattr(accounting, name):  # the code before the fast curves has _rdp_one only (dp-accounting)
+                stack.enter_context(patched(accounting, name, meter.wrap(label, getattr(accounting, name))))
         for name in ("record_release", "set_calibration", "spent"):
             stack.enter_context(patched(PrivacyLedger, name, meter.wrap(f"ledger.{name}", getattr(PrivacyLedger, name))))
         stack.enter_context(patched(PrivacyLedger, "open",
