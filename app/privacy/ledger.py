@@ -32,13 +32,14 @@ rewritten whole on every release) is converted to version 2 on first open, atomi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class PrivacyLedger:
     _offset: int = field(default=0, repr=False, compare=False)
     #: the recorded releases grouped by kind (count 1 -> total count): what the accountant composes
     _counts: Counter[Release] = field(default_factory=Counter, repr=False, compare=False)
+    _grouped_cache: list[Release] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: str | Path, epsilon_budget: float, delta: float) -> PrivacyLedger:
@@ -110,7 +112,7 @@ class PrivacyLedger:
                 return
             header, releases, calibration, used = _parse(self.path, data, first=True)
             self._check_budget(_decode_float(header["epsilon_budget"]), float(header["delta"]))
-            self.releases, self.calibration, self._counts = [], calibration or {}, Counter()
+            self.releases, self.calibration, self._counts, self._grouped_cache = [], calibration or {}, Counter(), None
         else:
             _, releases, calibration, used = _parse(self.path, data, first=False)
             if calibration is not None:
@@ -158,11 +160,12 @@ class PrivacyLedger:
         data = b"".join(lines)
         write_bytes_atomically(self.path, data, sync_dir=True)
         st = os.stat(self.path)
-        self.releases, self.calibration, self._counts = [], dict(calibration), Counter()
+        self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(calibration), Counter(), None
         self._add_rows(releases)
         self._file_id, self._offset = (st.st_dev, st.st_ino), len(data)
 
     def _add_rows(self, rows: list[dict[str, Any]]) -> None:
+        self._grouped_cache = None
         for row in rows:
             r = _release(row)
             self._counts[replace(r, count=1)] += r.count
@@ -181,7 +184,7 @@ class PrivacyLedger:
         self._offset = end
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return exclusive_lock(self.path.with_suffix(self.path.suffix + ".lock"))
+        return exclusive_lock(_lock_path(self.path))
 
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
@@ -192,7 +195,9 @@ class PrivacyLedger:
         """The recorded releases, identical ones merged into one with their total count: the
         same composition as :meth:`recorded` (epsilon_spent merges them the same way), without
         a pass over the whole history per question."""
-        return [replace(r, count=c) for r, c in self._counts.items() if c > 0]
+        if self._grouped_cache is None:
+            self._grouped_cache = [replace(r, count=c) for r, c in self._counts.items() if c > 0]
+        return list(self._grouped_cache)
 
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
@@ -331,13 +336,19 @@ def _release(r: dict[str, Any]) -> Release:
                    int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)))
 
 
+_RELEASE_FIELDS = tuple(f.name for f in fields(Release))
+_BINOMIAL_FIELDS = ("mechanism", "trials", "levels", "p", "dim")
+
+
 def _row(r: Release) -> dict[str, Any]:
-    """A release as a ledger row; a Gaussian one without the binomial fields (unused there)."""
-    row = asdict(r)
-    if not r.binomial:
-        for key in ("mechanism", "trials", "levels", "p", "dim"):
-            row.pop(key)
-    return row
+    """A release as a ledger row (its fields in order, as ``asdict`` gives them: they are plain
+    values); a Gaussian one without the binomial fields (unused there)."""
+    return {name: getattr(r, name) for name in _RELEASE_FIELDS if r.binomial or name not in _BINOMIAL_FIELDS}
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_path(path: Path) -> Path:
+    return path.with_suffix(path.suffix + ".lock")
 
 
 def _encode_float(x: float) -> float | str:
