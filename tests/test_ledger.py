@@ -273,3 +273,11 @@ def test_a_crash_after_recording_only_over_counts(tmp_path: Path) -> None:
     restarted.record([Release("grad", N, N, z)], round_=2)
     with pytest.raises(BudgetExceededError):  # the crashed release still counts against the budget
         restarted.record([Release("grad", N, N, z)], round_=3)
+
+
+def test_ledger_benchmark_smoke(capsys) -> None:
+    from scripts.bench import calibration_grid
+
+    calibration_grid.main(["ledger", "--silos", "3", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "3 silos x 2 rounds = 6 releases" in out and "ms CPU" in out

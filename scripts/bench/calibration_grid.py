@@ -39,7 +39,7 @@ import csv
 import functools
 import os
 import resource
-import sys
+import shutil
 import tempfile
 import time
 
@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: the authors' code on the same grid, CPU seconds (issue 14)
@@ -114,7 +113,9 @@ def run_grid(args: argparse.Namespace) -> None:
             stack.enter_context(patched(PrivacyLedger, name, meter.wrap(f"ledger.{name}", getattr(PrivacyLedger, name))))
         stack.enter_context(patched(PrivacyLedger, "open",
                                     classmethod(meter.wrap("ledger.open", PrivacyLedger.open.__func__))))
-        out = Path(tempfile.mkdtemp(prefix="calibration-grid-"))
+        out = args.out or Path(tempfile.mkdtemp(prefix="calibration-grid-"))
+        if args.out and (out / "runs.csv").exists():
+            raise SystemExit(f"{out / 'runs.csv'} exists: the grid would skip its runs; pass a fresh --out")
         load0 = os.getloadavg()
         c0, w0 = cpu_s(), time.perf_counter()
         with contextlib.redirect_stdout(open(os.devnull, "w")) if args.quiet else contextlib.nullcontext():
@@ -126,7 +127,8 @@ def run_grid(args: argparse.Namespace) -> None:
     runs = len(rows)
     ledger_cpu = sum(v for k, v in meter.cpu.items() if k.startswith("ledger."))
     releases = meter.calls.get("ledger.record_release", 0)
-    print(f"grid: {runs} runs ({sum(r['status'] == 'completed' for r in rows)} completed), out {out}")
+    print(f"grid: {runs} runs ({sum(r['status'] == 'completed' for r in rows)} completed)"
+          + (f", out {out}" if args.out else ""))
     total, total_wall = cpu_s(), time.time() - START_WALL
     print(f"  CPU {total:.1f} s for the whole command (self + children, user + sys, imports included), wall "
           f"{total_wall:.1f} s; the grid alone {cpu:.1f} s CPU, {wall:.1f} s wall; load average {load0[0]:.2f} -> "
@@ -144,6 +146,8 @@ def run_grid(args: argparse.Namespace) -> None:
           f"({cpu / AUTHORS_CPU_S:.2f}x for the grid alone); <= {TARGET_RATIO}x target: {verdict}")
     if args.compare:
         compare(rows, args.compare)
+    if args.out is None:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def compare(rows: list[dict[str, str]], reference: Path) -> None:
@@ -230,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     g = sub.add_parser("grid", help="the 54-run WBCD MB-SGD grid through isrl_compare.py")
     g.add_argument("--compare", type=Path, default=None, help="a runs.csv to compare every run's results with")
     g.add_argument("--quiet", action="store_true", help="hide the runs' console output")
+    g.add_argument("--out", type=Path, default=None, help="keep runs.csv and table.md here (default: a temporary "
+                   "directory, removed at the end)")
     c = sub.add_parser("calibration", help="the grid's 6 calibrations")
     c.add_argument("--reference", action="store_true", help="also time the old bisection (dp-accounting every step)")
     lg = sub.add_parser("ledger", help="per-release cost of the ledger")
