@@ -281,3 +281,22 @@ def test_ledger_benchmark_smoke(capsys) -> None:
     calibration_grid.main(["ledger", "--silos", "3", "--rounds", "2"])
     out = capsys.readouterr().out
     assert "3 silos x 2 rounds = 6 releases" in out and "ms CPU" in out
+
+
+def test_a_file_rewritten_in_place_is_read_again_in_full(tmp_path: Path) -> None:
+    """Same inode, larger size, other contents (an operator restoring another copy over it with
+    cp or an editor): a handle must not parse on from its old offset in the middle of a line or,
+    worse, at a line boundary of a different history (missing rows = under-counting)."""
+    path, other = tmp_path / "ledger.json", tmp_path / "other.json"
+    a = PrivacyLedger.open(path, 1e6, DELTA)
+    a.record([Release("grad", N, N, 50.0)], round_=1, extra={"time": 0.5})
+    b = PrivacyLedger.open(other, 1e6, DELTA)
+    for r in range(4):  # its first line as long as a's: a's old offset falls on a line boundary
+        extra = {"time": 0.5} | ({"pad": "x" * r} if r else {})
+        b.record([Release("grad", N, N, 30.0)], round_=max(r, 1), extra=extra)
+    inode = path.stat().st_ino
+    path.write_bytes(other.read_bytes())  # in place: same inode, more bytes
+    assert path.stat().st_ino == inode
+    assert path.read_bytes()[a._offset - 1:a._offset] == b"\n"
+    assert a.spent() == pytest.approx(epsilon_spent([Release("grad", N, N, 30.0, 4)], DELTA))
+    assert [r["noise_multiplier"] for r in a.releases] == [30.0] * 4

@@ -47,6 +47,8 @@ from app.filelock import append_bytes_durably, exclusive_lock, write_bytes_atomi
 from app.privacy.accounting import Release, epsilon_spent
 
 LEDGER_VERSION = 2
+#: how many of the last bytes read a handle checks again before it reads on
+_TAIL_BYTES = 64
 #: Relative slack for floating-point noise when comparing epsilon with the budget.
 BUDGET_RTOL = 1e-9
 
@@ -70,9 +72,11 @@ class PrivacyLedger:
     delta: float
     releases: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
-    #: what this handle has parsed: the file's (st_dev, st_ino) and the bytes read from it
+    #: what this handle has parsed: the file's (st_dev, st_ino), the bytes read from it, and the
+    #: last of them (checked again before reading on: a different file behind the same inode)
     _file_id: tuple[int, int] | None = field(default=None, repr=False, compare=False)
     _offset: int = field(default=0, repr=False, compare=False)
+    _tail: bytes = field(default=b"", repr=False, compare=False)
     #: the recorded releases grouped by kind (count 1 -> total count): what the accountant composes
     _counts: Counter[Release] = field(default_factory=Counter, repr=False, compare=False)
     _grouped_cache: list[Release] | None = field(default=None, repr=False, compare=False)
@@ -96,13 +100,19 @@ class PrivacyLedger:
             with open(self.path, "rb") as fh:
                 st = os.fstat(fh.fileno())
                 file_id = (st.st_dev, st.st_ino)
-                if file_id != self._file_id or st.st_size < self._offset:
-                    self._file_id, self._offset = None, 0
+                data = b""
+                if file_id == self._file_id and st.st_size >= self._offset:
+                    fh.seek(self._offset - len(self._tail))
                     data = fh.read()
-                else:
-                    if st.st_size == self._offset:
-                        return
-                    fh.seek(self._offset)
+                    if data.startswith(self._tail):  # the bytes it has read are still there
+                        data = data[len(self._tail):]
+                        if not data:
+                            return
+                    else:
+                        self._file_id = None
+                if file_id != self._file_id or st.st_size < self._offset:
+                    self._file_id, self._offset, self._tail = None, 0, b""
+                    fh.seek(0)
                     data = fh.read()
         except OSError as exc:
             raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
@@ -123,6 +133,7 @@ class PrivacyLedger:
                            "write", self.path, len(data) - used)
             os.truncate(self.path, self._offset + used)
         self._file_id, self._offset = file_id, self._offset + used
+        self._tail = (self._tail + data[:used])[-_TAIL_BYTES:]
 
     def _check_budget(self, stored_eps: float, stored_delta: float) -> None:
         same_eps = stored_eps == self.epsilon_budget or math.isclose(stored_eps, self.epsilon_budget)
@@ -162,7 +173,7 @@ class PrivacyLedger:
         st = os.stat(self.path)
         self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(calibration), Counter(), None
         self._add_rows(releases)
-        self._file_id, self._offset = (st.st_dev, st.st_ino), len(data)
+        self._file_id, self._offset, self._tail = (st.st_dev, st.st_ino), len(data), data[-_TAIL_BYTES:]
 
     def _add_rows(self, rows: list[dict[str, Any]]) -> None:
         self._grouped_cache = None
@@ -181,7 +192,7 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {self.path} could not be written: {exc}") from exc
         if end != self._offset + len(data):  # someone wrote without the lock: trust nothing read
             self._file_id = None
-        self._offset = end
+        self._offset, self._tail = end, (self._tail + data)[-_TAIL_BYTES:]
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return exclusive_lock(_lock_path(self.path))
