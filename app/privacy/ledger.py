@@ -19,9 +19,9 @@ atomically (and the directory fsynced) when the ledger is created::
 
 one ``release`` line per row (in ``seq`` order) and a ``calibration`` line each time the noise plan
 is stored (the last one wins). A release costs one append of its line and one fsync, under the
-lock; a reader parses only the bytes appended since its last read (it keeps the file's identity
-and size: another process may have appended; a file that shrank or was replaced is read again
-in full). A last line without its newline is the trace of a crash in the middle of an append:
+lock; a reader parses only the bytes appended since its last read (it keeps the file's identity,
+size and last bytes: another process may have appended; a file that shrank, was replaced or was
+rewritten in place is read again in full). A last line without its newline is the trace of a crash in the middle of an append:
 that release never returned, so nothing was computed or sent from it, and the line is cut off
 (under the lock, with a warning). Any other line that is not one of the three kinds is an error
 (:class:`LedgerError`), as is a header for another budget. A version-1 ledger (one JSON object,
