@@ -25,6 +25,7 @@ SOURCES: tuple[str, ...] = (
     "tv-fashion-mnist",
     "cifar10",
     "synthetic",
+    "synthetic-image",
 )
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -37,6 +38,9 @@ _FASHION_FILES = (
     ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 )
 _SYNTHETIC_DEFAULTS: dict[str, Any] = {"n": 1000, "d": 20, "num_classes": 2, "separation": 2.0}
+#: CIFAR-10-shaped: 3 x 32 x 32 images, 10 classes (feature shape and classes are public metadata)
+_SYNTHETIC_IMAGE_DEFAULTS: dict[str, Any] = {"n": 3000, "num_classes": 10, "separation": 1.0}
+SYNTHETIC_IMAGE_SHAPE = (3, 32, 32)
 
 
 class DataUnavailableError(RuntimeError):
@@ -239,6 +243,40 @@ def _load_synthetic(rng: np.random.Generator | None, params: dict[str, Any] | No
     return _make(x, y, c, "synthetic")
 
 
+def _load_synthetic_image(rng: np.random.Generator | None, params: dict[str, Any] | None) -> Dataset:
+    """CIFAR-10-shaped images without a download: ``n`` records of 3 x 32 x 32 in [0, 1], balanced
+    labels 0..num_classes-1 (a shuffled ``arange(n) % num_classes``).
+
+    Each class has a smooth template (a standard-normal 3 x 8 x 8 grid, each cell repeated 4 x 4);
+    an image is ``clip(0.5 + 0.15 * (separation * template[y] + N(0, I)), 0, 1)``: an easy task
+    (at separation 1 a nearest-class-mean classifier is nearly perfect), for exercising the image
+    models (LeNet-5, ResNet-18) end to end, not for measuring accuracy.
+    Defaults: n=3000, 10 classes, separation 1 (37 MB of float32).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng={rng!r}; source 'synthetic-image' requires a numpy.random.Generator")
+    p = dict(_SYNTHETIC_IMAGE_DEFAULTS)
+    unknown = sorted(set(params or {}) - set(p))
+    if unknown:
+        raise ValueError(f"synthetic_params keys {unknown}; allowed: {sorted(p)}")
+    p.update(params or {})
+    n, c, sep = p["n"], p["num_classes"], p["separation"]
+    for key, value, low in (("num_classes", c, 2), ("n", n, c)):
+        if not _is_int(value) or value < low:
+            raise ValueError(f"synthetic_params.{key}={value!r}; must be an integer >= {low}")
+    if not isinstance(sep, numbers.Real) or isinstance(sep, bool) or not np.isfinite(sep) or sep < 0:
+        raise ValueError(f"synthetic_params.separation={sep!r}; must be a finite number >= 0")
+    ch, h, w = SYNTHETIC_IMAGE_SHAPE
+    templates = rng.standard_normal((c, ch, h // 4, w // 4), dtype=np.float32).repeat(4, axis=2).repeat(4, axis=3)
+    y = rng.permutation(np.arange(n) % c)
+    x = rng.standard_normal((n, ch, h, w), dtype=np.float32)
+    x += np.float32(sep) * templates[y]
+    x *= np.float32(0.15)
+    x += np.float32(0.5)
+    np.clip(x, 0.0, 1.0, out=x)
+    return _make(x, y, c, "synthetic-image")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -256,15 +294,17 @@ def load_source(
 ) -> Dataset:
     """Load data source ``name`` (one of :data:`SOURCES`) as one pooled :class:`Dataset`.
 
-    ``data_dir`` is used by the file-based sources (ignored by wbcd, digits, synthetic);
-    ``rng`` is required by ``synthetic`` only; ``download`` only affects the torchvision sources;
-    ``synthetic_params`` (keys n, d, num_classes, separation) only applies to ``synthetic``.
+    ``data_dir`` is used by the file-based sources (ignored by wbcd, digits and the synthetic ones);
+    ``rng`` is required by ``synthetic`` and ``synthetic-image`` only; ``download`` only affects the
+    torchvision sources; ``synthetic_params`` only applies to ``synthetic`` (keys n, d,
+    num_classes, separation) and ``synthetic-image`` (keys n, num_classes, separation).
     Missing data raises :class:`DataUnavailableError`.
     """
     if name not in SOURCES:
         raise ValueError(f"dataset={name!r}; known: {', '.join(SOURCES)}")
-    if synthetic_params and name != "synthetic":
-        raise ValueError(f"synthetic_params={synthetic_params!r}; only valid with dataset='synthetic', got {name!r}")
+    if synthetic_params and name not in ("synthetic", "synthetic-image"):
+        raise ValueError(f"synthetic_params={synthetic_params!r}; only valid with dataset='synthetic' or "
+                         f"'synthetic-image', got {name!r}")
     if name == "wbcd":
         return _load_wbcd()
     if name == "digits":
@@ -273,4 +313,6 @@ def load_source(
         return _load_fashion_idx(data_dir)
     if name == "synthetic":
         return _load_synthetic(rng, synthetic_params)
+    if name == "synthetic-image":
+        return _load_synthetic_image(rng, synthetic_params)
     return _load_torchvision(name, data_dir, download)
