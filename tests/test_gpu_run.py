@@ -1,0 +1,68 @@
+"""scripts/bench/gpu_run.sh on the CPU (``--device cpu --small``): the GPU run's path end to end
+with small sizes. It checks that the in-process CPU-vs-CPU runs are bit-identical, runs LeNet-5
+through ``flwr run`` (the launcher, the local simulation SuperLink, Ray) for both federations
+(ISRL-DP MB-SGD + SRHT, Grad-BANT + SRHT) with ``device=cpu`` and ``client-resources-num-gpus=0``,
+reports rounds/s, and stops the SuperLink it started.
+
+The local simulation SuperLink has fixed ports: the test is skipped while another one runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench" / "gpu_run.sh"
+
+pytestmark = pytest.mark.e2e
+
+
+def _registered() -> bool:
+    from app.data.federated import SOURCE_META
+    from app.data.sources import SOURCES
+
+    return "synthetic-image" in SOURCES and "synthetic-image" in SOURCE_META
+
+
+@pytest.mark.skipif(not _registered(), reason="dataset synthetic-image needs its entry in app/data/federated.py "
+                    "SOURCE_META ((3, 32, 32), 10)")
+def test_gpu_run_script_on_cpu(tmp_path: Path) -> None:
+    from app.launch import flower_env, local_superlinks
+
+    env = flower_env()
+    running = local_superlinks(env)
+    if running:
+        pytest.skip(f"a local simulation SuperLink is running (pid {[p for p, _, _ in running]}): fixed ports")
+    out = tmp_path / "gpu-run"
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--device", "cpu", "--small", "--superlink-wait", "60", "--outdir", str(out)],
+        cwd=ROOT, env=env | {"SILOFL_GPU_RUN_TIMEOUT": "170"}, capture_output=True, text=True, timeout=200,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "[gpu_run] RESULT: PASS" in log
+    assert "gpu_check.py: skipped (needs CUDA)" in log
+    report = json.loads((out / "gpu_run.json").read_text())
+    assert report["ok"] and report["device"] == "cpu" and report["small"]
+    assert [(a["model"], a["config"]) for a in report["agreement"]] == [("lenet5", "dp"), ("lenet5", "robust")]
+    for a in report["agreement"]:
+        assert a["ok"] and a["diff_norm"] == 0.0 and a["update_norm"] > 0, a
+    assert [(r["model"], r["config"]) for r in report["flwr"]] == [("lenet5", "dp"), ("lenet5", "robust")]
+    for r in report["flwr"]:
+        assert r["ok"] and r["status"] == "completed" and r["rounds_done"] == 2 and r["rounds_per_s"] > 0, r
+        assert r["run_config"]["device"] == "cpu" and r["num_gpus"] == 0.0
+        summary = json.loads((out / "flwr" / r["run_config"]["run-name"] / "summary.json").read_text())
+        assert summary["dataset"] == "synthetic-image" and summary["model"] == "lenet5"
+    # the SuperLink the script started is gone (nobody else's was running: checked above)
+    assert not [pid for pid, _, _ in local_superlinks(env) if os.path.exists(f"/proc/{pid}")]
+
+
+def test_gpu_run_refuses_gpus_on_the_cpu() -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), "--device", "cpu", "--num-gpus", "0.5"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "must be 0 with --device cpu" in proc.stderr
