@@ -101,7 +101,8 @@ def test_digits_shape(digits: Dataset) -> None:
 def test_unknown_source_lists_known_names() -> None:
     with pytest.raises(ValueError, match="known: .*wbcd.*cifar10"):
         load_source("imagenet")
-    assert set(SOURCES) == {"wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic"}
+    assert set(SOURCES) == {"wbcd", "digits", "fashion-mnist", "mnist", "tv-fashion-mnist", "cifar10", "synthetic",
+                            "synthetic-image"}
 
 
 def test_synthetic_reproducible_and_validated() -> None:

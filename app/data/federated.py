@@ -188,6 +188,7 @@ SOURCE_META: dict[str, tuple[tuple[int, ...], int]] = {
     "mnist": ((1, 28, 28), 10),
     "cifar10": ((3, 32, 32), 10),
     "synthetic": ((20,), 2),
+    "synthetic-image": ((3, 32, 32), 10),
 }
 
 
