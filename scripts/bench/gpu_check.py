@@ -1,5 +1,6 @@
 """Device check (needs a CUDA GPU): the silo's DP gradient pieces give the same numbers on the GPU
-as on the CPU, and noise drawn from the CPU generator is bit-identical on any device.
+as on the CPU, the two per-sample routes (layer-wise, vmap) agree on the GPU, and noise drawn from
+the CPU generator is bit-identical on any device.
 
     python scripts/bench/gpu_check.py
 
@@ -17,7 +18,7 @@ import torch
 from app.models.zoo import build_model
 from app.privacy.clipping import clip_rows
 from app.privacy.mechanism import add_gaussian_noise
-from app.privacy.per_sample import model_params, per_sample_grads
+from app.privacy.per_sample import model_params, per_sample_grads, per_sample_grads_vmap
 from app.seeding import torch_gen
 
 SPECS = [("MLP 30-5-2", "mlp", (30,), 2, (5,)), ("MLP 50-64-2", "mlp", (50,), 2, (64,)),
@@ -58,8 +59,15 @@ def main() -> int:
         noisy_cpu = add_gaussian_noise(cpu, 0.5, torch_gen(2, "noise"))
         noisy_gpu = add_gaussian_noise(cpu.to(cuda), 0.5, torch_gen(2, "noise"))
         same_noise = torch.equal(noisy_cpu - cpu, (noisy_gpu.cpu() - cpu))
-        print(f"{label}: clipped mean gradient CPU == GPU: {close}; noise bit-identical: {same_noise}")
-        ok &= close and same_noise
+        # the layer-wise route (strided conv patches, outer products) against vmap(grad), on the GPU
+        xg64, yg64 = x.to(cuda), y.to(cuda)
+        # (to 1e-3 of the largest entry: cuDNN may run the convolutions in TF32)
+        g_lw = per_sample_grads(model_gpu, model_params(model_gpu), xg64, yg64)
+        g_vm = per_sample_grads_vmap(model_gpu, model_params(model_gpu), xg64, yg64)
+        routes = bool((g_lw - g_vm).abs().max() <= 1e-3 * g_vm.abs().max())
+        print(f"{label}: clipped mean gradient CPU == GPU: {close}; noise bit-identical: {same_noise}; "
+              f"GPU layer-wise == vmap: {routes}")
+        ok &= close and same_noise and routes
         for b in (128, 512):
             xb = torch.randn((b, *shape), generator=g)
             yb = torch.randint(0, classes, (b,), generator=g)
