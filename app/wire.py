@@ -16,6 +16,8 @@ tests can build and inspect hostile messages.
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import math
 from collections.abc import Mapping
@@ -50,9 +52,54 @@ class ReplyError(ValueError):
     """A message does not have the expected keys, shapes, dtype or values."""
 
 
+NUMPY_STYPE = "numpy.ndarray"  # Flower's serialisation type of an Array made from an ndarray (np.save's bytes)
+
+
+@functools.lru_cache(maxsize=1024)
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes | None:
+    """The .npy header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape`` (format
+    1.0), or None where np.save would use another format (a header over 64 KiB)."""
+    buf = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                   "fortran_order": False, "shape": shape})
+    except ValueError:
+        return None
+    return buf.getvalue()
+
+
+def _to_array(arr: np.ndarray) -> Array:
+    """``flwr.app.Array(arr)`` for a C-contiguous float32 array: the same bytes as np.save writes
+    (the header cached per shape), without np.save's per-call header formatting."""
+    shape = tuple(int(n) for n in arr.shape)
+    header = _npy_header(arr.dtype, shape)
+    if header is None:
+        return Array(arr)
+    return Array(dtype=str(arr.dtype), shape=shape, stype=NUMPY_STYPE, data=header + arr.tobytes())
+
+
+def _from_array(array: Any) -> np.ndarray:
+    """``array.numpy()`` (np.load of its bytes) for a float array whose bytes are exactly the
+    header np.save writes for its dtype and shape plus the values: read directly, with the same
+    result; anything else goes through Flower's own np.load (allow_pickle=False)."""
+    try:
+        dtype = np.dtype(array.dtype)
+        shape = tuple(array.shape)
+        ok = (array.stype == NUMPY_STYPE and dtype.kind == "f" and all(isinstance(n, int) and n >= 0 for n in shape))
+    except (TypeError, ValueError, AttributeError):
+        ok = False
+    if ok:
+        header = _npy_header(dtype, shape)
+        data = array.data
+        count = math.prod(shape)
+        if header is not None and len(data) == len(header) + count * dtype.itemsize and data.startswith(header):
+            return np.frombuffer(data, dtype=dtype, count=count, offset=len(header)).reshape(shape).copy()
+    return array.numpy()
+
+
 def params_to_record(params: Mapping[str, np.ndarray]) -> ArrayRecord:
     """Named float arrays -> ArrayRecord (order preserved)."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v, dtype=np.float32)) for k, v in params.items()})
+    return ArrayRecord({k: _to_array(np.ascontiguousarray(v, dtype=np.float32)) for k, v in params.items()})
 
 
 def record_to_params(record: Any, layout: Layout | None = None, *, what: str = "arrays") -> dict[str, np.ndarray]:
@@ -63,7 +110,7 @@ def record_to_params(record: Any, layout: Layout | None = None, *, what: str = "
     out: dict[str, np.ndarray] = {}
     for key in record:
         try:
-            arr = record[key].numpy()
+            arr = _from_array(record[key])
         except Exception as exc:  # a corrupt buffer must not crash the caller
             raise ReplyError(f"{what}[{key!r}]: cannot be decoded ({exc})") from exc
         if arr.dtype.kind != "f":
