@@ -26,10 +26,12 @@ through the server, which a deployment must not rely on (docs/privacy.md).
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context, MessageType, RecordDict
 
@@ -53,6 +55,23 @@ def state_dir(node: dict) -> Path:
     return Path(str(node.get("state-dir", flwr_home / "silofl-state")))
 
 
+#: canonical run config -> its parsed Settings (a node parses each run's config once, not per message)
+_PARSED: dict[str, Settings] = {}
+
+
+def run_settings(run_config: Mapping[str, Any]) -> Settings:
+    """``parse_settings(run_config)``, cached by the config's canonical JSON (Settings is
+    frozen, so sharing it is safe); a malformed config raises as parse_settings does."""
+    key = json.dumps(dict(run_config), sort_keys=True, default=repr)
+    s = _PARSED.get(key)
+    if s is None:
+        s = parse_settings(run_config)
+        if len(_PARSED) >= 16:
+            _PARSED.clear()
+        _PARSED[key] = s
+    return s
+
+
 def node_role(context: Context) -> str:
     """``shuffler`` for the node whose config says so (or, in a shuffle-mode simulation with
     num-silos + 1 nodes, the last one), else ``silo``."""
@@ -62,7 +81,7 @@ def node_role(context: Context) -> str:
         if role not in (wire.ROLE_SILO, wire.ROLE_SHUFFLER):
             raise ValueError(f"node config role = {role!r} is not allowed; allowed: silo, shuffler")
         return role
-    s = parse_settings(context.run_config)
+    s = run_settings(context.run_config)
     if (s.privacy.mode == "shuffle" and int(node.get("num-partitions", -1)) == s.num_silos + 1
             and int(node.get("partition-id", -1)) == s.num_silos):
         return wire.ROLE_SHUFFLER
@@ -86,7 +105,7 @@ def shuffler(context: Context) -> Shuffler:
 
 def settings(context: Context, policy: NodePolicy) -> Settings:
     """The run's settings as this node applies them (its data-dir, its noise-seed)."""
-    s = parse_settings(context.run_config)
+    s = run_settings(context.run_config)
     node = context.node_config
     if node.get("data-dir"):
         s = replace(s, data_dir=str(node["data-dir"]))
