@@ -510,3 +510,19 @@ def test_pca_setting_changes_the_feature_shape() -> None:
     fed = build_federated_data(s)
     assert fed.feature_shape == (7,) == dataset_meta(s)[0]
     assert fed.silos[0].train_x.shape[1] == 7
+
+
+def test_wbcd_is_read_without_sklearn_and_equals_sklearns_copy() -> None:
+    """The WBCD loader reads sklearn's bundled CSV itself (no sklearn import: seconds of start-up
+    in every process that builds a silo); the records are exactly load_breast_cancer's."""
+    code = ("import sys; from app.data.sources import load_source; load_source('wbcd'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    from sklearn.datasets import load_breast_cancer
+
+    ours = load_source("wbcd")
+    bunch = load_breast_cancer()
+    assert ours.x.dtype == np.float32 and np.array_equal(ours.x, bunch.data.astype(np.float32))
+    assert np.array_equal(ours.y, bunch.target)

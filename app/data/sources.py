@@ -82,8 +82,46 @@ def _make(x: np.ndarray, y: np.ndarray, num_classes: int, name: str) -> Dataset:
 # --------------------------------------------------------------------------- sklearn
 
 
+def _sklearn_data_file(name: str) -> Path | None:
+    """The path of a data file bundled with scikit-learn (sklearn/datasets/data/<name>), found
+    without importing sklearn (its import takes 1-5 s); None when it is not there."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root) / "datasets" / "data" / name
+        if path.is_file():
+            return path
+    return None
+
+
+def _read_sklearn_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's bundled CSV format (``sklearn.datasets.load_csv_data``): a first line
+    ``n_samples,n_features,<class names>``, then one record per line, the features then the
+    integer class. The same float64 data and int target as sklearn reads; checked against the
+    counts in the first line."""
+    import csv
+
+    with path.open(newline="") as fh:
+        rows = csv.reader(fh)
+        head = next(rows)
+        n, d = int(head[0]), int(head[1])
+        records = [row for row in rows if row]
+    if len(records) != n or any(len(r) != d + 1 for r in records):
+        raise ValueError(f"{path}: expected {n} records of {d} features and a class")
+    data = np.asarray([r[:-1] for r in records], dtype=np.float64)
+    target = np.asarray([int(r[-1]) for r in records], dtype=int)
+    return data, target
+
+
 def _load_wbcd() -> Dataset:
-    """Wisconsin breast cancer (569 x 30); sklearn's target: 0 = malignant, 1 = benign."""
+    """Wisconsin breast cancer (569 x 30); sklearn's target: 0 = malignant, 1 = benign. Read
+    from the CSV file scikit-learn ships (what ``load_breast_cancer`` reads), without importing
+    scikit-learn; through sklearn itself where that file is not found."""
+    path = _sklearn_data_file("breast_cancer.csv")
+    if path is not None:
+        data, target = _read_sklearn_csv(path)
+        return _make(data, target, 2, "wbcd")
     from sklearn.datasets import load_breast_cancer
 
     bunch = load_breast_cancer()
