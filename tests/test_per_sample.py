@@ -133,6 +133,7 @@ def test_models_the_layerwise_route_refuses_still_get_exact_gradients():
         "dropout (eval)": nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 4)).eval(),
         "layer norm": nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4)),
         "grouped conv": nn.Sequential(nn.Unflatten(1, (4, 1, 1)), nn.Conv2d(4, 4, 1, groups=2), nn.Flatten()),
+        "in-place relu": nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4)),
     }
     for name, model in cases.items():
         model = model.double()

@@ -137,6 +137,8 @@ def _layerwise_ok(model: nn.Module, params: dict[str, torch.Tensor]) -> bool:
                 return False
         elif type(m) not in _ELEMENTWISE or next(m.parameters(), None) is not None:
             return False
+        elif getattr(m, "inplace", False):  # would overwrite a layer output the backward starts from
+            return False
         elif type(m) is nn.Flatten and m.start_dim < 1:  # would merge records
             return False
     if next(model.buffers(), None) is not None:
