@@ -102,20 +102,21 @@ def identity(msg: Message, context: Context) -> Message:
     return _answer(f"{MessageType.QUERY}.{IDENTITY}", msg, context)
 
 
-def _engine_poll_patch() -> None:
+def _engine_patches() -> None:
     """``flwr run`` on the local SuperLink: the engine runs in the run's ``flwr-simulation``
-    process, which imports this module (to check the ClientApp loads) before it starts the loop
-    the patch replaces; the patch is applied there only if asked for and only in that process."""
-    if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() in ("", "0", "false", "no", "off"):
-        return
+    process, which imports this module (to check the ClientApp loads) before it starts Ray and
+    the loop the poll patch replaces. There, and only there: the lean Ray start (on unless
+    ``SILOFL_LEAN_RAY=0``) and, if asked for, the engine poll patch (app/sweep.py)."""
     if "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:  # not the engine's process
         return
-    from app.sweep import fast_poll, fast_poll_setting
+    from app.sweep import fast_poll, fast_poll_setting, lean_ray_start
 
-    fast_poll(fast_poll_setting())
+    lean_ray_start()
+    if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        fast_poll(fast_poll_setting())
 
 
-_engine_poll_patch()
+_engine_patches()
 
 
 def __getattr__(name: str) -> Any:

@@ -119,20 +119,56 @@ def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
     assert got == "m"
 
 
-def test_client_app_applies_the_poll_patch_only_in_the_engines_process() -> None:
-    """flwr run: the ClientApp, imported by the engine's process with SILOFL_FAST_POLL set,
-    patches the loop; imported anywhere else (a SuperNode, a Ray actor) it patches nothing."""
+def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> None:
+    """flwr run: the ClientApp, imported by the engine's process, starts Ray lean (unless
+    SILOFL_LEAN_RAY=0) and, with SILOFL_FAST_POLL set, patches the loop; imported anywhere else
+    (a SuperNode, a Ray actor) it patches nothing and does not import app.sweep."""
     code = ("import sys; {pre}import app.client_app; "
             "v = sys.modules.get('flwr.server.superlink.fleet.vce.vce_api'); "
-            "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), 'app.sweep' in sys.modules)")
+            "rb = sys.modules.get('flwr.server.superlink.fleet.vce.backend.raybackend'); "
+            "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), "
+            "getattr(getattr(getattr(rb, 'RayBackend', None), 'init_ray', None), '_silofl_lean', False), "
+            "'app.sweep' in sys.modules)")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
-    for pre, fast, expected in (("import flwr.server.superlink.fleet.vce.vce_api; ", "1", "0.005 True"),
-                                ("import flwr.server.superlink.fleet.vce.vce_api; ", "", "None False"),
-                                ("", "1", "None False")):
+    engine = "import flwr.server.superlink.fleet.vce.vce_api; "
+    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, "0.005 True True"),
+                                 (engine, {}, "None True True"),
+                                 (engine, {"SILOFL_LEAN_RAY": "0"}, "None False True"),
+                                 ("", {"SILOFL_FAST_POLL": "1"}, "None False False")):
         out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120, env=env | ({"SILOFL_FAST_POLL": fast} if fast else {}))
+                             timeout=120, env=env | extra)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split() == expected.split(), (pre, fast, out.stdout)
+        assert out.stdout.split() == expected.split(), (pre, extra, out.stdout)
+
+
+def test_the_lean_ray_start_gives_ray_s_workers_the_drivers_path(tmp_path: Path) -> None:
+    """What Flower's runtime_env was for: a Ray actor started by the patched init_ray imports a
+    module that only the driver's sys.path can find (the app bundle's folder, in flwr run)."""
+    pkg = tmp_path / "only_on_the_drivers_path.py"
+    pkg.write_text("WHERE = 'found'\n")
+    code = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+from app.sweep import lean_ray_start
+assert lean_ray_start()
+b = RayBackend.__new__(RayBackend); b.init_args_key = "init_args"
+b.init_ray({{"init_args": {{"num_cpus": 1}}}})
+import ray
+
+@ray.remote
+def where():
+    import only_on_the_drivers_path
+    return only_on_the_drivers_path.WHERE
+
+print(ray.get(where.remote()))
+ray.shutdown()
+"""
+    env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT),
+           "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "found"
 
 
 @pytest.mark.slow
