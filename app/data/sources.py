@@ -260,19 +260,8 @@ def _load_synthetic(rng: np.random.Generator | None, params: dict[str, Any] | No
     Centres are standard-normal directions scaled to norm ``separation``; labels are a shuffled
     ``arange(n) % num_classes``; ``x = centre[y] + N(0, I_d)``. Defaults: n=1000, d=20, 2 classes, separation 2.
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng={rng!r}; source 'synthetic' requires a numpy.random.Generator")
-    p = dict(_SYNTHETIC_DEFAULTS)
-    unknown = sorted(set(params or {}) - set(p))
-    if unknown:
-        raise ValueError(f"synthetic_params keys {unknown}; allowed: {sorted(p)}")
-    p.update(params or {})
+    p = _synthetic_params("synthetic", rng, params, _SYNTHETIC_DEFAULTS, ("num_classes", "d", "n"))
     n, d, c, sep = p["n"], p["d"], p["num_classes"], p["separation"]
-    for key, value, low in (("num_classes", c, 2), ("d", d, 1), ("n", n, c)):
-        if not _is_int(value) or value < low:  # n is checked after num_classes, so low is an int
-            raise ValueError(f"synthetic_params.{key}={value!r}; must be an integer >= {low}")
-    if not isinstance(sep, numbers.Real) or isinstance(sep, bool) or not np.isfinite(sep) or sep < 0:
-        raise ValueError(f"synthetic_params.separation={sep!r}; must be a finite number >= 0")
     directions = rng.standard_normal((c, d))
     norms = np.linalg.norm(directions, axis=1, keepdims=True)
     centres = float(sep) * directions / np.maximum(norms, 1e-12)
@@ -291,19 +280,8 @@ def _load_synthetic_image(rng: np.random.Generator | None, params: dict[str, Any
     models (LeNet-5, ResNet-18) end to end, not for measuring accuracy.
     Defaults: n=3000, 10 classes, separation 1 (37 MB of float32).
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng={rng!r}; source 'synthetic-image' requires a numpy.random.Generator")
-    p = dict(_SYNTHETIC_IMAGE_DEFAULTS)
-    unknown = sorted(set(params or {}) - set(p))
-    if unknown:
-        raise ValueError(f"synthetic_params keys {unknown}; allowed: {sorted(p)}")
-    p.update(params or {})
+    p = _synthetic_params("synthetic-image", rng, params, _SYNTHETIC_IMAGE_DEFAULTS, ("num_classes", "n"))
     n, c, sep = p["n"], p["num_classes"], p["separation"]
-    for key, value, low in (("num_classes", c, 2), ("n", n, c)):
-        if not _is_int(value) or value < low:
-            raise ValueError(f"synthetic_params.{key}={value!r}; must be an integer >= {low}")
-    if not isinstance(sep, numbers.Real) or isinstance(sep, bool) or not np.isfinite(sep) or sep < 0:
-        raise ValueError(f"synthetic_params.separation={sep!r}; must be a finite number >= 0")
     ch, h, w = SYNTHETIC_IMAGE_SHAPE
     templates = rng.standard_normal((c, ch, h // 4, w // 4), dtype=np.float32).repeat(4, axis=2).repeat(4, axis=3)
     y = rng.permutation(np.arange(n) % c)
@@ -313,6 +291,29 @@ def _load_synthetic_image(rng: np.random.Generator | None, params: dict[str, Any
     x += np.float32(0.5)
     np.clip(x, 0.0, 1.0, out=x)
     return _make(x, y, c, "synthetic-image")
+
+
+def _synthetic_params(name: str, rng: Any, params: dict[str, Any] | None, defaults: dict[str, Any],
+                      integers: tuple[str, ...]) -> dict[str, Any]:
+    """A synthetic source's parameters: ``defaults`` overridden by ``params`` (unknown keys
+    refused), each of ``integers`` an integer >= its floor (num_classes >= 2, d >= 1, n >=
+    num_classes, checked in that order) and ``separation`` a finite number >= 0; ``rng`` must be
+    a numpy Generator."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng={rng!r}; source {name!r} requires a numpy.random.Generator")
+    p = dict(defaults)
+    unknown = sorted(set(params or {}) - set(p))
+    if unknown:
+        raise ValueError(f"synthetic_params keys {unknown}; allowed: {sorted(p)}")
+    p.update(params or {})
+    for key in integers:
+        value, low = p[key], {"num_classes": 2, "d": 1}.get(key, p["num_classes"])
+        if not _is_int(value) or value < low:  # n is checked after num_classes, so low is an int
+            raise ValueError(f"synthetic_params.{key}={value!r}; must be an integer >= {low}")
+    sep = p["separation"]
+    if not isinstance(sep, numbers.Real) or isinstance(sep, bool) or not np.isfinite(sep) or sep < 0:
+        raise ValueError(f"synthetic_params.separation={sep!r}; must be a finite number >= 0")
+    return p
 
 
 def _is_int(value: Any) -> bool:
