@@ -142,25 +142,29 @@ def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
     """SIGTERM (then SIGKILL after ``wait_s``) the local simulation SuperLinks started with this
     checkout's FLWR_HOME, and their process groups (Flower starts them detached, as group
     leaders); returns their pids. Nothing else is touched."""
+    mine = [pid for pid, _ in own_superlink_fast_poll(env)]
+    end_processes(mine, wait_s)
+    return mine
+
+
+def end_processes(pids: list[int] | set[int], wait_s: float = 10.0) -> None:
+    """SIGTERM each of ``pids`` (its whole process group when it leads one, as Flower's detached
+    SuperLinks do), then SIGKILL what is still there after ``wait_s``. Only these pids."""
     import signal
 
-    mine = [pid for pid, _ in own_superlink_fast_poll(env)]
-    for pid in mine:
-        try:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             if os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGTERM)
             else:
                 os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
     deadline = time.monotonic() + wait_s
-    for pid in mine:
+    for pid in pids:
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.1)
         if Path(f"/proc/{pid}").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    return mine
 
 
 def foreign_local_superlink(env: dict[str, str]) -> str | None:

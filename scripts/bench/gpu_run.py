@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -282,19 +281,9 @@ def wait_for_foreign_superlinks(mine: set[int], wait_s: float) -> bool:
 
 def stop_superlinks(pids: set[int], wait_s: float = 10.0) -> None:
     """SIGTERM (then SIGKILL) the SuperLinks this script started, and their process groups."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGTERM)
-            else:
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait_s
-    for pid in pids:
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            time.sleep(0.1)
-        if Path(f"/proc/{pid}").exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    from app.launch import end_processes
+
+    end_processes(pids, wait_s)
     if pids:
         log(f"stopped the SuperLink(s) this script started: pid {sorted(pids)}")
 
