@@ -94,7 +94,8 @@ def preflight(cfg: dict[str, Any]) -> Any:
     return settings
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """A run-config value as a TOML literal, for `flwr run --run-config`."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     name = settings.run_name if args.resume else run_name(settings, secrets.randbelow(100_000))
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
-    run_config = " ".join(f"{k}={_toml_value(v)}" for k, v in overrides.items())
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
     fed_cfg = [f"num-supernodes={settings.simulation_nodes()}", *args.federation_config]
     env = flower_env()
     if not args.superlink and (other := foreign_local_superlink(env)):
@@ -379,7 +380,7 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
         raise ConfigError(f"--resume {name}: the checkpoint holds no run config (written by an older version)")
     resumed = default_run_config() | original | {"resume": True, "run-name": name,
                                                   "ledger-run-key": state["ledger_run_key"]}
-    return resumed, [" ".join(f"{k}={_toml_value(v)}" for k, v in resumed.items())]
+    return resumed, [" ".join(f"{k}={toml_value(v)}" for k, v in resumed.items())]
 
 
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:

@@ -288,14 +288,6 @@ def stop_superlinks(pids: set[int], wait_s: float = 10.0) -> None:
         log(f"stopped the SuperLink(s) this script started: pid {sorted(pids)}")
 
 
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
 def flwr_federation(model: str, kind: str, device: str, num_gpus: float, small: bool, outdir: Path, mine: set[int],
                     args: argparse.Namespace) -> dict[str, Any]:
     sz = sizes(small)
@@ -309,7 +301,9 @@ def flwr_federation(model: str, kind: str, device: str, num_gpus: float, small: 
     }
     if "trust.size" in cfg:
         cfg["trust.size"] = sz["trust"]
-    run_config = " ".join(f"{k}={_toml(v)}" for k, v in cfg.items())
+    from app.launch import toml_value
+
+    run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
     fed = f"client-resources-num-gpus={num_gpus!r} client-resources-num-cpus={args.num_cpus!r}"
     res: dict[str, Any] = {"model": model, "config": kind, "device": device, "num_gpus": num_gpus, "rounds": rounds,
                            "num_silos": sz["num-silos"], "run_config": cfg}
