@@ -39,6 +39,8 @@ AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mea
                "centered-clipping")
 #: rules that score updates against the server's trust set
 TRUST_AGGREGATORS = ("gradbant", "fltrust")
+#: sketch kinds with an exact expected noise energy E||S^T S xi||^2 (app/sketch/noise.py), for gradbant.noise-aware
+NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht")
 #: rules that need num-silos > 2f + 2 (= strategies.aggregation.KRUM_RULES)
 KRUM_AGGREGATORS = ("krum", "multi-krum")
 #: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS)
@@ -156,6 +158,8 @@ class RobustSettings:
     trust_shift: str = "none"
     gradbant_beta: float = 0.5
     gradbant_smoothness: float = 1.0
+    #: subtract the expected DP-noise energy of an honest message from the norm penalty (docs/byzantine.md)
+    gradbant_noise_aware: bool = False
     cc_tau: float = 1.0
 
 
@@ -214,6 +218,8 @@ class Settings:
     outputs_dir: str = "outputs"
     run_name: str = ""
     fail_on_client_error: bool = True
+    #: mark a run failed when the aggregator kept the model in at least half of its rounds
+    fail_on_no_progress: bool = False
     round_timeout: float = 600.0
     device: str = "cpu"
     #: write every message the ServerApp receives under outputs/<run>/transcript/ (audits)
@@ -393,6 +399,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "trust.shift": ("robust.trust_shift", _str(TRUST_SHIFTS)),
     "gradbant.beta": ("robust.gradbant_beta", _num(0, 1, lo_open=True)),
     "gradbant.smoothness": ("robust.gradbant_smoothness", _num(0, None)),
+    "gradbant.noise-aware": ("robust.gradbant_noise_aware", _bool),
     "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
     "attack.kind": ("attack.kind", _str(ATTACKS)),
     "attack.fraction": ("attack.fraction", _num(0, 0.9)),
@@ -413,6 +420,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),
+    "fail-on-no-progress": ("fail_on_no_progress", _bool),
     "round-timeout": ("round_timeout", _num(1, None)),
     "device": ("device", _str(DEVICES)),
     "transcript": ("transcript", _bool),
@@ -535,6 +543,14 @@ def _check_byzantine(s: Settings) -> None:
             f"aggregator = {s.robust.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
             f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
             "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
+    if s.robust.gradbant_noise_aware:
+        if s.robust.aggregator != "gradbant":
+            raise ConfigError(f"gradbant.noise-aware = true needs aggregator = 'gradbant', got {s.robust.aggregator!r}")
+        if s.privacy.enabled and s.privacy.mode != "isrl":
+            raise ConfigError(f"gradbant.noise-aware = true needs privacy.mode = 'isrl' or 'off', got {s.privacy.mode!r}")
+        if s.sketch.kind not in NOISE_AWARE_SKETCH_KINDS:
+            raise ConfigError(f"gradbant.noise-aware = true has an exact noise energy for sketch.kind in "
+                              f"{', '.join(NOISE_AWARE_SKETCH_KINDS)}; got {s.sketch.kind!r}")
     if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")

@@ -94,6 +94,13 @@ def nothing_trained(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and all(int(r.get("answered", 0)) == 0 for r in rows)
 
 
+def rounds_all_rejected(rows: list[dict[str, Any]]) -> int:
+    """Rounds in which silos answered but the aggregator gave every one of them weight 0 (so the
+    model stayed where it was), from the rows' ``silo_weights`` (the robust line's rounds)."""
+    return sum(1 for r in rows if int(r.get("answered", 0)) > 0 and isinstance(r.get("silo_weights"), dict)
+               and not any(float(a) > 0 for a in r["silo_weights"].values()))
+
+
 def progress_line(row: dict[str, Any], num_rounds: int) -> str:
     def f(key: str, fmt: str) -> str:
         v = row.get(key)
@@ -197,13 +204,23 @@ def main(grid: Grid, context: Context) -> None:
                        + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
     if strategy.client_errors and s.fail_on_client_error:
         reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
+    without_update = sum(1 for r in strategy.rows if int(r.get("answered", 0)) == 0)
+    all_rejected = rounds_all_rejected(strategy.rows)
+    if strategy.rows and without_update < len(strategy.rows) and 2 * (all_rejected + without_update) >= len(strategy.rows):
+        note = (f"no progress: the model was left unchanged in {all_rejected + without_update} of the {len(strategy.rows)} "
+                f"round(s) ({all_rejected} in which the aggregator gave every answering silo weight 0, "
+                f"{without_update} with no valid reply)")
+        log(WARNING, "%s; the run's model is (close to) its starting point", note)
+        if s.fail_on_no_progress:
+            reasons.append(note + " (fail-on-no-progress)")
     failed = bool(reasons)
     summary = {
         "status": "failed" if failed else "completed",
         "status_reason": "; ".join(reasons) if reasons else None,
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
         "rounds_done": len(strategy.rows),
-        "rounds_without_update": sum(1 for r in strategy.rows if int(r.get("answered", 0)) == 0),
+        "rounds_without_update": without_update,
+        "rounds_all_rejected": all_rejected,
         "resumed_after_round": None if resume_state is None else int(resume_state["round"]),
         "output": s.output, "output_round": None if result is None else result.round,
         "test_error": out_eval.get("test_error"),

@@ -42,7 +42,7 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.algorithms import Phase
-from app.config import TRUST_AGGREGATORS
+from app.config import TRUST_AGGREGATORS, Settings
 from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
@@ -55,13 +55,18 @@ from strategies.byzantine_harness import attack_messages
 
 
 def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.ndarray, beta: float,
-                  smoothness: float, gamma: float) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+                  smoothness: float, gamma: float,
+                  noise_energy: float = 0.0) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
     """One Grad-BANT aggregation (see the module docstring). ``updates`` [m, d] are the lifted
     messages of the silos ``idx`` [m] (indices into ``p``, the momentum over all N silos).
+    ``noise_energy`` c > 0 (noise-aware): the penalty is (L gamma / 2) max(||u||^2 - c, 0).
     Returns (direction sum_i a_i u_i, or None when every score is 0; the new p; the active
     weights a [m]; the scores theta [m])."""
     u = np.asarray(updates, dtype=np.float64)
-    theta = np.maximum(0.0, u @ np.asarray(g0, dtype=np.float64) - 0.5 * smoothness * gamma * (u * u).sum(axis=1))
+    energy = (u * u).sum(axis=1)
+    if noise_energy > 0:
+        energy = np.maximum(energy - noise_energy, 0.0)
+    theta = np.maximum(0.0, u @ np.asarray(g0, dtype=np.float64) - 0.5 * smoothness * gamma * energy)
     n = len(p)
     if theta.sum() <= 0:
         return None, (1 - beta) * p + beta / n, np.zeros(len(u)), theta
@@ -71,6 +76,44 @@ def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.nd
     active = p_new[idx] * (theta > 0)
     a = active / active.sum()
     return a @ u, p_new, a, theta
+
+
+def honest_noise_variance(s: Settings) -> float:
+    """The per-coordinate noise variance of an honest silo's pseudo-gradient under ISRL-DP, from
+    public quantities only (the run's settings and the simulation's partition), never from a
+    reply: Q sigma^2 with sigma = z * 2L/K, z calibrated exactly as clients/silo.py does for the
+    silo with the most records (the smallest sigma of any honest silo: z and 2L/K both shrink as
+    n grows) and no private evaluations (they would only raise an honest silo's noise). 0
+    without privacy."""
+    if not s.privacy.enabled:
+        return 0.0
+    from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
+    from app.data.federated import silo_splits
+    from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
+
+    n = max(len(train) for train, _ in silo_splits(s)[1])
+    plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
+    z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
+                                   s.privacy.epsilon, s.delta_for(n))
+    spec = next(r for r in plan if r.phase in TRAINING_PHASES)
+    sigma = z * spec.weight * spec.sensitivity
+    steps = s.local_steps if spec.phase == Phase.LOCAL else 1
+    return steps * sigma**2
+
+
+def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
+    """c = E||S^T S xi||^2 of an honest message's noise xi (variance :func:`honest_noise_variance`
+    per coordinate) after the run's sketch and its lift (app/sketch/noise.py)."""
+    var = honest_noise_variance(s)
+    if var == 0:
+        return 0.0
+    from app.sketch.base import make_sketch
+    from app.sketch.noise import lift_noise_factor
+
+    n = sum(int(np.prod(shape)) for shape in layout)
+    sketch = None if s.sketch.kind == "none" else make_sketch(
+        s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
+    return var * lift_noise_factor(sketch, n)  # the factor depends on the block sizes only, not on the seed
 
 
 class ByzantineRobust(FederatedOptimizer):
@@ -91,6 +134,9 @@ class ByzantineRobust(FederatedOptimizer):
         self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
         shape, classes = dataset_meta(s)
         self.model = build_model(s.model, shape, classes, hidden=s.model_hidden)
+        #: noise-aware Grad-BANT: the expected noise energy c of an honest lifted message
+        self.noise_energy = (honest_noise_energy(s, [tuple(v) for v in self.layout.values()])
+                             if s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware else 0.0)
 
     # -- the server's reference on the trust set -------------------------------------------
     def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
@@ -166,7 +212,7 @@ class ByzantineRobust(FederatedOptimizer):
         if rule == "gradbant":
             g0 = self.reference(w, server_round)
             direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.robust.gradbant_beta,
-                                                    self.s.robust.gradbant_smoothness, self.s.lr)
+                                                    self.s.robust.gradbant_smoothness, self.s.lr, self.noise_energy)
             if direction is None:
                 log(WARNING, "round %d: every Grad-BANT score is 0; the model is unchanged", server_round)
             return direction, a

@@ -1,0 +1,55 @@
+"""How much isotropic noise survives a sketch and its lift: E||S^T S xi||^2 for xi ~ N(0, I_n).
+
+For xi ~ N(0, I_n) independent of S, E_xi ||S^T S xi||^2 = ||S^T S||_F^2, so the factor is
+E_S ||S^T S||_F^2 (n without a sketch). S is block diagonal (one block per layer, or one for the
+whole vector) and the blocks are independent, so the factor is the sum over the blocks of m
+entries and k rows:
+
+* identity block (k = m): m;
+* ``gaussian`` (S_ij ~ N(0, 1/k)): m (m + k + 1) / k  (E tr((G G^T)^2) = k m (k + m + 1));
+* ``rademacher`` (S_ij = +-1/sqrt(k)): m (m + k - 1) / k;
+* ``srht`` per chunk of s real entries padded to p with r rows (S = sqrt(p/r) R H D, R r of
+  the p rows without replacement): s + s (s - 1) (p - r) / (r (p - 1)); with s = p this is s^2/r.
+  (The diagonal of H R^T R H is r/p; an off-diagonal entry is (1/p) times the sum of r of the p
+  signs of a +-1 column with sum 0, whose variance is r (p - r) / (p - 1).)
+
+Only these kinds have an exact factor here (``exact_kinds``); any other raises. Base layer: no Flower.
+"""
+
+from __future__ import annotations
+
+from app.config import NOISE_AWARE_SKETCH_KINDS as EXACT_KINDS  # the kinds with an exact factor (+ "none")
+from app.sketch.base import IdentityOperator, LinearSketch, Sketch
+
+
+def srht_chunk_factor(size: int, padded: int, rows: int) -> float:
+    """E||S^T S||_F^2 of one SRHT chunk (see the module docstring)."""
+    if padded == 1:
+        return float(size)  # a 1 x 1 chunk: S = +-1
+    return size + size * (size - 1) * (padded - rows) / (rows * (padded - 1))
+
+
+def lift_noise_factor(sketch: Sketch | None, n: int | None = None) -> float:
+    """E||S^T S xi||^2 / sigma^2 for xi ~ N(0, sigma^2 I_n): n without a sketch (give ``n``)."""
+    if sketch is None:
+        if n is None:
+            raise ValueError("without a sketch the factor is n: give n")
+        return float(n)
+    if sketch.kind not in EXACT_KINDS or not isinstance(sketch, LinearSketch):
+        raise NotImplementedError(f"no exact noise factor for sketch kind {sketch.kind!r}; exact for {EXACT_KINDS}")
+    from app.sketch.srht import SRHTOperator
+
+    total = 0.0
+    for _, m, _, op in sketch.blocks:
+        k = op.k
+        if isinstance(op, IdentityOperator):
+            total += m
+        elif isinstance(op, SRHTOperator):
+            total += sum(srht_chunk_factor(size, padded, rows) for _, size, padded, rows in op.chunks)
+        elif sketch.kind == "gaussian":
+            total += m * (m + k + 1) / k
+        elif sketch.kind == "rademacher":
+            total += m * (m + k - 1) / k
+        else:  # pragma: no cover - guarded by EXACT_KINDS
+            raise NotImplementedError(type(op).__name__)
+    return float(total)
