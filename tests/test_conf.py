@@ -29,10 +29,11 @@ def test_hydra_defaults_match_pyproject() -> None:
     assert parse_settings(flat) == parse_settings(default_run_config())
 
 
-@pytest.mark.parametrize("group", ["algorithm", "dataset", "model", "privacy", "sketch", "attack", "+aggregator"])
+@pytest.mark.parametrize("group", ["algorithm", "dataset", "model", "privacy", "sketch", "attack", "+aggregator",
+                                   "+rule", "+budget"])
 def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None:
     for option in sorted(p.stem for p in (CONF / group.lstrip("+")).glob("*.yaml")):
-        extra = ["algorithm=robust", "trust.size=50"] if group in ("attack", "+aggregator") else []
+        extra = ["algorithm=robust", "trust.size=50"] if group in ("attack", "+aggregator", "+rule") else []
         if group == "+aggregator" and option not in ("gradbant", "mean", "fltrust"):
             extra += ["attack.fraction=0.2", "num-silos=5"]  # Krum needs num-silos > 2f + 2
         flat = composed(f"{group}={option}", *extra)
