@@ -189,8 +189,13 @@ def robust_cells(rows: list[dict[str, str]]) -> dict[tuple[float, str, str, str]
     return out
 
 
+#: the issue's order of the attack columns (others after them, by name)
+ATTACK_KINDS = ("none", "label-flip", "sign-flip", "alie")
+
+
 def _attack_order(a: str) -> tuple[int, str]:
-    return (0 if a == "none" else 1, a)
+    kind = a.split(" ")[0]
+    return (ATTACK_KINDS.index(kind) if kind in ATTACK_KINDS else len(ATTACK_KINDS), a)
 
 
 def _rule_order(rule: str) -> tuple[int, str]:
