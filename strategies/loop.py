@@ -211,14 +211,11 @@ class FederatedOptimizer:
                     self.sampler.offer(rnd, w)
                 if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
                     if rnd < num_rounds and self.relay is None and self.fold_evaluation:  # with round rnd + 1's
-                        row["wall_s"] = time.perf_counter() - t0
                         self.pending = row
                     else:
-                        ev = self.evaluate(grid, rnd, w, timeout)
-                        if ev is not None:
-                            row |= ev
+                        row |= self.evaluate(grid, rnd, w, timeout) or {}
+                row["wall_s"] = time.perf_counter() - t0
                 if self.pending is not row:
-                    row["wall_s"] = time.perf_counter() - t0
                     self._record(row)
                 if checkpoint is not None:
                     checkpoint(rnd, w)
@@ -243,6 +240,11 @@ class FederatedOptimizer:
         assert row is not None
         self._record(row | (ev or {}))
 
+    def _evaluate_pending(self, grid: Grid, w: Params, timeout: float) -> None:
+        """The waiting row's evaluation of ``w`` in an exchange of its own, then the row."""
+        assert self.pending is not None
+        self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
+
     def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
         """One round: the optimiser's step through the round's exchanges, the model guard, the row.
         A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
@@ -262,18 +264,20 @@ class FederatedOptimizer:
                 if same_point(at, w):
                     tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self._client_error)
                 else:
-                    self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
+                    self._evaluate_pending(grid, w, timeout)
             content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
                                        self.s.lr if local else None, ticket,
                                        evaluate_round=None if tally is None else tally.rnd,
                                        train_gradient=tally is not None).encode()
             messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
             counts["sent"] += len(messages)
-            others = [n for n in self.silo_nodes(grid) if n not in set(nodes)] if tally is not None else []
-            replies = grid.send_and_receive(messages + evaluation_messages(tally.rnd, w, others) if tally is not None
-                                            else messages, timeout=timeout)
-            if tally is not None:
-                replies = self._fold_evaluation(tally, replies, set(nodes))
+            if tally is None:
+                replies = grid.send_and_receive(messages, timeout=timeout)
+            else:  # the silos not sampled get the evaluation request alone, in the same send
+                sampled = set(nodes)
+                others = [n for n in self.silo_nodes(grid) if n not in sampled]
+                replies = grid.send_and_receive(messages + evaluation_messages(tally.rnd, w, others), timeout=timeout)
+                replies = self._fold_evaluation(tally, replies, sampled)
                 self._finish_pending(tally.result(self.prox, self.s.lr))
             if self.relay is not None and ticket is not None:
                 bound = row_bound(phase == Phase.DIFF, self.s.privacy.clip, self.s.diff_clip)
@@ -290,7 +294,7 @@ class FederatedOptimizer:
 
         result = self.step(rnd, w, ask)
         if self.pending is not None:  # the step asked nothing: w's evaluation gets its own exchange
-            self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
+            self._evaluate_pending(grid, w, timeout)
         tally = exchanges[0] if exchanges else Updates()
         for more in exchanges[1:]:
             tally = tally.merge(more)
