@@ -291,7 +291,7 @@ class Silo:
         refusal = self._evaluation_refusal()
         if refusal is not None:
             return refusal
-        return self._answer_evaluation(wire.EvaluateRequest.decode(content))
+        return self._evaluation_reply(wire.EvaluateRequest.decode(content))
 
     def _evaluation_refusal(self) -> RecordDict | None:
         """The refusal this silo's evaluation policy gives every evaluation request (None: it answers)."""
@@ -309,10 +309,12 @@ class Silo:
         return None
 
     def _answer_evaluation(self, req: wire.EvaluateRequest) -> RecordDict:
-        """The evaluation reply to ``req`` as the policy says (:meth:`evaluate`)."""
+        """The answer to ``req`` as the policy says (:meth:`evaluate`): its refusal, or the reply."""
         refusal = self._evaluation_refusal()
-        if refusal is not None:
-            return refusal
+        return refusal if refusal is not None else self._evaluation_reply(req)
+
+    def _evaluation_reply(self, req: wire.EvaluateRequest) -> RecordDict:
+        """The evaluation reply to ``req`` of a silo whose policy answers (open or private)."""
         w = self._tensors(req.arrays)
         if self.evaluation == "private":
             return self._private_evaluation(w, req.round)
