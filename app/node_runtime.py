@@ -173,24 +173,24 @@ def silo(context: Context, deployed: bool = False) -> Silo:
 
 # -- one function per message type: (content, context, deployed) -> reply content ----------------
 
-def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+def _silo_answer(method: str, not_here: str, content: RecordDict, context: Context, deployed: bool) -> RecordDict:
+    """The silo's ``method`` (train or evaluate) answer to ``content``; the shuffler refuses
+    (``not_here``), and a malformed request is refused, not a crash."""
     if node_role(context) == wire.ROLE_SHUFFLER:
-        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it trains nothing", 0.0).encode()
+        return wire.Refusal(wire.REFUSED_CONFIG, f"this node is the shuffler; {not_here}", 0.0).encode()
     node_silo = silo(context, deployed)
     try:
-        return node_silo.train(content)
-    except wire.ReplyError as exc:  # a malformed instruction is refused, not a crash
+        return getattr(node_silo, method)(content)
+    except wire.ReplyError as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
+
+
+def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+    return _silo_answer("train", "it trains nothing", content, context, deployed)
 
 
 def evaluate(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
-    if node_role(context) == wire.ROLE_SHUFFLER:
-        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it holds no data", 0.0).encode()
-    node_silo = silo(context, deployed)
-    try:
-        return node_silo.evaluate(content)
-    except wire.ReplyError as exc:
-        return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
+    return _silo_answer("evaluate", "it holds no data", content, context, deployed)
 
 
 def ledger(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
