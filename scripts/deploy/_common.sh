@@ -52,6 +52,8 @@ warn_key_mode() {
 
 # need_value FLAG "$#": an option that takes a value must have one.
 need_value() { [[ "$2" -ge 2 ]] || die "$1 needs a value"; }
+# need_port OPTION VALUE: VALUE is a TCP port number (1..65535)
+need_port() { [[ "$2" =~ ^[0-9]+$ && "$2" -ge 1 && "$2" -le 65535 ]] || die "$1 $2 is not a port number"; }
 
 abspath() { realpath -m -- "$1"; }
 

@@ -41,7 +41,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-[[ "$PORT" =~ ^[0-9]+$ && "$PORT" -ge 1 && "$PORT" -le 65535 ]] || die "--port $PORT is not a port number"
+need_port --port "$PORT"
 [[ -n "$HOST" && "$HOST" != *" "* ]] || die "--host must be an address or name"
 [[ $IN_MEMORY == 1 && -n "$DB" ]] && die "--database and --in-memory exclude each other"
 

@@ -58,7 +58,7 @@ done
 
 [[ -n "$SUPERLINK" ]] || die "--superlink HOST:PORT is required"
 [[ "$SUPERLINK" =~ ^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$ ]] || die "--superlink $SUPERLINK is not HOST:PORT (no https:// prefix)"
-[[ "$RT_PORT" =~ ^[0-9]+$ && "$RT_PORT" -ge 1 && "$RT_PORT" -le 65535 ]] || die "--runtime-port $RT_PORT is not a port number"
+need_port --runtime-port "$RT_PORT"
 [[ "$ROLE" == silo || "$ROLE" == shuffler ]] || die "--role must be silo or shuffler, not $ROLE"
 [[ -z "$MAX_WAIT" || "$MAX_WAIT" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--max-wait-time $MAX_WAIT is not a number of seconds"
 
