@@ -117,8 +117,10 @@ FAST_POLL_S = 0.005
 PROMPT_WAIT_S = 0.02
 
 
-def _engine_patchable(what: str) -> bool:
-    """Whether the installed Flower is the release the engine patches were checked on."""
+def _engine_patchable(what: str, original: Any = None, expected: str | None = None) -> bool:
+    """Whether the installed Flower is the release the engine patches were checked on and, given
+    ``original`` and ``expected``, whether the function a patch replaces still holds that code
+    (else a warning: the patch is not applied and Flower runs unpatched)."""
     import warnings
     from importlib.metadata import version
 
@@ -127,6 +129,13 @@ def _engine_patchable(what: str) -> bool:
         warnings.warn(f"silofl: {what} was written for flwr {PATCHED_FLWR}x, found flwr {found}; "
                       "not applied (Flower runs unpatched)", RuntimeWarning, stacklevel=3)
         return False
+    if original is not None and expected is not None:
+        import inspect
+
+        if expected not in inspect.getsource(original):
+            warnings.warn(f"silofl: flwr's {original.__qualname__} is not the code {what} replaces; not applied",
+                          RuntimeWarning, stacklevel=3)
+            return False
     return True
 
 
@@ -170,15 +179,7 @@ def fast_poll(seconds: float = FAST_POLL_S) -> bool:
     if seconds <= 0:
         vce_api.add_messages_to_queue = original
         return False
-    if not _engine_patchable("the engine poll patch (fast-poll)"):
-        return False
-    import inspect
-
-    if "f_stop.wait(0.1)" not in inspect.getsource(original):
-        import warnings
-
-        warnings.warn("silofl: flwr's vce_api.add_messages_to_queue is not the loop the poll patch replaces; "
-                      "not applied", RuntimeWarning, stacklevel=2)
+    if not _engine_patchable("the engine poll patch (fast-poll)", original, "f_stop.wait(0.1)"):
         return False
 
     def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
@@ -246,22 +247,14 @@ def lean_ray_start() -> bool:
     calls Flower's own. On by default (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a
     warning on a Flower release other than 1.42 or when ``init_ray`` is not the code it was
     checked against. Returns whether the patch is in place."""
-    import inspect
-
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if os.environ.get(LEAN_RAY_ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return False
     if getattr(RayBackend.init_ray, "_silofl_lean", False):
         return True
-    if not _engine_patchable("the lean Ray start"):
-        return False
     original = RayBackend.init_ray
-    if _RUNTIME_ENV_CALL not in inspect.getsource(original):
-        import warnings
-
-        warnings.warn("silofl: flwr's RayBackend.init_ray is not the code the lean Ray start replaces; not applied",
-                      RuntimeWarning, stacklevel=2)
+    if not _engine_patchable("the lean Ray start", original, _RUNTIME_ENV_CALL):
         return False
 
     def init_ray(self: Any, backend_config: Any) -> None:
