@@ -38,6 +38,12 @@ def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict 
     return json.loads((out / "summary.json").read_text()), load_rounds(out / "rounds.jsonl"), grid
 
 
+def without_wall(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rounds.jsonl rows without ``wall_s`` (the one field that differs between two runs of the
+    same seeds)."""
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
 def analytic_gaussian_delta(sigma: float, sensitivity: float, eps: float) -> float:
     """Balle & Wang (2018), Theorem 8: the exact delta(eps) of the Gaussian mechanism."""
     a = sensitivity / (2 * sigma)

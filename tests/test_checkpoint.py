@@ -16,7 +16,7 @@ from flwr.app import Message
 
 from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from app.results import load_rounds
-from tests.helpers import run
+from tests.helpers import run, without_wall
 
 
 def test_a_checkpoint_round_trips_every_kind_of_state(tmp_path: Path) -> None:
@@ -67,10 +67,6 @@ def _crash_in(round_: int):
     return hook
 
 
-def _without_wall(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
-
-
 CASES = {
     "mbsgd": {"algorithm": "mbsgd"},
     "spider": {"algorithm": "spider", "spider.q": 2},  # h, h_at carried across rounds
@@ -95,7 +91,7 @@ def test_a_resumed_run_ends_where_the_uninterrupted_run_ends(tmp_path: Path, cas
     assert len(load_rounds(cut / "rounds.jsonl")) == 2
     summary, rows, _ = run(tmp_path / "cut", cfg | {"resume": True, "ledger-run-key": "run1"}, run_id=2, name="r")
     assert summary["status"] == "completed" and summary["resumed_after_round"] == 2
-    assert _without_wall(rows) == _without_wall(ref_rows)
+    assert without_wall(rows) == without_wall(ref_rows)
     final, ref_final = (load_checkpoint(p / "out" / "r" / "checkpoint.npz") for p in (tmp_path / "cut", tmp_path / "ref"))
     assert all(np.array_equal(final["model"][k], ref_final["model"][k]) for k in ref_final["model"])
     assert summary["test_error"] == ref_summary["test_error"]

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from queue import Empty
 
@@ -19,6 +18,7 @@ import pytest
 
 from app import sweep
 from app.config import ConfigError
+from tests.helpers import without_wall
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,7 +190,6 @@ print("RESULT " + json.dumps(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(proc.stdout.split("RESULT ", 1)[1])
     slow, fast = rows["False"], rows["True"]
-    strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
-    assert strip(slow) == strip(fast) and len(fast) == 6
+    assert without_wall(slow) == without_wall(fast) and len(fast) == 6
     median = lambda rs: sorted(float(r["wall_s"]) for r in rs[1:])[len(rs[1:]) // 2]  # noqa: E731
     assert median(fast) < median(slow), (median(fast), median(slow))

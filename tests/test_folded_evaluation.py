@@ -17,14 +17,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from app import wire
 from strategies.loop import FederatedOptimizer
-from tests.helpers import run
-
-WALL = ("wall_s",)
-
-
-def _rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in WALL} for r in rows]
-
+from tests.helpers import run, without_wall
 
 def _ledgers(summary: dict[str, Any]) -> list[Any]:
     return [(s.get("eps_spent"), s.get("releases")) for s in summary["silos"]]
@@ -56,7 +49,7 @@ CASES = {
 def test_folding_keeps_every_number_and_halves_the_exchanges(tmp_path: Path, case: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     (s1, rows1, grid1), (s2, rows2, grid2) = _both(tmp_path, CASES[case], monkeypatch=monkeypatch)
-    assert _rows(rows1) == _rows(rows2)
+    assert without_wall(rows1) == without_wall(rows2)
     assert s1["test_error"] == s2["test_error"] and s1["status"] == s2["status"] == "completed"
     assert _ledgers(s1) == _ledgers(s2)
     assert all("test_error" in r for r in rows1 if r["round"] % CASES[case].get("eval-every", 1) == 0)
@@ -76,7 +69,7 @@ def test_private_evaluation_is_charged_exactly_as_a_separate_one(tmp_path: Path,
     before the round's training release (the same sequence numbers, so the same noise)."""
     node = {"evaluation": "private"}
     (s1, rows1, _), (s2, rows2, _) = _both(tmp_path, {"num-rounds": 4}, node_config=node, monkeypatch=monkeypatch)
-    assert _rows(rows1) == _rows(rows2)
+    assert without_wall(rows1) == without_wall(rows2)
     assert _ledgers(s1) == _ledgers(s2)
     kinds = [r["kind"] for r in s1["silos"][0]["releases"]]
     assert "eval" in kinds
@@ -135,4 +128,4 @@ def test_an_evaluation_part_nobody_asked_for_is_ignored(tmp_path: Path) -> None:
 
     _, rows, _ = run(tmp_path / "h", {"num-rounds": 3}, hook=hook)
     _, clean, _ = run(tmp_path / "c", {"num-rounds": 3})
-    assert _rows(rows) == _rows(clean)
+    assert without_wall(rows) == without_wall(clean)
