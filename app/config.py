@@ -157,9 +157,14 @@ class RobustSettings:
     trust_classes: tuple[int, ...] = ()
     trust_shift: str = "none"
     gradbant_beta: float = 0.5
-    gradbant_smoothness: float = 1.0
-    #: subtract the expected DP-noise energy of an honest message from the norm penalty (docs/byzantine.md)
+    #: L of the descent-lemma penalty, or "auto": a secant estimate on the trust set each round
+    gradbant_smoothness: float | str = 1.0
+    #: subtract the expected noise energy of an honest message (DP noise; with gradient messages
+    #: also the minibatch's sampling noise) from the norm penalty (docs/byzantine.md)
     gradbant_noise_aware: bool = False
+    #: a public (smallest, largest) number of training records of any silo, for noise-aware
+    #: Grad-BANT when the server cannot read the partition (a deployment); () = from the partition
+    gradbant_silo_records: tuple[int, ...] = ()
     cc_tau: float = 1.0
 
 
@@ -310,6 +315,19 @@ def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> 
     return f"{left}{lo_s}, {hi_s}{right}"
 
 
+def _num_or_word(number: Any, word: str) -> Any:
+    """A number as ``number`` parses it, or the string ``word`` (e.g. "auto")."""
+    def parse(key: str, value: Any) -> float | int | str:
+        if isinstance(value, str) and value.strip().lower() == word:
+            return word
+        try:
+            return number(key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}, or {word!r}") from None
+
+    return parse
+
+
 def _bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -398,8 +416,11 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "trust.classes": ("robust.trust_classes", _int_list),
     "trust.shift": ("robust.trust_shift", _str(TRUST_SHIFTS)),
     "gradbant.beta": ("robust.gradbant_beta", _num(0, 1, lo_open=True)),
-    "gradbant.smoothness": ("robust.gradbant_smoothness", _num(0, None)),
+    "gradbant.smoothness": ("robust.gradbant_smoothness", _num_or_word(_num(0, None), "auto")),
     "gradbant.noise-aware": ("robust.gradbant_noise_aware", _bool),
+    "gradbant.silo-records": ("robust.gradbant_silo_records",
+                              _int_tuple(1, '"500,6000" (smallest,largest; "": from the partition)',
+                                         "two positive integers")),
     "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
     "attack.kind": ("attack.kind", _str(ATTACKS)),
     "attack.fraction": ("attack.fraction", _num(0, 0.9)),
@@ -551,6 +572,10 @@ def _check_byzantine(s: Settings) -> None:
         if s.sketch.kind not in NOISE_AWARE_SKETCH_KINDS:
             raise ConfigError(f"gradbant.noise-aware = true has an exact noise energy for sketch.kind in "
                               f"{', '.join(NOISE_AWARE_SKETCH_KINDS)}; got {s.sketch.kind!r}")
+    bounds = s.robust.gradbant_silo_records
+    if bounds and (len(bounds) != 2 or bounds[0] > bounds[1]):
+        raise ConfigError(f"gradbant.silo-records = {','.join(map(str, bounds))!r} must be two numbers "
+                          "\"smallest,largest\" with smallest <= largest, or \"\" (from the partition)")
     if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")

@@ -78,20 +78,67 @@ def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.nd
     return a @ u, p_new, a, theta
 
 
+def silo_record_bounds(s: Settings) -> tuple[int, int]:
+    """(smallest, largest) number of training records of any silo: ``gradbant.silo-records``
+    when set (a deployment: a public bound the operators state), else the run's partition
+    (``silo_splits``). Raises ConfigError when neither is available."""
+    if s.robust.gradbant_silo_records:
+        lo, hi = s.robust.gradbant_silo_records
+        return lo, hi
+    from app.config import ConfigError
+    from app.data.federated import silo_splits
+    from app.data.sources import DataUnavailableError
+
+    try:
+        sizes = [len(train) for train, _ in silo_splits(s)[1]]
+    except (OSError, DataUnavailableError) as exc:
+        raise ConfigError(f"gradbant.noise-aware = true needs the silos' record counts, but the server cannot read "
+                          f"{s.dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None
+    return min(sizes), max(sizes)
+
+
+def minibatch_noise_energy(rows: np.ndarray, batch: int, n: int, kappa: np.ndarray) -> float:
+    """E||S^T S (mean_B - mean)||^2 for a batch B of K = ``batch`` of a silo's n records drawn
+    without replacement (clients/silo.py), whose per-record gradients have per-coordinate
+    variance s_j^2, estimated by the sample variance of ``rows`` [T, d] (the trust set's
+    per-record gradients, clipped as the silos clip): Var(mean_B)_j = (1 - K/n) s_j^2 / K
+    (Cochran, sampling without replacement), lifted with kappa (app/sketch/noise.py):
+
+        c_sampling = (1 - K/n) / K * sum_j kappa_j s_j^2.   K >= n (full batch): 0."""
+    if batch >= n or len(rows) < 2:
+        return 0.0
+    var = np.var(np.asarray(rows, dtype=np.float64), axis=0, ddof=1)
+    return float((1.0 - batch / n) / batch * (kappa @ var))
+
+
+def secant_smoothness(grad_at: Any, w: dict[str, np.ndarray], g0: np.ndarray, gamma: float,
+                      layout: dict[str, tuple[int, ...]]) -> float:
+    """L-hat = ||grad f0(x - gamma g0) - grad f0(x)|| / (gamma ||g0||): the trust loss's curvature
+    along the step the round is about to take (the descent lemma's L for that step), from the
+    server's own data and model only. ``grad_at(params) -> flat gradient``. 0 when g0 = 0;
+    the largest float when it is not finite (every penalised score is then 0)."""
+    norm = float(np.linalg.norm(g0))
+    if norm == 0 or not np.isfinite(norm):
+        return 0.0 if norm == 0 else float(np.finfo(np.float64).max)
+    x = flatten(w).astype(np.float64)
+    moved = wire.unflatten(x - gamma * np.asarray(g0, dtype=np.float64), layout, dtype=np.float32)
+    est = float(np.linalg.norm(grad_at(moved) - grad_at(w))) / (gamma * norm)
+    return est if np.isfinite(est) else float(np.finfo(np.float64).max)
+
+
 def honest_noise_variance(s: Settings) -> float:
     """The per-coordinate noise variance of an honest silo's pseudo-gradient under ISRL-DP, from
-    public quantities only (the run's settings and the simulation's partition), never from a
-    reply: Q sigma^2 with sigma = z * 2L/K, z calibrated exactly as clients/silo.py does for the
+    public quantities only (the run's settings and the partition's largest silo, or
+    ``gradbant.silo-records``), never from a reply: Q sigma^2 with sigma = z * 2L/K, z calibrated exactly as clients/silo.py does for the
     silo with the most records (the smallest sigma of any honest silo: z and 2L/K both shrink as
     n grows) and no private evaluations (they would only raise an honest silo's noise). 0
     without privacy."""
     if not s.privacy.enabled:
         return 0.0
     from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
-    from app.data.federated import silo_splits
     from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
 
-    n = max(len(train) for train, _ in silo_splits(s)[1])
+    n = silo_record_bounds(s)[1]
     plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
     z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
                                    s.privacy.epsilon, s.delta_for(n))
@@ -134,9 +181,16 @@ class ByzantineRobust(FederatedOptimizer):
         self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
         shape, classes = dataset_meta(s)
         self.model = build_model(s.model, shape, classes, hidden=s.model_hidden)
-        #: noise-aware Grad-BANT: the expected noise energy c of an honest lifted message
-        self.noise_energy = (honest_noise_energy(s, [tuple(v) for v in self.layout.values()])
-                             if s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware else 0.0)
+        aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
+        #: noise-aware Grad-BANT: the expected DP-noise energy c of an honest lifted message
+        self.noise_energy = honest_noise_energy(s, [tuple(v) for v in self.layout.values()]) if aware else 0.0
+        #: ... and with gradient messages (Q = 1) also its minibatch's sampling noise, estimated
+        #: each round on the trust set: kappa (the lift's weights) and the smallest silo's n
+        self.sampling_aware = aware and self.phase == Phase.GRAD
+        self.lift_kappa = self._lift_kappa() if self.sampling_aware else None
+        self.fewest_records = silo_record_bounds(s)[0] if self.sampling_aware else 0
+        #: the last round's score terms (L used, noise energy c), reported in its row
+        self.score_terms: dict[str, float] = {}
 
     # -- the server's reference on the trust set -------------------------------------------
     def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
@@ -161,6 +215,56 @@ class ByzantineRobust(FederatedOptimizer):
             assert grad is not None
             return flatten({key: g.numpy() for key, g in grad.items()})
         return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
+
+    def _lift_kappa(self) -> np.ndarray:
+        from app.sketch.base import make_sketch
+        from app.sketch.noise import lift_noise_weights
+
+        layout = [tuple(v) for v in self.layout.values()]
+        n = sum(int(np.prod(shape)) for shape in layout)
+        s = self.s
+        sketch = None if s.sketch.kind == "none" else make_sketch(
+            s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
+        return lift_noise_weights(sketch, n)  # depends on the block sizes only, not on the seed
+
+    def trust_gradient(self, w: dict[str, np.ndarray]) -> np.ndarray:
+        """grad f0(w): the mean cross-entropy gradient over the whole trust set (float64, flat)."""
+        assert self.trust is not None
+        live = {k: torch.tensor(v, dtype=torch.float32).requires_grad_(True) for k, v in w.items()}
+        loss = cross_entropy(torch.func.functional_call(self.model, live, (self.trust.x,)), self.trust.y)
+        grads = torch.autograd.grad(loss, list(live.values()))
+        return np.concatenate([g.detach().numpy().reshape(-1) for g in grads]).astype(np.float64)
+
+    def trust_rows(self, w: dict[str, np.ndarray]) -> np.ndarray:
+        """The trust set's per-record gradients at w [T, d], clipped as an honest silo clips them
+        (``privacy.clip`` under ISRL-DP; unclipped without privacy)."""
+        from app.privacy.clipping import clip_rows
+        from app.privacy.per_sample import per_sample_grads
+
+        assert self.trust is not None
+        params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
+        rows = per_sample_grads(self.model, params, self.trust.x, self.trust.y)
+        if self.s.privacy.enabled:
+            rows = clip_rows(rows, self.s.privacy.clip)
+        return rows.double().numpy()
+
+    def score_inputs(self, w: dict[str, np.ndarray], server_round: int) -> tuple[np.ndarray, float, float]:
+        """(g0, L, c) of this round's Grad-BANT scores. Noise-aware with gradient messages: g0 is
+        the mean of the trust set's (clipped) per-record gradients and c adds their minibatch
+        sampling noise (:func:`minibatch_noise_energy`); otherwise g0 is :meth:`reference` and c
+        the DP-noise energy. ``gradbant.smoothness = auto``: L = :func:`secant_smoothness`."""
+        if self.sampling_aware:
+            assert self.lift_kappa is not None
+            rows = self.trust_rows(w)
+            g0 = rows.mean(axis=0)
+            batch = self.s.batch_size or self.fewest_records
+            c = self.noise_energy + minibatch_noise_energy(rows, batch, self.fewest_records, self.lift_kappa)
+        else:
+            g0, c = self.reference(w, server_round).astype(np.float64), self.noise_energy
+        smooth = self.s.robust.gradbant_smoothness
+        if smooth == "auto":
+            smooth = secant_smoothness(self.trust_gradient, w, g0, self.s.lr, self.layout)
+        return g0, float(smooth), c
 
     # -- one round -------------------------------------------------------------------------
     def prepare(self, grid: Grid, timeout: float) -> None:
@@ -199,7 +303,7 @@ class ByzantineRobust(FederatedOptimizer):
         direction, weights = self.aggregate(lifted, idx, w, rnd, len(byz_nodes))
         row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
-               "byzantine_answered": len(byz_nodes)}
+               "byzantine_answered": len(byz_nodes)} | self.score_terms
         if direction is None:
             return StepResult(None, row)
         flat = flatten(w).astype(np.float64) - self.s.lr * direction
@@ -210,9 +314,11 @@ class ByzantineRobust(FederatedOptimizer):
         """The round's direction (None: the model stays) and the weight each message got."""
         rule = self.s.robust.aggregator
         if rule == "gradbant":
-            g0 = self.reference(w, server_round)
+            g0, smooth, c = self.score_inputs(w, server_round)
+            if self.s.robust.gradbant_smoothness == "auto" or self.s.robust.gradbant_noise_aware:
+                self.score_terms = {"gradbant_smoothness": smooth, "gradbant_noise_energy": c}
             direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.robust.gradbant_beta,
-                                                    self.s.robust.gradbant_smoothness, self.s.lr, self.noise_energy)
+                                                    smooth, self.s.lr, c)
             if direction is None:
                 log(WARNING, "round %d: every Grad-BANT score is 0; the model is unchanged", server_round)
             return direction, a

@@ -91,12 +91,15 @@ def test_noise_aware_score_never_exceeds_the_alignment() -> None:
 
 def test_isrl_dp_federation_paper_score_is_stuck_noise_aware_learns(federation) -> None:
     """Digits, 10 IID silos, ISRL-DP eps = 8, batch 32: the paper's score gives every silo 0 in
-    every round (the model never moves: ~90% error, and the summary says so), the noise-aware
-    score keeps most silos positive and learns (measured: 26% test error; 7% without privacy)."""
+    every round (the model never moves: ~90% error, and the summary says no-progress and points
+    at gradbant.noise-aware), the noise-aware
+    score keeps most silos positive and learns (measured: 27% test error, 4-9 silos positive per
+    round; 7% without privacy)."""
     paper, paper_rows, _ = federation(PRIVATE, sub="paper")
     aware, aware_rows, _ = federation(PRIVATE | {"gradbant.noise-aware": True}, sub="aware")
     assert all(not any(r["silo_weights"].values()) for r in paper_rows)
-    assert paper["test_error"] > 0.85 and paper["rounds_all_rejected"] == 12 and paper["status"] == "completed"
+    assert paper["test_error"] > 0.85 and paper["rounds_all_rejected"] == 12 and paper["status"] == "no-progress"
+    assert paper["health"]["blame"]["setting"] == "gradbant.noise-aware"  # app/run_health.py's hint
     positive = [sum(a > 0 for a in r["silo_weights"].values()) for r in aware_rows]
     assert np.mean(positive) >= 6 and min(positive) >= 1
     assert aware["status"] == "completed" and aware["test_error"] < 0.45
@@ -118,3 +121,139 @@ def test_noise_aware_with_srht_local_steps_and_a_sign_flipping_majority(federati
     summary, rows, _ = federation(cfg)
     assert summary["status"] == "completed" and summary["test_error"] < 0.45
     assert np.mean([r["byzantine_weight"] for r in rows]) < 0.1 and all(r["byzantine_answered"] == 6 for r in rows)
+
+
+# ------------------------------------------------- gradient messages (Q = 1): sampling noise, auto L
+
+@pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("rademacher", True),
+                                            ("srht", False), ("srht", True)])
+def test_lift_weights_sum_to_the_isotropic_factor(kind: str, layerwise: bool) -> None:
+    from app.sketch.noise import lift_noise_weights
+
+    layout = [(37,), (12, 5)]
+    sk = None if kind == "none" else make_sketch(kind, layout, seed=3, round=1, layerwise=layerwise, ratio=0.4)
+    kappa = lift_noise_weights(sk, 97)
+    assert kappa.shape == (97,) and np.all(kappa >= 1.0)
+    assert kappa.sum() == pytest.approx(lift_noise_factor(sk, 97), rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("srht", True)])
+def test_minibatch_noise_energy_matches_monte_carlo(kind: str, layerwise: bool) -> None:
+    """A silo's n per-record gradients with unequal, correlated coordinates; its message is the
+    mean of K of them drawn without replacement, sketched and lifted with a fresh sketch each
+    round. E||S^T S (mean_B - mean)||^2 over batches and sketches matches
+    (1 - K/n)/K * kappa . s^2 (Cochran's formula, lifted) within 5 standard errors."""
+    from app.sketch.noise import lift_noise_weights
+    from strategies.gradbant import minibatch_noise_energy
+
+    layout = [(37,), (12, 5)]
+    rng = np.random.default_rng(1)
+    n, k, trials = 80, 12, 3000
+    mix = rng.normal(size=(97, 97)) * rng.uniform(0.1, 3.0, size=97)  # correlated, unequal variances
+    records = rng.normal(size=(n, 97)) @ mix.T + 5.0  # a common mean (the gradient) cancels
+    sketches = [None if kind == "none" else make_sketch(kind, layout, seed=11, round=r, layerwise=layerwise, ratio=0.4)
+                for r in range(1, trials + 1)]
+    kappa = lift_noise_weights(sketches[0], 97)
+    exact = minibatch_noise_energy(records, k, n, kappa)
+    mean_all = records.mean(axis=0)
+    samples = []
+    for sk in sketches:
+        zeta = torch.as_tensor(records[rng.choice(n, size=k, replace=False)].mean(axis=0) - mean_all)
+        u = zeta if sk is None else sk.decompress(sk.compress(zeta))
+        samples.append(float((u * u).sum()))
+    mean, se = np.mean(samples), np.std(samples, ddof=1) / np.sqrt(trials)
+    assert abs(mean - exact) < 5 * se, (mean, exact, se)
+    assert minibatch_noise_energy(records, n, n, kappa) == 0.0  # the full batch has no sampling noise
+
+
+def test_secant_smoothness_is_the_curvature_along_the_step() -> None:
+    """f(x) = x^T A x / 2 has grad f = A x: along an eigenvector of A the estimate is its
+    eigenvalue, for any x and step; along any g0 it is ||A g0|| / ||g0|| <= ||A||."""
+    from strategies.gradbant import secant_smoothness
+
+    rng = np.random.default_rng(2)
+    q, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    eig = np.array([0.1, 0.5, 1.0, 2.0, 3.0, 7.0])
+    a = q @ np.diag(eig) @ q.T
+    layout = {"w": (2, 3)}
+    grad = lambda p: a @ np.asarray(p["w"], dtype=np.float64).reshape(-1)  # noqa: E731
+    w = {"w": rng.normal(size=(2, 3)).astype(np.float32)}
+    for i in range(6):
+        assert secant_smoothness(grad, w, q[:, i] * 2.0, 0.3, layout) == pytest.approx(eig[i], rel=1e-5)
+    g0 = rng.normal(size=6)
+    assert secant_smoothness(grad, w, g0, 0.3, layout) == pytest.approx(np.linalg.norm(a @ g0) / np.linalg.norm(g0), rel=1e-5)
+    assert secant_smoothness(grad, w, np.zeros(6), 0.3, layout) == 0.0
+
+
+def test_smoothness_auto_and_silo_records_are_checked() -> None:
+    s = parse_settings(PRIVATE | {"gradbant.smoothness": "auto"})
+    assert s.robust.gradbant_smoothness == "auto"
+    with pytest.raises(ConfigError, match="auto"):
+        parse_settings(PRIVATE | {"gradbant.smoothness": "automatic"})
+    assert parse_settings(PRIVATE | {"gradbant.silo-records": "100,200"}).robust.gradbant_silo_records == (100, 200)
+    for bad in ("200,100", "100", "100,200,300", "0,10"):
+        with pytest.raises(ConfigError, match="gradbant.silo-records"):
+            parse_settings(PRIVATE | {"gradbant.silo-records": bad})
+
+
+def test_a_server_that_cannot_read_the_partition_needs_public_record_bounds(monkeypatch) -> None:
+    """A deployment's server has no partition: noise-aware Grad-BANT then needs the operators'
+    public bounds (gradbant.silo-records) and says so, instead of guessing a noise level."""
+    import app.data.federated as federated
+    from app.data.sources import DataUnavailableError
+    from strategies.gradbant import honest_noise_variance, silo_record_bounds
+
+    def unreadable(_s):
+        raise DataUnavailableError("the data lives on the silos")
+
+    monkeypatch.setattr(federated, "silo_splits", unreadable)
+    s = parse_settings(PRIVATE | {"gradbant.noise-aware": True})
+    with pytest.raises(ConfigError, match="gradbant.silo-records"):
+        silo_record_bounds(s)
+    bounded = parse_settings(PRIVATE | {"gradbant.noise-aware": True, "gradbant.silo-records": "150,180"})
+    assert silo_record_bounds(bounded) == (150, 180)
+    monkeypatch.undo()
+    n_max = silo_record_bounds(s)[1]
+    assert honest_noise_variance(parse_settings(PRIVATE | {"gradbant.silo-records": f"1,{n_max}"})) == \
+        pytest.approx(honest_noise_variance(s))  # sigma comes from the largest silo
+
+
+GRADIENTS = {"algorithm": "robust", "dataset": "digits", "num-silos": 10, "silos-per-round": 10, "partition": "iid",
+             "model": "logistic", "lr": 0.5, "num-rounds": 12, "batch-size": 32, "trust.size": 60,
+             "sketch.kind": "srht", "sketch.ratio": 0.5}
+
+
+def test_gradient_messages_without_privacy_sampling_noise_aware_learns(federation) -> None:
+    """Q = 1 (minibatch-gradient messages, batch 32), no privacy, SRHT k/n = 0.5, digits: the
+    batch's sampling noise (and the lift's amplification of it) makes every honest message's
+    energy exceed the alignment, so the paper's score rejects every silo in every round (90%
+    error, the initial model's). Noise-aware, the server estimates that noise on its trust set
+    each round and learns (measured 54%, 46%, 57% error for seeds 0-2 in 12 rounds; the
+    non-robust mean 40%)."""
+    paper, _, _ = federation(GRADIENTS, sub="paper")
+    assert paper["rounds_all_rejected"] == 12 and paper["test_error"] > 0.85
+    aware, rows, _ = federation(GRADIENTS | {"gradbant.noise-aware": True}, sub="aware")
+    positive = [sum(a > 0 for a in r["silo_weights"].values()) for r in rows]
+    assert aware["rounds_all_rejected"] == 0 and np.mean(positive) >= 3
+    assert aware["test_error"] < 0.7
+    c = [r["gradbant_noise_energy"] for r in rows]
+    assert all(ci > 0 and np.isfinite(ci) for ci in c)  # the per-round sampling estimate (no DP noise)
+
+
+@pytest.mark.slow
+def test_fashion_mnist_gradient_messages_paper_stuck_auto_smoothness_and_noise_aware_learn(federation) -> None:
+    """The issue's row: Fashion-MNIST, 10 IID silos, PCA 50 + MLP 64, trust set 500, SRHT k/n =
+    0.5, Q = 1, lr 0.5, batch 64, no privacy. Paper's score with L = 1: (almost) every silo 0
+    (measured 87.7% error after 10 rounds); L = auto (measured L-hat 0.21-0.25) or noise-aware
+    each learn (measured 32.6% and 32.5%; unsketched, paper's score: 33.8%)."""
+    cfg = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
+           "silos-per-round": 10, "model": "mlp", "pca": 50, "mlp-hidden": "64", "trust.size": 500,
+           "local-steps": 1, "lr": 0.5, "batch-size": 64, "privacy.mode": "off", "num-rounds": 6,
+           "sketch.kind": "srht", "sketch.ratio": 0.5}
+    paper, paper_rows, _ = federation(cfg, sub="paper")
+    auto, auto_rows, _ = federation(cfg | {"gradbant.smoothness": "auto"}, sub="auto")
+    aware, _, _ = federation(cfg | {"gradbant.noise-aware": True}, sub="aware")
+    assert paper["test_error"] > 0.8 and paper["rounds_all_rejected"] >= 5
+    estimates = [r["gradbant_smoothness"] for r in auto_rows]
+    assert all(0 < e < 2 / cfg["lr"] for e in estimates)  # L-hat gamma < 2: honest messages can score > 0
+    assert auto["test_error"] < 0.5 and aware["test_error"] < 0.5

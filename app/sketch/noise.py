@@ -1,4 +1,5 @@
-"""How much isotropic noise survives a sketch and its lift: E||S^T S xi||^2 for xi ~ N(0, I_n).
+"""How much noise survives a sketch and its lift: E||S^T S xi||^2 for xi ~ N(0, I_n), and for
+any zero-mean xi independent of S.
 
 For xi ~ N(0, I_n) independent of S, E_xi ||S^T S xi||^2 = ||S^T S||_F^2, so the factor is
 E_S ||S^T S||_F^2 (n without a sketch). S is block diagonal (one block per layer, or one for the
@@ -13,10 +14,22 @@ entries and k rows:
   (The diagonal of H R^T R H is r/p; an off-diagonal entry is (1/p) times the sum of r of the p
   signs of a +-1 column with sum 0, whose variance is r (p - r) / (p - 1).)
 
+For every kind here E_S[(S^T S)^2] is diagonal with a constant value kappa = factor / m on each
+block (SRHT: on each chunk, kappa = chunk factor / s): its off-diagonal entries carry a random sign
+of D (SRHT) or of a row (Gaussian, Rademacher) that has mean 0, and the rows of a block (chunk) are
+exchangeable. Hence for any zero-mean noise xi independent of S with per-coordinate variances v_j
+(correlated or not: only the diagonal of its covariance enters),
+
+    E||S^T S xi||^2 = tr(E[(S^T S)^2] Cov xi) = sum_j kappa_j v_j       (:func:`lift_noise_weights`),
+
+which is what noise-aware Grad-BANT needs for a minibatch's sampling noise (not isotropic).
+
 Only these kinds have an exact factor here (``exact_kinds``); any other raises. Base layer: no Flower.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from app.config import NOISE_AWARE_SKETCH_KINDS as EXACT_KINDS  # the kinds with an exact factor (+ "none")
 from app.sketch.base import IdentityOperator, LinearSketch, Sketch
@@ -53,3 +66,30 @@ def lift_noise_factor(sketch: Sketch | None, n: int | None = None) -> float:
         else:  # pragma: no cover - guarded by EXACT_KINDS
             raise NotImplementedError(type(op).__name__)
     return float(total)
+
+
+def lift_noise_weights(sketch: Sketch | None, n: int) -> np.ndarray:
+    """kappa [n]: the diagonal of E_S[(S^T S)^2] (see the module docstring), so that
+    E||S^T S xi||^2 = kappa . Var(xi) for zero-mean xi independent of S; all ones without a
+    sketch. ``kappa.sum()`` equals :func:`lift_noise_factor`."""
+    if sketch is None:
+        return np.ones(n)
+    if sketch.kind not in EXACT_KINDS or not isinstance(sketch, LinearSketch):
+        raise NotImplementedError(f"no exact noise factor for sketch kind {sketch.kind!r}; exact for {EXACT_KINDS}")
+    from app.sketch.srht import SRHTOperator
+
+    kappa = np.empty(n)
+    for off, m, _, op in sketch.blocks:
+        k = op.k
+        if isinstance(op, IdentityOperator):
+            kappa[off:off + m] = 1.0
+        elif isinstance(op, SRHTOperator):
+            for start, size, padded, rows in op.chunks:
+                kappa[off + start:off + start + size] = srht_chunk_factor(size, padded, rows) / size
+        elif sketch.kind == "gaussian":
+            kappa[off:off + m] = (m + k + 1) / k
+        elif sketch.kind == "rademacher":
+            kappa[off:off + m] = (m + k - 1) / k
+        else:  # pragma: no cover - guarded by EXACT_KINDS
+            raise NotImplementedError(type(op).__name__)
+    return kappa
