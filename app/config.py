@@ -40,7 +40,7 @@ AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mea
 #: rules that score updates against the server's trust set
 TRUST_AGGREGATORS = ("gradbant", "fltrust")
 #: sketch kinds with an exact expected noise energy E||S^T S xi||^2 (app/sketch/noise.py), for gradbant.noise-aware
-NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht")
+NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "countsketch", "randk")
 #: rules that need num-silos > 2f + 2 (= strategies.aggregation.KRUM_RULES)
 KRUM_AGGREGATORS = ("krum", "multi-krum")
 #: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS)

@@ -19,7 +19,8 @@ PRIVATE = {"algorithm": "robust", "dataset": "digits", "num-silos": 10, "silos-p
 
 
 @pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("rademacher", True),
-                                            ("srht", False), ("srht", True)])
+                                            ("srht", False), ("srht", True), ("countsketch", True),
+                                            ("randk", False)])
 def test_expected_noise_energy_matches_monte_carlo(kind: str, layerwise: bool) -> None:
     """E||S^T S xi||^2 = sigma^2 * factor, over fresh sketches (one per round) and fresh noise:
     the Monte Carlo mean is within 5 standard errors of the exact value."""
@@ -47,7 +48,7 @@ def test_srht_factor_is_n_squared_over_k_without_padding() -> None:
 
 def test_unsupported_sketch_kind_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="noise-aware"):
-        parse_settings(PRIVATE | {"gradbant.noise-aware": True, "sketch.kind": "countsketch"})
+        parse_settings(PRIVATE | {"gradbant.noise-aware": True, "sketch.kind": "srft"})
     with pytest.raises(ConfigError, match="noise-aware"):
         parse_settings(PRIVATE | {"gradbant.noise-aware": True, "aggregator": "fltrust"})
 
@@ -126,7 +127,7 @@ def test_noise_aware_with_srht_local_steps_and_a_sign_flipping_majority(federati
 # ------------------------------------------------- gradient messages (Q = 1): sampling noise, auto L
 
 @pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("rademacher", True),
-                                            ("srht", False), ("srht", True)])
+                                            ("srht", False), ("srht", True), ("countsketch", True), ("randk", True)])
 def test_lift_weights_sum_to_the_isotropic_factor(kind: str, layerwise: bool) -> None:
     from app.sketch.noise import lift_noise_weights
 
@@ -137,7 +138,8 @@ def test_lift_weights_sum_to_the_isotropic_factor(kind: str, layerwise: bool) ->
     assert kappa.sum() == pytest.approx(lift_noise_factor(sk, 97), rel=1e-12)
 
 
-@pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("srht", True)])
+@pytest.mark.parametrize("kind,layerwise", [("none", False), ("gaussian", False), ("srht", True),
+                                            ("countsketch", False)])
 def test_minibatch_noise_energy_matches_monte_carlo(kind: str, layerwise: bool) -> None:
     """A silo's n per-record gradients with unequal, correlated coordinates; its message is the
     mean of K of them drawn without replacement, sketched and lifted with a fresh sketch each

@@ -9,6 +9,9 @@ entries and k rows:
 * identity block (k = m): m;
 * ``gaussian`` (S_ij ~ N(0, 1/k)): m (m + k + 1) / k  (E tr((G G^T)^2) = k m (k + m + 1));
 * ``rademacher`` (S_ij = +-1/sqrt(k)): m (m + k - 1) / k;
+* ``countsketch`` (one +-1 per column, uniform bucket): m (m + k - 1) / k too ((S^T S)_jl =
+  s_j s_l [h(j) = h(l)]: row j of (S^T S)^2 sums 1 + #{l != j in j's bucket}, of mean 1 + (m - 1)/k);
+* ``randk`` (sqrt(m/k) times k of the m coordinates): m^2 / k ((S^T S)^2 = (m/k)^2 diag(kept));
 * ``srht`` per chunk of s real entries padded to p with r rows (S = sqrt(p/r) R H D, R r of
   the p rows without replacement): s + s (s - 1) (p - r) / (r (p - 1)); with s = p this is s^2/r.
   (The diagonal of H R^T R H is r/p; an off-diagonal entry is (1/p) times the sum of r of the p
@@ -16,7 +19,8 @@ entries and k rows:
 
 For every kind here E_S[(S^T S)^2] is diagonal with a constant value kappa = factor / m on each
 block (SRHT: on each chunk, kappa = chunk factor / s): its off-diagonal entries carry a random sign
-of D (SRHT) or of a row (Gaussian, Rademacher) that has mean 0, and the rows of a block (chunk) are
+of D (SRHT), of a row (Gaussian, Rademacher) or of a column (CountSketch) that has mean 0
+(RandK's S^T S is diagonal), and the rows of a block (chunk) are
 exchangeable. Hence for any zero-mean noise xi independent of S with per-coordinate variances v_j
 (correlated or not: only the diagonal of its covariance enters),
 
@@ -61,8 +65,10 @@ def lift_noise_factor(sketch: Sketch | None, n: int | None = None) -> float:
             total += sum(srht_chunk_factor(size, padded, rows) for _, size, padded, rows in op.chunks)
         elif sketch.kind == "gaussian":
             total += m * (m + k + 1) / k
-        elif sketch.kind == "rademacher":
+        elif sketch.kind in ("rademacher", "countsketch"):
             total += m * (m + k - 1) / k
+        elif sketch.kind == "randk":
+            total += m * m / k
         else:  # pragma: no cover - guarded by EXACT_KINDS
             raise NotImplementedError(type(op).__name__)
     return float(total)
@@ -88,8 +94,10 @@ def lift_noise_weights(sketch: Sketch | None, n: int) -> np.ndarray:
                 kappa[off + start:off + start + size] = srht_chunk_factor(size, padded, rows) / size
         elif sketch.kind == "gaussian":
             kappa[off:off + m] = (m + k + 1) / k
-        elif sketch.kind == "rademacher":
+        elif sketch.kind in ("rademacher", "countsketch"):
             kappa[off:off + m] = (m + k - 1) / k
+        elif sketch.kind == "randk":
+            kappa[off:off + m] = m / k
         else:  # pragma: no cover - guarded by EXACT_KINDS
             raise NotImplementedError(type(op).__name__)
     return kappa
