@@ -10,11 +10,25 @@
    ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine);
 4. decides from the run's own ``summary.json``: the run succeeded when the summary that the
    ServerApp writes as its last step names this Flower run id and says ``completed``; a summary
-   that says ``failed``, or none when the stream ends, fails the launch. It returns as soon as
+   that says ``failed``, or none when the stream ends, fails the launch (exit 1); one that says
+   ``diverged`` or ``no-progress`` (app/run_health.py: the run ran to its end, its outputs are
+   written, but its model is not one to use) exits 3 with the diagnosis and the setting most
+   likely to blame as the last line, so that a script or CI job stops. It returns as soon as
    that summary is there and the ServerApp's last line has been streamed, instead of waiting for
    Flower to shut its engine down and starting the ``flwr`` CLI again for ``flwr ls`` (about 8 s);
    the engine's teardown finishes inside the SuperLink. ``flwr ls`` is read only to explain a
    run that ended without a summary.
+
+The local simulation SuperLink is this checkout's own: ``flwr run`` starts it (detached, with
+this environment) when nothing answers on its port, and Flower 1.42 takes that port and the
+Control API's from ``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT`` / ``FLWR_LOCAL_CONTROL_API_PORT``
+(``flwr/cli/constant.py``; default 39091 / 39093, the same for every checkout). The launcher sets
+both to this checkout's ports (:func:`own_local_superlink`): the ones remembered in
+``$FLWR_HOME/silofl-local-superlink.json`` when this checkout's SuperLink (found by its
+FLWR_HOME) holds them or they are free, else two new free ports (never Flower's defaults), which
+it remembers. So checkouts on one machine never share a SuperLink or a port, and a SuperLink that
+is not this checkout's (another FLWR_HOME, Flower's default ports) is neither used nor touched.
+This checkout's SuperLink is restarted when it runs on other ports or with other settings.
 
 ``--fast-poll`` turns on the opt-in engine poll patch (app.sweep.fast_poll: the simulation
 engine looks for instructions every 5 ms instead of 0.1 s) in the local SuperLink's runs: it sets
@@ -24,8 +38,8 @@ with the other setting) and the ClientApp applies the patch in the engine's proc
 Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight] [--fast-poll]``,
 ``python -m app.launch --resume RUN_NAME [--superlink NAME]`` (continue a run from its last
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
-simulation SuperLink of this checkout, by pid; nobody else's).
-Exit codes: 0 success, 1 the run failed, 2 bad configuration.
+simulation SuperLink of this checkout, by pid; nobody else's; its ports stay remembered).
+Exit codes: 0 success, 1 the run failed, 2 bad configuration, 3 the run diverged or made no progress.
 """
 
 from __future__ import annotations
@@ -37,12 +51,13 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,13 +122,38 @@ def local_superlinks(env: dict[str, str]) -> list[tuple[int, str, bool]]:
     """The running ``flower-superlink --simulation`` processes: (pid, FLWR_HOME, runtime
     dependency installation off). Linux only (reads /proc); others' processes we may not read
     are skipped."""
-    return [(pid, home, no_install) for pid, home, no_install, _ in _local_superlinks()]
+    return [(s.pid, s.home, s.no_install) for s in _local_superlinks()]
 
 
-def _local_superlinks() -> list[tuple[int, str, bool, str]]:
-    """:func:`local_superlinks`, plus each one's ``SILOFL_FAST_POLL`` ("" when unset)."""
+class LocalSuperLink(NamedTuple):
+    """A running ``flower-superlink --simulation``: its pid, the FLWR_HOME, runtime dependency
+    installation off, ``SILOFL_FAST_POLL`` ("" when unset) it was started with, and the ports on
+    its command line (``--port``, ``--control-api-address``; None when absent)."""
+
+    pid: int
+    home: str
+    no_install: bool
+    fast_poll: str
+    ports: tuple[int | None, int | None]
+
+
+def _cmdline_ports(cmdline: list[bytes]) -> tuple[int | None, int | None]:
+    """(``--port``, the port of ``--control-api-address``) of a SuperLink's command line."""
+    found: dict[str, int | None] = {"--port": None, "--control-api-address": None}
+    for i, part in enumerate(cmdline):
+        key, eq, value = part.decode(errors="replace").partition("=")
+        if key in found:
+            value = value if eq else (cmdline[i + 1].decode(errors="replace") if i + 1 < len(cmdline) else "")
+            with contextlib.suppress(ValueError):
+                found[key] = int(value.rsplit(":", 1)[-1])
+    return found["--port"], found["--control-api-address"]
+
+
+def _local_superlinks() -> list[LocalSuperLink]:
+    """Every running ``flower-superlink --simulation`` whose command line and environment we
+    may read (Linux only: /proc)."""
     proc_dir = Path("/proc")
-    found = []
+    found: list[LocalSuperLink] = []
     if not proc_dir.exists():
         return found
     for pid_dir in proc_dir.iterdir():
@@ -128,15 +168,15 @@ def _local_superlinks() -> list[tuple[int, str, bool, str]]:
             )
         except OSError:
             continue
-        found.append((int(pid_dir.name), environ.get(b"FLWR_HOME", b"").decode(),
-                      environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1",
-                      environ.get(b"SILOFL_FAST_POLL", b"").decode()))
+        found.append(LocalSuperLink(int(pid_dir.name), environ.get(b"FLWR_HOME", b"").decode(),
+                                    environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1",
+                                    environ.get(b"SILOFL_FAST_POLL", b"").decode(), _cmdline_ports(cmdline)))
     return found
 
 
 def own_superlink_fast_poll(env: dict[str, str]) -> list[tuple[int, str]]:
     """This checkout's running local SuperLinks and the ``SILOFL_FAST_POLL`` each was started with."""
-    return [(pid, fast) for pid, home, _, fast in _local_superlinks() if home == env["FLWR_HOME"]]
+    return [(s.pid, s.fast_poll) for s in _local_superlinks() if s.home == env["FLWR_HOME"]]
 
 
 def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
@@ -168,14 +208,109 @@ def end_processes(pids: list[int] | set[int], wait_s: float = 10.0) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def foreign_local_superlink(env: dict[str, str]) -> str | None:
-    """A running ``flower-superlink --simulation`` that was not started with our environment
-    (another FLWR_HOME, or runtime dependency installation on, which would try to download the
-    app's dependencies for every run). Returns a description, or None. Linux only (reads /proc)."""
-    for pid, home, no_install in local_superlinks(env):
-        if home != env["FLWR_HOME"] or not no_install:
-            return f"pid {pid} (FLWR_HOME={home or 'unset'}, runtime dependency install {'off' if no_install else 'ON'})"
-    return None
+#: Flower 1.42's ``flwr`` CLI (flwr/cli/constant.py, read when it starts) takes the local
+#: SuperLink's HTTP API port (Runtime, Control and Fleet API; ``flower-superlink --port``) and its
+#: gRPC Control API port (``--control-api-address``) from these; ``flwr run`` starts the local
+#: SuperLink on them, and every ``flwr`` command connects to 127.0.0.1 on the first.
+LOCAL_PORT_ENV = ("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "FLWR_LOCAL_CONTROL_API_PORT")
+#: Flower's defaults for those two, the same for every checkout: never this checkout's.
+FLOWER_LOCAL_PORTS = (39091, 39093)
+#: This checkout's local SuperLink ports, remembered under its FLWR_HOME.
+PORTS_FILE = "silofl-local-superlink.json"
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``host:port`` can be bound now, as the SuperLink's uvicorn binds it (SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(avoid: set[int] | tuple[int, ...] = ()) -> int:
+    """A port that is free on 127.0.0.1 now (the kernel's pick), not in ``avoid`` nor Flower's defaults."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in avoid and port not in FLOWER_LOCAL_PORTS:
+            return port
+
+
+def remembered_ports(env: dict[str, str]) -> tuple[int, int] | None:
+    """The two ports in ``$FLWR_HOME/silofl-local-superlink.json``, or None (no file, or not two ports)."""
+    try:
+        data = json.loads((Path(env["FLWR_HOME"]) / PORTS_FILE).read_text())
+        ports = (int(data["http-api-port"]), int(data["control-api-port"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return ports if all(0 < p < 65536 for p in ports) and ports[0] != ports[1] else None
+
+
+@contextlib.contextmanager
+def _home_lock(home: Path):
+    """An exclusive lock on ``home``'s ports file for one launcher at a time of this checkout."""
+    import fcntl
+
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / (PORTS_FILE + ".lock")).open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def own_local_superlink(env: dict[str, str], wait_s: float = 10.0) -> tuple[int, int]:
+    """Make ``env``'s ``flwr`` commands use this checkout's own local SuperLink; returns its
+    (HTTP API, Control API) ports, also set in ``env`` (:data:`LOCAL_PORT_ENV`).
+
+    This checkout's SuperLinks are those started with its FLWR_HOME. One of them is kept when it
+    runs on the remembered ports with this launch's settings (runtime dependency installation
+    off, ``env``'s ``SILOFL_FAST_POLL``); any other of them is stopped (by pid). Without one kept,
+    the remembered ports are used when both are free, not Flower's defaults and on no other
+    running SuperLink's command line; else two new free ports are chosen and remembered. A
+    SuperLink that is not this checkout's is never stopped, and never used: nothing of ours
+    connects to its ports. A port that another process takes between this check and the
+    SuperLink's start makes that start fail (``flwr run`` says so); the next launch picks anew."""
+    home = Path(env["FLWR_HOME"])
+    want_fast = env.get("SILOFL_FAST_POLL", "")
+    with _home_lock(home):
+        remembered = remembered_ports(env)
+        running = _local_superlinks()
+        own = [s for s in running if s.home == env["FLWR_HOME"]]
+        keep = [s for s in own
+                if remembered and s.ports == remembered and s.no_install and s.fast_poll == want_fast][:1]
+        for s in own:
+            if s in keep:
+                continue
+            if s.ports != remembered:
+                why = f"it runs on port(s) {'/'.join(str(p) for p in s.ports)}, not this checkout's"
+            elif not s.no_install:
+                why = "its runtime dependency installation is on"
+            elif s.fast_poll != want_fast:
+                why = f"to turn the engine poll patch {'on' if want_fast else 'off'}"
+            else:
+                why = "one is enough"
+            print(f"[silofl] restarting this checkout's local SuperLink (pid {s.pid}): {why}", flush=True)
+            end_processes([s.pid], wait_s)
+        if keep:
+            ports = remembered
+        else:
+            others = {p for s in running if s.home != env["FLWR_HOME"] for p in s.ports if p is not None}
+            if not (remembered and all(port_free(p) and p not in others and p not in FLOWER_LOCAL_PORTS
+                                       for p in remembered)):
+                http = free_port(others)
+                remembered = (http, free_port(others | {http}))
+            ports = remembered
+            tmp = home / (PORTS_FILE + ".tmp")
+            tmp.write_text(json.dumps({"http-api-port": ports[0], "control-api-port": ports[1]}) + "\n")
+            tmp.replace(home / PORTS_FILE)
+    env |= {LOCAL_PORT_ENV[0]: str(ports[0]), LOCAL_PORT_ENV[1]: str(ports[1])}
+    return ports
 
 
 #: What the app bundle needs: the packages Flower imports and the project file.
@@ -226,7 +361,8 @@ def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
 
 class _Stream:
     """``flwr run --stream``'s output, echoed line by line from a thread; notes the run id and
-    whether the ServerApp's last line (``silofl run NAME completed`` / ``run FAILED``) went by."""
+    whether the ServerApp's last line (``silofl run NAME completed`` (or ``diverged``,
+    ``no-progress``) / ``run FAILED``) went by."""
 
     def __init__(self, proc: subprocess.Popen, name: str) -> None:
         import threading
@@ -237,13 +373,15 @@ class _Stream:
         self.thread.start()
 
     def _read(self) -> None:
+        from app.run_health import FINISHED
+
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
             if self.run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
                 self.run_id = m.group(1)
-            if f"silofl run {self.name} completed" in line or "[silofl] run FAILED" in line:
+            if any(f"silofl run {self.name} {st}" in line for st in FINISHED) or "[silofl] run FAILED" in line:
                 self.last_line.set()
 
 
@@ -320,21 +458,16 @@ def main(argv: list[str] | None = None) -> int:
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())
     fed_cfg = [f"num-supernodes={settings.simulation_nodes()}", *args.federation_config]
     env = flower_env()
-    if not args.superlink and (other := foreign_local_superlink(env)):
-        print(f"[silofl] a local SuperLink not started by silofl is running: {other}. It would run this app "
-              "with its own settings; stop it first (its owner's `make stop`, or end that pid).", file=sys.stderr)
-        return 2
     if args.fast_poll:
         env["SILOFL_FAST_POLL"] = "1"
     else:
         env.pop("SILOFL_FAST_POLL", None)
     if not args.superlink:
-        # the engine runs in the local SuperLink's processes, with the environment it started with
-        want = env.get("SILOFL_FAST_POLL", "")
-        if stale := [pid for pid, fast in own_superlink_fast_poll(env) if fast != want]:
-            print(f"[silofl] restarting this checkout's local SuperLink (pid {stale}) with the engine poll patch "
-                  f"{'on' if want else 'off'}", flush=True)
-            stop_own_superlinks(env)
+        # this checkout's own SuperLink, on its own ports; the engine runs in its processes, with
+        # the environment it started with (own_local_superlink restarts one with other settings)
+        http_port, _ = own_local_superlink(env)
+        print(f"[silofl] local SuperLink: 127.0.0.1:{http_port} (this checkout's, FLWR_HOME={env['FLWR_HOME']})",
+              flush=True)
     cmd = ["flwr", "run", str(stage_app(env)), *([args.superlink] if args.superlink else []), "--stream", "--run-config", run_config]
     if not args.superlink:
         cmd += ["--federation-config", " ".join(fed_cfg)]
@@ -354,12 +487,35 @@ def main(argv: list[str] | None = None) -> int:
     # in Flower's words (finished:completed / finished:failed), as `flwr ls` would say it
     status = f"finished:{summary.get('status')}"
     print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary_path}", flush=True)
-    if status != "finished:completed":
-        reason = summary.get("status_reason") or ""
-        print(f"[silofl] FAILED: run {run_id} ended with status {status}"
-              + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`", file=sys.stderr)
-        return 1
-    return 0
+    code, line = summary_verdict(summary, run_id, summary_path)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+#: exit code of a run that ran to its end but diverged or made no progress (app/run_health.py)
+EXIT_UNHEALTHY = 3
+
+
+def summary_verdict(summary: dict[str, Any], run_id: str, summary_path: Path) -> tuple[int, str | None]:
+    """The launcher's exit code for this run's summary, and its last line (None on success):
+    0 ``completed``; 3 ``diverged`` / ``no-progress`` with what was seen and the setting most
+    likely to blame; 1 anything else (``failed``)."""
+    from app.run_health import UNHEALTHY
+
+    status = str(summary.get("status"))
+    reason = summary.get("status_reason") or ""
+    if status == "completed":
+        return 0, None
+    if status in UNHEALTHY:
+        health = summary.get("health") or {}
+        blame = health.get("blame") or {}
+        seen = health.get("reason") or reason
+        hint = f"; most likely {blame['suggestion']}" if blame.get("suggestion") else ""
+        return EXIT_UNHEALTHY, (f"[silofl] {status.replace('-', ' ').upper()}: run {run_id}: {seen}{hint} "
+                                f"(its outputs are in {summary_path.parent}; exit code {EXIT_UNHEALTHY})")
+    return 1, (f"[silofl] FAILED: run {run_id} ended with status finished:{status}"
+               + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`")
 
 
 def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from app.launch import flower_env, foreign_local_superlink, local_superlinks, stop_own_superlinks
+from app.launch import flower_env, local_superlinks, own_superlink_fast_poll, stop_own_superlinks
 
 
 def _fake_superlink(home: Path) -> subprocess.Popen:
@@ -25,7 +25,7 @@ def test_stop_ends_only_this_checkouts_superlink(tmp_path: Path) -> None:
         time.sleep(0.5)
         seen = local_superlinks(env)
         assert (mine.pid, str(tmp_path / "mine"), True) in seen and (other.pid, str(tmp_path / "other"), True) in seen
-        assert foreign_local_superlink(env) is not None  # the other checkout's is foreign to this one
+        assert [pid for pid, _ in own_superlink_fast_poll(env)] == [mine.pid]  # the other one is not this checkout's
         assert stop_own_superlinks(env, wait_s=5) == [mine.pid]
         assert mine.wait(timeout=5) is not None
         assert other.poll() is None  # another checkout's SuperLink is still running
