@@ -3,9 +3,8 @@ with small sizes. To stay under 90 s on two busy cores it runs one of the two fe
 Grad-BANT + SRHT (the other, ISRL-DP MB-SGD + SRHT, differs only in its run config): the
 in-process CPU-vs-CPU runs must be bit-identical, LeNet-5 goes through ``flwr run`` (the launcher,
 the local simulation SuperLink, Ray) with ``device=cpu`` and ``client-resources-num-gpus=0``, the
-report has rounds/s, and the SuperLink it started is stopped.
-
-The local simulation SuperLink has fixed ports: the test is skipped while another one runs.
+report has rounds/s, and the SuperLink it started is stopped. It runs in its own FLWR_HOME, so on
+a local SuperLink and ports of its own, whatever else runs on the machine.
 """
 
 from __future__ import annotations
@@ -33,16 +32,12 @@ def _registered() -> bool:
 @pytest.mark.skipif(not _registered(), reason="dataset synthetic-image needs its entry in app/data/federated.py "
                     "SOURCE_META ((3, 32, 32), 10)")
 def test_gpu_run_script_on_cpu(tmp_path: Path) -> None:
-    from app.launch import flower_env, local_superlinks
+    from app.launch import flower_env, own_superlink_fast_poll
 
-    env = flower_env()
-    running = local_superlinks(env)
-    if running:
-        pytest.skip(f"a local simulation SuperLink is running (pid {[p for p, _, _ in running]}): fixed ports")
+    env = flower_env() | {"FLWR_HOME": str(tmp_path / "flwr-home")}
     out = tmp_path / "gpu-run"
     proc = subprocess.run(
-        ["bash", str(SCRIPT), "--device", "cpu", "--small", "--configs", "robust", "--superlink-wait", "60",
-         "--outdir", str(out)],
+        ["bash", str(SCRIPT), "--device", "cpu", "--small", "--configs", "robust", "--outdir", str(out)],
         cwd=ROOT, env=env | {"SILOFL_GPU_RUN_TIMEOUT": "170"}, capture_output=True, text=True, timeout=200,
     )
     log = proc.stdout + proc.stderr
@@ -62,8 +57,8 @@ def test_gpu_run_script_on_cpu(tmp_path: Path) -> None:
         assert r["run_config"]["device"] == "cpu" and r["num_gpus"] == 0.0
         summary = json.loads((out / "flwr" / r["run_config"]["run-name"] / "summary.json").read_text())
         assert summary["dataset"] == "synthetic-image" and summary["model"] == "lenet5"
-    # the SuperLink the script started is gone (nobody else's was running: checked above)
-    assert not [pid for pid, _, _ in local_superlinks(env) if os.path.exists(f"/proc/{pid}")]
+    # the SuperLink the script started (the only one of its FLWR_HOME) is gone
+    assert not [pid for pid, _ in own_superlink_fast_poll(env) if os.path.exists(f"/proc/{pid}")]
 
 
 def test_gpu_run_refuses_gpus_on_the_cpu() -> None:

@@ -24,9 +24,9 @@ Steps (each prints one result line, ``[gpu_run] ...``):
    including the start-up), test error, and on CUDA the peak GPU memory in use during the run
    (``nvidia-smi`` polled every 0.5 s, all processes, and the idle baseline).
 
-The local simulation SuperLink has fixed ports: before each ``flwr run`` this waits while a
-SuperLink this script did not start is running (``--superlink-wait``), and at the end it stops the
-SuperLinks it started (by pid; never anyone else's). Results also go to ``<outdir>/gpu_run.json``.
+``python -m app.launch`` runs on this checkout's own local SuperLink (its FLWR_HOME, its own
+ports: another checkout's SuperLink is no obstacle); at the end this stops the SuperLink of this
+checkout that it started (by pid; never anyone else's). Results also go to ``<outdir>/gpu_run.json``.
 Exit codes: 0 every check passed, 1 a check or a run failed, 2 prerequisites missing.
 """
 
@@ -256,27 +256,10 @@ class GpuMemoryPoller:
 
 
 def superlink_pids() -> set[int]:
-    from app.launch import flower_env, local_superlinks
+    """This checkout's running local simulation SuperLinks (its FLWR_HOME); nobody else's."""
+    from app.launch import flower_env, own_superlink_fast_poll
 
-    return {pid for pid, _, _ in local_superlinks(flower_env())}
-
-
-def wait_for_foreign_superlinks(mine: set[int], wait_s: float) -> bool:
-    """Wait (up to ``wait_s``) until no local simulation SuperLink runs that this script did not start."""
-    deadline = time.monotonic() + wait_s
-    said = False
-    while True:
-        others = superlink_pids() - mine
-        if not others:
-            return True
-        if time.monotonic() > deadline:
-            log(f"a SuperLink this script did not start is still running (pid {sorted(others)}) after {wait_s:.0f}s")
-            return False
-        if not said:
-            log(f"waiting: a SuperLink this script did not start is running (pid {sorted(others)}); its owner "
-                "uses the fixed local ports")
-            said = True
-        time.sleep(5)
+    return {pid for pid, _ in own_superlink_fast_poll(flower_env())}
 
 
 def stop_superlinks(pids: set[int], wait_s: float = 10.0) -> None:
@@ -307,9 +290,6 @@ def flwr_federation(model: str, kind: str, device: str, num_gpus: float, small: 
     fed = f"client-resources-num-gpus={num_gpus!r} client-resources-num-cpus={args.num_cpus!r}"
     res: dict[str, Any] = {"model": model, "config": kind, "device": device, "num_gpus": num_gpus, "rounds": rounds,
                            "num_silos": sz["num-silos"], "run_config": cfg}
-    if not wait_for_foreign_superlinks(mine, args.superlink_wait):
-        res |= {"ok": False, "error": "another SuperLink kept the local ports"}
-        return res
     before = superlink_pids()
     cmd = [sys.executable, "-m", "app.launch", "--run-config", run_config, "--federation-config", fed]
     log(f"flwr run {model} {LABEL[kind]} device={device} client-resources-num-gpus={num_gpus}: "
@@ -384,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-cpus", type=int, default=1, help="client-resources-num-cpus")
     ap.add_argument("--steps", default="check,agree,flwr", help="comma-separated subset of check,agree,flwr")
     ap.add_argument("--outdir", default=None, help="default outputs/gpu-run/<time>")
-    ap.add_argument("--superlink-wait", type=float, default=600.0, help="seconds to wait for another SuperLink")
     ap.add_argument("--run-timeout", type=float, default=480.0, help="seconds per flwr run")
     args = ap.parse_args(argv)
 
