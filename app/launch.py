@@ -35,7 +35,8 @@ with the other setting) and the ClientApp applies the patch in the engine's proc
 Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] [--no-preflight] [--fast-poll]``,
 ``python -m app.launch --resume RUN_NAME [--superlink NAME]`` (continue a run from its last
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
-simulation SuperLink of this checkout, by pid; nobody else's; its ports stay remembered).
+simulation SuperLink of this checkout and its runs' processes, by pid; nobody else's; its ports
+stay remembered).
 Exit codes: 0 success, 1 the run failed, 2 bad configuration.
 """
 
@@ -178,11 +179,37 @@ def own_superlink_fast_poll(env: dict[str, str]) -> list[tuple[int, str]]:
 
 def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
     """SIGTERM (then SIGKILL after ``wait_s``) the local simulation SuperLinks started with this
-    checkout's FLWR_HOME, and their process groups (Flower starts them detached, as group
-    leaders); returns their pids. Nothing else is touched."""
+    checkout's FLWR_HOME, their process groups (Flower starts them detached, as group leaders)
+    and the processes below them that carry the same FLWR_HOME (SuperExec, a run's
+    ``flwr-simulation`` and its Ray processes, each detached in a group of its own, which would
+    otherwise finish a run's teardown on their own); returns the SuperLinks' pids. Nothing else
+    is touched."""
     mine = [pid for pid, _ in own_superlink_fast_poll(env)]
-    end_processes(mine, wait_s)
+    end_processes(mine + _descendants(mine, env["FLWR_HOME"]), wait_s)
     return mine
+
+
+def _descendants(pids: list[int], home: str) -> list[int]:
+    """The processes below ``pids`` (by parent pid, read from /proc) started with FLWR_HOME ``home``."""
+    children: dict[int, list[int]] = {}
+    for pid_dir in Path("/proc").iterdir() if pids else ():
+        if pid_dir.name.isdigit():
+            try:  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+                ppid = int((pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(pid_dir.name))
+    found, todo = [], list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"FLWR_HOME={home}".encode() in environ:
+                found.append(child)
+                todo.append(child)
+    return found
 
 
 def end_processes(pids: list[int] | set[int], wait_s: float = 10.0) -> None:
