@@ -10,7 +10,10 @@
    ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine);
 4. decides from the run's own ``summary.json``: the run succeeded when the summary that the
    ServerApp writes as its last step names this Flower run id and says ``completed``; a summary
-   that says ``failed``, or none when the stream ends, fails the launch. It returns as soon as
+   that says ``failed``, or none when the stream ends, fails the launch (exit 1); one that says
+   ``diverged`` or ``no-progress`` (app/run_health.py: the run ran to its end, its outputs are
+   written, but its model is not one to use) exits 3 with the diagnosis and the setting most
+   likely to blame as the last line, so that a script or CI job stops. It returns as soon as
    that summary is there and the ServerApp's last line has been streamed, instead of waiting for
    Flower to shut its engine down and starting the ``flwr`` CLI again for ``flwr ls`` (about 8 s);
    the engine's teardown finishes inside the SuperLink. ``flwr ls`` is read only to explain a
@@ -37,7 +40,7 @@ Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] 
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
 simulation SuperLink of this checkout and its runs' processes, by pid; nobody else's; its ports
 stay remembered).
-Exit codes: 0 success, 1 the run failed, 2 bad configuration.
+Exit codes: 0 success, 1 the run failed, 2 bad configuration, 3 the run diverged or made no progress.
 """
 
 from __future__ import annotations
@@ -385,7 +388,8 @@ def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
 
 class _Stream:
     """``flwr run --stream``'s output, echoed line by line from a thread; notes the run id and
-    whether the ServerApp's last line (``silofl run NAME completed`` / ``run FAILED``) went by."""
+    whether the ServerApp's last line (``silofl run NAME completed`` (or ``diverged``,
+    ``no-progress``) / ``run FAILED``) went by."""
 
     def __init__(self, proc: subprocess.Popen, name: str) -> None:
         import threading
@@ -396,13 +400,15 @@ class _Stream:
         self.thread.start()
 
     def _read(self) -> None:
+        from app.run_health import FINISHED
+
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
             if self.run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
                 self.run_id = m.group(1)
-            if f"silofl run {self.name} completed" in line or "[silofl] run FAILED" in line:
+            if any(f"silofl run {self.name} {st}" in line for st in FINISHED) or "[silofl] run FAILED" in line:
                 self.last_line.set()
 
 
@@ -508,12 +514,35 @@ def main(argv: list[str] | None = None) -> int:
     # in Flower's words (finished:completed / finished:failed), as `flwr ls` would say it
     status = f"finished:{summary.get('status')}"
     print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary_path}", flush=True)
-    if status != "finished:completed":
-        reason = summary.get("status_reason") or ""
-        print(f"[silofl] FAILED: run {run_id} ended with status {status}"
-              + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`", file=sys.stderr)
-        return 1
-    return 0
+    code, line = summary_verdict(summary, run_id, summary_path)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+#: exit code of a run that ran to its end but diverged or made no progress (app/run_health.py)
+EXIT_UNHEALTHY = 3
+
+
+def summary_verdict(summary: dict[str, Any], run_id: str, summary_path: Path) -> tuple[int, str | None]:
+    """The launcher's exit code for this run's summary, and its last line (None on success):
+    0 ``completed``; 3 ``diverged`` / ``no-progress`` with what was seen and the setting most
+    likely to blame; 1 anything else (``failed``)."""
+    from app.run_health import UNHEALTHY
+
+    status = str(summary.get("status"))
+    reason = summary.get("status_reason") or ""
+    if status == "completed":
+        return 0, None
+    if status in UNHEALTHY:
+        health = summary.get("health") or {}
+        blame = health.get("blame") or {}
+        seen = health.get("reason") or reason
+        hint = f"; most likely {blame['suggestion']}" if blame.get("suggestion") else ""
+        return EXIT_UNHEALTHY, (f"[silofl] {status.replace('-', ' ').upper()}: run {run_id}: {seen}{hint} "
+                                f"(its outputs are in {summary_path.parent}; exit code {EXIT_UNHEALTHY})")
+    return 1, (f"[silofl] FAILED: run {run_id} ended with status finished:{status}"
+               + (f": {reason}" if reason else "") + f"; see `flwr log {run_id}`")
 
 
 def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:

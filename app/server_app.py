@@ -4,7 +4,11 @@ Writes ``<outputs-dir>/<run>/rounds.jsonl`` (one object per round) and ``summary
 (DESIGN.md section 5), prints one progress line per round, and fails the run (so
 ``flwr ls`` shows ``finished:failed``, and the launcher exits 1) when a ClientApp crashed and
 fail-on-client-error is set, when nothing trained (every silo refused or dropped every round),
-or when fewer than min-silos silo nodes are connected. The run config is validated here too
+or when fewer than min-silos silo nodes are connected. A run that ran to its end is diagnosed
+(app/run_health.py): its status is ``completed``, or ``diverged`` / ``no-progress`` with the
+setting most likely to blame in ``health`` and in warnings at the end (the Flower run itself
+completes; the launcher exits 3; with fail-on-no-progress a no-progress run fails instead).
+The run config is validated here too
 (the same one-line errors as the launcher's, and K <= n where the server can read the data),
 so a direct ``flwr run`` fails before round 1. With ``checkpoint`` the server's whole state is
 written to ``<run>/checkpoint.npz`` after every round; ``resume`` continues from it.
@@ -29,6 +33,7 @@ from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
 from app.results import RunRecorder, run_name
+from app.run_health import NO_PROGRESS, diagnose
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
@@ -44,6 +49,10 @@ class ClientAppFailure(RuntimeError):
 
 class NothingTrained(RuntimeError):
     """No round had a single valid update (every silo refused, dropped or failed every round)."""
+
+
+class NoProgress(NothingTrained):
+    """fail-on-no-progress: the model was left unchanged in at least half of the rounds."""
 
 
 #: settings that may differ between a run and its resumption
@@ -92,13 +101,6 @@ def _jsonish(d: dict[str, Any]) -> dict[str, Any]:
 
 def nothing_trained(rows: list[dict[str, Any]]) -> bool:
     return bool(rows) and all(int(r.get("answered", 0)) == 0 for r in rows)
-
-
-def rounds_all_rejected(rows: list[dict[str, Any]]) -> int:
-    """Rounds in which silos answered but the aggregator gave every one of them weight 0 (so the
-    model stayed where it was), from the rows' ``silo_weights`` (the robust line's rounds)."""
-    return sum(1 for r in rows if int(r.get("answered", 0)) > 0 and isinstance(r.get("silo_weights"), dict)
-               and not any(float(a) > 0 for a in r["silo_weights"].values()))
 
 
 def progress_line(row: dict[str, Any], num_rounds: int) -> str:
@@ -204,23 +206,23 @@ def main(grid: Grid, context: Context) -> None:
                        + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
     if strategy.client_errors and s.fail_on_client_error:
         reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
-    without_update = sum(1 for r in strategy.rows if int(r.get("answered", 0)) == 0)
-    all_rejected = rounds_all_rejected(strategy.rows)
-    if strategy.rows and without_update < len(strategy.rows) and 2 * (all_rejected + without_update) >= len(strategy.rows):
-        note = (f"no progress: the model was left unchanged in {all_rejected + without_update} of the {len(strategy.rows)} "
-                f"round(s) ({all_rejected} in which the aggregator gave every answering silo weight 0, "
-                f"{without_update} with no valid reply)")
-        log(WARNING, "%s; the run's model is (close to) its starting point", note)
-        if s.fail_on_no_progress:
-            reasons.append(note + " (fail-on-no-progress)")
+    # did it train? (diverged / no-progress, and the setting most likely to blame)
+    health = diagnose(strategy.rows, s, num_classes=num_classes, refusals=strategy.refusal_reasons)
+    no_progress_fails = health.verdict == NO_PROGRESS and s.fail_on_no_progress and not nothing_trained(strategy.rows)
+    if no_progress_fails:
+        reasons.append(f"{health.message()} (fail-on-no-progress)")
     failed = bool(reasons)
+    if health.blame is not None and not (stopped or nothing_trained(strategy.rows)):
+        log(WARNING, "run %s %s: %s", name, health.label.upper(), health.reason)
+        log(WARNING, "run %s: most likely %s", name, health.blame.suggestion)
     summary = {
-        "status": "failed" if failed else "completed",
-        "status_reason": "; ".join(reasons) if reasons else None,
+        "status": "failed" if failed else health.status,
+        "status_reason": "; ".join(reasons) if reasons else (None if health.blame is None else health.message()),
+        "health": health.to_dict(),
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
         "rounds_done": len(strategy.rows),
-        "rounds_without_update": without_update,
-        "rounds_all_rejected": all_rejected,
+        "rounds_without_update": health.evidence.get("rounds_without_update", 0),
+        "rounds_all_rejected": health.evidence.get("rounds_all_rejected", 0),
         "resumed_after_round": None if resume_state is None else int(resume_state["round"]),
         "output": s.output, "output_round": None if result is None else result.round,
         "test_error": out_eval.get("test_error"),
@@ -255,5 +257,10 @@ def main(grid: Grid, context: Context) -> None:
             raise ClientAppFailure(summary["status_reason"])
         if stopped:
             raise TooFewSilos(summary["status_reason"])
+        if no_progress_fails:
+            raise NoProgress(summary["status_reason"])
         raise NothingTrained(summary["status_reason"])
-    log(INFO, "silofl run %s completed", name)
+    if health.blame is not None:  # loud, and the last [silofl] line the launcher echoes
+        print(f"[silofl] run {health.label.upper()}: {health.reason}; most likely {health.blame.suggestion}",
+              flush=True)
+    log(INFO, "silofl run %s %s", name, summary["status"])  # the ServerApp's last line (app/launch.py)

@@ -44,12 +44,18 @@ REFUSED_BUDGET = "budget-exceeded"
 REFUSED_CONFIG = "bad-request"
 REFUSED_POLICY = "silo-policy"
 REFUSED_LEDGER = "ledger-unusable"
+#: the silo's update came out non-finite (the model and step size sent made it overflow)
+REFUSED_NON_FINITE = "non-finite"
 
 Layout = Mapping[str, tuple[int, ...]]
 
 
 class ReplyError(ValueError):
     """A message does not have the expected keys, shapes, dtype or values."""
+
+
+class NonFiniteReply(ReplyError):
+    """A reply's number is NaN or infinite (a diverging model's loss, for one)."""
 
 
 NUMPY_STYPE = "numpy.ndarray"  # Flower's serialisation type of an Array made from an ndarray (np.save's bytes)
@@ -194,7 +200,7 @@ def read_metrics(content: RecordDict, required: tuple[str, ...], *, what: str = 
         if key not in out:
             raise ReplyError(f"{what}: missing {key!r}")
         if math.isnan(out[key]) or (math.isinf(out[key]) and key != EPS_SPENT):
-            raise ReplyError(f"{what}[{key!r}] = {out[key]} is not finite")
+            raise NonFiniteReply(f"{what}[{key!r}] = {out[key]} is not finite")
     return out
 
 
@@ -338,7 +344,7 @@ class TrainReply:
         update, metrics = read_update(content, layout)
         loss = metrics.get(LOSS)
         if loss is not None and not math.isfinite(loss):
-            raise ReplyError(f"metrics[{LOSS!r}] = {loss} is not finite")
+            raise NonFiniteReply(f"metrics[{LOSS!r}] = {loss} is not finite")
         return cls(update, metrics[EPS_SPENT], loss)
 
 

@@ -274,7 +274,7 @@ class Silo:
         if not all(np.all(np.isfinite(a)) for a in reply_arrays.values()):
             # post-processing of the (finite) noisy release with the server's own numbers (its
             # model, its step size): saying so reveals nothing more about the records
-            return self._refuse(wire.REFUSED_CONFIG, "the update computed from the model and step size sent is not "
+            return self._refuse(wire.REFUSED_NON_FINITE, "the update computed from the model and step size sent is not "
                                 "finite (values beyond float32 range); the release was recorded")
         # a loss computed on private records is itself a release: only without privacy
         return wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()

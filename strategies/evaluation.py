@@ -38,6 +38,8 @@ class EvaluationTally:
         self.sums: dict[str, float] = {}
         self.grads: list[dict[str, np.ndarray]] = []
         self.refused = 0
+        #: replies dropped because a loss or count was NaN or infinite (a diverging model)
+        self.non_finite = 0
         self.answered: set[int] = set()
 
     def add_message(self, msg: Message) -> None:
@@ -67,6 +69,7 @@ class EvaluationTally:
             check_evaluation_reply(reply)
         except wire.ReplyError as exc:
             log(WARNING, "round %d: dropped evaluation reply of node %d: %s", rnd, node, exc)
+            self.non_finite += isinstance(exc, wire.NonFiniteReply)
             return
         if dropped:
             log(WARNING, "round %d: dropped training gradient of node %d: %s", rnd, node, dropped)
@@ -86,15 +89,17 @@ class EvaluationTally:
 
     def result(self, prox: Prox, lr: float) -> dict[str, float] | None:
         """Test error and loss, training loss, validation error and ||G_eta|| (None when no silo
-        answered)."""
+        answered), and ``non_finite_evaluations`` (only when some silo's reply was dropped for a
+        NaN or infinite number: app/run_health.py reads it as a sign of divergence)."""
         sums = self.sums
         if self.refused:
             log(INFO, "round %d: %d silo node(s) declined evaluation by their policy", self.rnd, self.refused)
+        flag: dict[str, float] = {"non_finite_evaluations": self.non_finite} if self.non_finite else {}
         if not sums or sums.get("test_count", 0) <= 0:
-            return None
+            return flag or None
         out = {"test_error": sums["test_errors"] / sums["test_count"],
                "test_loss": sums["test_loss_sum"] / sums["test_count"],
-               "train_loss": sums["train_loss_sum"] / max(sums["train_count"], 1.0)}
+               "train_loss": sums["train_loss_sum"] / max(sums["train_count"], 1.0)} | flag
         if self.grads:
             # grad F0 = (1/N) sum_i grad F_i (uniform over silos, the objective the server optimises)
             out["grad_mapping_norm_eval"] = gradient_mapping(dict(self.w), mean_update(self.grads), prox, lr)

@@ -9,7 +9,9 @@ where ``ask(phase, at, prev=None)`` sends the sampled silos an :class:`~app.wire
 for one release and returns their valid decoded replies (:class:`~strategies.replies.Updates`;
 an invalid, refused or failed reply counts as a dropped silo). A round may hold several
 exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step that would leave it
-non-finite or outside float32's range is skipped and logged), evaluates, and records the round.
+non-finite or outside float32's range is skipped and logged, and the row says ``step_skipped``),
+evaluates, and records the round (``non_finite_updates``: silos that refused because their update
+came out non-finite; both keys only when it happened, for app/run_health.py).
 The algorithm's schedule (``app/algorithms/``) says which phase each round asks for.
 
 Evaluation rides on the next round's training exchange: round r's row waits (``pending``) until
@@ -300,15 +302,24 @@ class FederatedOptimizer:
             tally = tally.merge(more)
         if len(self.refusal_reasons) < 20:
             self.refusal_reasons.update(tally.refused.values())
+        skipped = False
         if result.model is None:
             if not tally:
                 log(WARNING, "round %d: no silo answered with a valid update; the model is unchanged", rnd)
         elif self.accept_model(rnd, result.model):
             w = {k: np.asarray(v, dtype=np.float32) for k, v in result.model.items()}
+        else:
+            skipped = True
         if self.relay is not None:
             extra_row = {"shuffle_dropped": tally.shuffle_dropped}
         else:
             extra_row = {}
+        # signs of divergence (app/run_health.py), in the row only when they happened
+        non_finite = sum(reason.startswith(f"{wire.REFUSED_NON_FINITE}:") for reason in tally.refused.values())
+        if non_finite:
+            extra_row["non_finite_updates"] = non_finite
+        if skipped:
+            extra_row["step_skipped"] = True
         row: dict[str, Any] = {
             "round": rnd, "sampled": counts["sent"], "answered": tally.answered, "refused": len(tally.refused),
             "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,

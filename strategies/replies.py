@@ -140,7 +140,9 @@ def check_evaluation_reply(r: wire.EvaluateReply) -> None:
     if not 0 <= r.test_errors <= r.test_count:
         raise wire.ReplyError(f"test_errors = {r.test_errors} is not in [0, test_count = {r.test_count}]")
     for name in ("test_loss_sum", "train_loss_sum"):
-        if not (math.isfinite(getattr(r, name)) and getattr(r, name) >= 0):
+        if not math.isfinite(getattr(r, name)):
+            raise wire.NonFiniteReply(f"{name} = {getattr(r, name)} is not a finite sum >= 0")
+        if getattr(r, name) < 0:
             raise wire.ReplyError(f"{name} = {getattr(r, name)} is not a finite sum >= 0")
 
 

@@ -108,7 +108,8 @@ def test_over_budget_silo_refuses_and_the_model_is_left_unchanged(federation) ->
         return reply
 
     summary, rows, _ = federation({"num-rounds": 4, "privacy.planned-rounds": 2}, hook=spy)
-    assert summary["status"] == "completed"
+    # half of the rounds left the model unchanged: no progress, with the budget's cause (app/run_health.py)
+    assert summary["status"] == "no-progress" and summary["health"]["blame"]["setting"] == "privacy.planned-rounds"
     assert [r["answered"] for r in rows] == [2, 2, 0, 0] and [r["refused"] for r in rows] == [0, 0, 2, 2]
     # rounds 3 and 4 had no valid answer: both sent the same w
     for k in seen[4]:

@@ -94,3 +94,13 @@ def test_the_summary_without_its_last_line_ends_the_wait_after_tail_s(tmp_path: 
     t0 = time.perf_counter()
     rc, _, summary = launch.follow_run(proc, "r1", tmp_path / "summary.json", tail_s=0.5)
     assert rc is None and summary is not None and time.perf_counter() - t0 < 20
+
+
+def test_an_unhealthy_runs_last_line_ends_the_wait(tmp_path: Path) -> None:
+    """A diverged (or no-progress) run's ServerApp ends with ``silofl run NAME diverged``: the
+    launcher stops on that line, not after tail_s."""
+    proc = _fake_flwr_run(tmp_path, {"run_id": 42, "status": "diverged"}, "INFO : silofl run r1 diverged")
+    t0 = time.perf_counter()
+    rc, _, summary = launch.follow_run(proc, "r1", tmp_path / "summary.json", tail_s=30)
+    assert rc is None and summary is not None and summary["status"] == "diverged"
+    assert time.perf_counter() - t0 < 20

@@ -430,11 +430,13 @@ def test_a_silo_sending_3e38_leaves_the_model_finite_and_the_others_progressing(
 
 def test_a_step_that_would_leave_float32_range_is_skipped(tmp_path: Path) -> None:
     """Updates just inside the per-coordinate bound, with a step size that multiplies them out of
-    float32's range: the server skips the step instead of storing inf."""
+    float32's range: the server skips the step instead of storing inf, the row says so, and the
+    run ends diverged with lr to blame (app/run_health.py)."""
     cfg = ROBUST | {"aggregator": "mean", "num-rounds": 2, "lr": 1e30}
     summary, rows, _ = run(tmp_path, cfg, hook=_huge(1000, 1e19))
-    assert summary["status"] == "completed"
     assert all(math.isfinite(r.get("train_loss", 0.0)) for r in rows)
+    assert all(r["step_skipped"] for r in rows)
+    assert summary["status"] == "diverged" and summary["health"]["blame"]["setting"] == "lr"
 
 
 @pytest.mark.parametrize("n,f", [(5, 2), (7, 3), (9, 4), (21, 10), (6, 2)])

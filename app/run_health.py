@@ -1,0 +1,298 @@
+"""Did a run that ran to its end train? Divergence and no-progress, diagnosed from its
+rounds.jsonl rows, with the setting most likely to blame (a hint from simple fixed rules, never a
+proof). Pure: no Flower, no torch; the ServerApp calls :func:`diagnose` at the end of a run and
+writes the result to summary.json (``status``, ``health``); docs/configuration.md#run-health.
+
+Verdicts, in this order (the first that holds):
+
+``diverged``
+    * a value went non-finite: a round's train loss is NaN or inf, a silo's evaluation reported a
+      non-finite loss (row key ``non_finite_evaluations``), a silo refused to send its update
+      because it came out non-finite (``non_finite_updates``), or the server step would have left
+      a non-finite model and was skipped (``step_skipped``); or
+    * the train loss grew by an order of magnitude: the last finite train loss is at least
+      :data:`DIVERGENCE_FACTOR` (10) times the smallest finite train loss of the run's earlier
+      rounds **and** at least ln C, the loss of predicting each of the C classes with probability
+      1/C (so a small loss that bounces, 0.001 -> 0.02, is not a divergence).
+``no-progress``
+    the model was left unchanged in at least :data:`NO_PROGRESS_FRACTION` (half) of the rounds:
+    no silo gave a valid update (``answered`` = 0), the aggregator gave every answering silo
+    weight 0 (``silo_weights``: e.g. every Grad-BANT score 0), or the step was skipped.
+``healthy``
+    otherwise (summary.json status ``completed``).
+
+The train loss is the evaluation's ``train_loss`` (the silos' mean loss on their training
+splits, on the round's model); a run without evaluation (eval-every = 0) uses the batch loss the
+silos report without privacy (``train_loss_private_batch``, finite values only: it is NaN when
+privacy is on, because a private silo does not report it). What the rows say comes from the
+silos' replies, so a Byzantine silo can set the verdict off: it is a hint for the person who
+chose the settings, not a security check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: the last train loss is at least this many times the run's smallest (and >= ln C): diverged
+DIVERGENCE_FACTOR = 10.0
+#: the model was left unchanged in at least this share of the rounds: no progress
+NO_PROGRESS_FRACTION = 0.5
+
+HEALTHY, DIVERGED, NO_PROGRESS = "healthy", "diverged", "no-progress"
+#: summary.json statuses of a run that ran to its end, so that its numbers are results (a sweep
+#: keeps them, tables show them): healthy ("completed") or one of the two unhealthy verdicts
+FINISHED = ("completed", DIVERGED, NO_PROGRESS)
+#: the statuses of a run that finished but did not train well (the launcher exits 3)
+UNHEALTHY = (DIVERGED, NO_PROGRESS)
+
+
+@dataclass(frozen=True)
+class Blame:
+    """The run-config key most likely to blame, its value in the run, and what to try."""
+
+    setting: str
+    value: Any
+    suggestion: str
+
+
+@dataclass(frozen=True)
+class Health:
+    """A run's verdict (:data:`HEALTHY`, :data:`DIVERGED` or :data:`NO_PROGRESS`), what was seen,
+    the setting most likely to blame (None when healthy) and the numbers behind it."""
+
+    verdict: str
+    reason: str
+    blame: Blame | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """summary.json's ``status`` for a run that was not stopped by an error."""
+        return "completed" if self.verdict == HEALTHY else self.verdict
+
+    @property
+    def label(self) -> str:
+        """The verdict in words: "healthy", "diverged", "no progress"."""
+        return self.verdict.replace("-", " ")
+
+    def message(self) -> str:
+        """One line: the verdict, what was seen and, when unhealthy, the most likely cause."""
+        text = f"{self.label}: {self.reason}"
+        return text if self.blame is None else f"{text}; most likely {self.blame.suggestion}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(value: Any) -> float | None:
+    """A row's number (rounds.jsonl writes non-finite floats as "nan", "inf", "-inf"), or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _g(x: float) -> str:
+    """A value the way a user types it (lr=5, not lr=5.0)."""
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _try(x: float) -> str:
+    """A suggested value, to two significant digits (lr=0.05, gradbant.smoothness=1.7)."""
+    return f"{float(f'{x:.2g}'):g}"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _rounds_text(rounds: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in rounds[:5])
+    return shown + (f" and {len(rounds) - 5} more" if len(rounds) > 5 else "")
+
+
+def _unchanged(row: Mapping[str, Any]) -> str | None:
+    """Why round ``row`` left the model where it was: "no-update", "all-rejected",
+    "step-skipped", or None (it moved, as far as the row says)."""
+    if "answered" in row and int(_num(row["answered"]) or 0) == 0:
+        return "no-update"
+    weights = row.get("silo_weights")
+    if isinstance(weights, Mapping) and not any((_num(a) or 0.0) > 0 for a in weights.values()):
+        return "all-rejected"
+    if row.get("step_skipped"):
+        return "step-skipped"
+    return None
+
+
+def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None = None,
+             refusals: Iterable[str] = ()) -> Health:
+    """The verdict on a run from its round rows and its Settings ``s`` (app/config.py), with the
+    setting most likely to blame. ``num_classes``: C for the ln C floor of the growth rule
+    (None: no floor); ``refusals``: the distinct reasons silos gave for refusing ("code: reason"),
+    for a run whose rounds had no valid update."""
+    refusals = sorted(refusals)
+    if not rows:
+        return Health(HEALTHY, "no rounds were run")
+    n = len(rows)
+    key = "train_loss" if any("train_loss" in r for r in rows) else "train_loss_private_batch"
+    finite: list[tuple[int, float]] = []
+    non_finite: list[int] = []
+    for r in rows:
+        rnd = int(_num(r.get("round")) or 0)
+        loss = _num(r.get(key))
+        bad_loss = key == "train_loss" and loss is not None and not math.isfinite(loss)
+        if bad_loss or (_num(r.get("non_finite_evaluations")) or 0) > 0 or (_num(r.get("non_finite_updates")) or 0) > 0 \
+                or r.get("step_skipped"):
+            non_finite.append(rnd)
+        if loss is not None and math.isfinite(loss):
+            finite.append((rnd, loss))
+    why_unchanged = [_unchanged(r) for r in rows]
+    counts = {k: why_unchanged.count(k) for k in ("no-update", "all-rejected", "step-skipped")}
+    unchanged = n - why_unchanged.count(None)
+    evidence: dict[str, Any] = {
+        "rounds": n, "loss_key": key,
+        "rounds_unchanged": unchanged, "rounds_without_update": counts["no-update"],
+        "rounds_all_rejected": counts["all-rejected"], "rounds_step_skipped": counts["step-skipped"],
+        "non_finite_rounds": non_finite,
+    }
+    growth = None
+    if finite:
+        last_rnd, last = finite[-1]
+        earlier = finite[:-1] or finite
+        min_rnd, low = min(earlier, key=lambda t: t[1])
+        floor = math.log(num_classes) if num_classes and num_classes > 1 else 0.0
+        evidence |= {"train_loss_first": finite[0][1], "train_loss_min": low, "train_loss_min_round": min_rnd,
+                     "train_loss_last": last, "train_loss_last_round": last_rnd, "loss_floor_ln_c": floor}
+        if last > low >= 0 and last >= DIVERGENCE_FACTOR * low and last >= floor:
+            growth = (min_rnd, low, last_rnd, last)
+            evidence["growth"] = last / low if low > 0 else math.inf
+    if non_finite or growth is not None:
+        seen = []
+        if growth is not None:
+            min_rnd, low, last_rnd, last = growth
+            seen.append(f"the train loss grew from {low:.4g} (round {min_rnd}) to {last:.4g} (round {last_rnd})")
+        if non_finite:
+            seen.append(f"values went non-finite in round(s) {_rounds_text(non_finite)}")
+        return Health(DIVERGED, " and ".join(seen), _blame_divergence(s), evidence)
+    if unchanged >= NO_PROGRESS_FRACTION * n:
+        reason = (f"the model was left unchanged in {unchanged} of the {n} round(s) "
+                  f"({counts['all-rejected']} in which the aggregator gave every answering silo weight 0, "
+                  f"{counts['no-update']} with no valid reply)")
+        return Health(NO_PROGRESS, reason, _blame_no_progress(s, counts, refusals, rows), evidence)
+    return Health(HEALTHY, f"the model moved in {n - unchanged} of the {n} round(s)"
+                  + (f" and the train loss went from {finite[0][1]:.4g} to {finite[-1][1]:.4g}" if finite else ""),
+                  None, evidence)
+
+
+def _attacked(s: Any) -> bool:
+    return s.algorithm == "robust" and s.attack.kind != "none" and s.attack.fraction > 0
+
+
+def _blame_divergence(s: Any) -> Blame:
+    """A growing or non-finite loss: a non-robust rule averaging in attackers, else the step size."""
+    agg = s.robust.aggregator
+    if _attacked(s) and agg != "gradbant":
+        return Blame("aggregator", agg, f"aggregator={agg} let the attack (attack.kind={s.attack.kind} at "
+                     f"attack.fraction={_g(s.attack.fraction)}) steer the model; try aggregator=gradbant")
+    why = []
+    if not s.privacy.enabled:
+        why.append("privacy is off, so no clipping bounds the gradients")
+    else:
+        why.append(f"each step moves up to lr x (privacy.clip={_g(s.privacy.clip)} + the DP noise)")
+    if s.local_steps > 1:
+        why.append(f"local-steps={s.local_steps} takes that many steps of this size per round")
+    return Blame("lr", s.lr, f"lr={_g(s.lr)} is too large ({'; '.join(why)}); try lr={_try(s.lr / 10)}")
+
+
+def _blame_no_progress(s: Any, counts: Mapping[str, int], refusals: Sequence[str],
+                       rows: Sequence[Mapping[str, Any]]) -> Blame:
+    """The aggregator rejecting everything (Grad-BANT: the smoothness, the DP noise, the sketch,
+    the batch noise), or the silos not answering (their refusals)."""
+    if counts["all-rejected"] >= counts["no-update"]:
+        agg = s.robust.aggregator
+        if agg == "gradbant":
+            return _blame_gradbant(s, rows)
+        if agg == "fltrust" and s.privacy.enabled:
+            return Blame("aggregator", agg, "aggregator=fltrust gives ReLU(cos) = 0 to every message nearly "
+                         "orthogonal to the trust-set gradient, as DP-noised messages are; try aggregator=gradbant "
+                         "with gradbant.noise-aware=true")
+        return Blame("aggregator", agg, f"aggregator={agg} gave every message weight 0: no message points along "
+                     "the server's reference; check the trust set (trust.size, trust.shift) and the attack")
+    budget = [r for r in refusals if r.startswith("budget-exceeded")]
+    planned = s.privacy.planned_rounds
+    if budget and planned and planned < s.num_rounds:
+        return Blame("privacy.planned-rounds", planned,
+                     f"the silos calibrated their noise for privacy.planned-rounds={planned} of num-rounds="
+                     f"{s.num_rounds}, and their budget ran out; try privacy.planned-rounds={s.num_rounds} (or 0: "
+                     "num-rounds)")
+    if budget:
+        return Blame("privacy.epsilon", s.privacy.epsilon,
+                     f"the silos' privacy budget ran out ({_short(budget[0])}); lower num-rounds={s.num_rounds} or "
+                     f"raise privacy.epsilon={_g(s.privacy.epsilon)} (and the silos' epsilon-cap)")
+    if refusals:
+        return Blame("silos", None, f"the silos refused the work: {_short(refusals[0])}")
+    return Blame("round-timeout", s.round_timeout,
+                 f"no valid reply came (silos dropped, failed or sent malformed replies; see the log); "
+                 f"check the silo nodes or raise round-timeout={_g(s.round_timeout)}")
+
+
+def _smoothness(s: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:
+    """Grad-BANT's L: the setting, or with ``gradbant.smoothness = auto`` the median of the rows'
+    per-round ``gradbant_smoothness`` (None when no row has one); and how to name it."""
+    smooth = s.robust.gradbant_smoothness
+    if smooth != "auto":
+        return float(smooth), f"gradbant.smoothness={_g(float(smooth))}"
+    seen = sorted(v for r in rows if (v := _num(r.get("gradbant_smoothness"))) is not None and math.isfinite(v))
+    if not seen:
+        return None, "gradbant.smoothness=auto"
+    median = seen[len(seen) // 2]
+    return median, f"gradbant.smoothness=auto (median L {_try(median)})"
+
+
+def _blame_gradbant(s: Any, rows: Sequence[Mapping[str, Any]]) -> Blame:
+    """Every Grad-BANT score theta_i = [<g0, u_i> - (L gamma / 2) max(||u_i||^2 - c, 0)]_+ was 0:
+    the penalty's factor L gamma, else what inflates ||u||^2 beyond <g0, u> (DP noise, the
+    sketch's lift, minibatch sampling noise), which the noise-aware score subtracts."""
+    from app.config import NOISE_AWARE_SKETCH_KINDS
+
+    smooth, named = _smoothness(s, rows)
+    noise_aware = s.robust.gradbant_noise_aware
+    can_be_aware = (not noise_aware and s.privacy.mode in ("isrl", "off")
+                    and s.sketch.kind in NOISE_AWARE_SKETCH_KINDS)
+    aware = "gradbant.noise-aware=true (it subtracts that noise's expected energy)"
+    if smooth is not None and smooth * s.lr >= 2:
+        return Blame("gradbant.smoothness", s.robust.gradbant_smoothness,
+                     f"{named} x lr={_g(s.lr)} = {_try(smooth * s.lr)} >= 2: the norm penalty outweighs the "
+                     "alignment even for a message equal to the trust-set gradient, so every score is 0; try "
+                     f"gradbant.smoothness={_try(0.5 / s.lr)}")
+    if s.privacy.enabled and not noise_aware:
+        if can_be_aware:
+            return Blame("gradbant.noise-aware", False,
+                         f"the DP noise (privacy.mode={s.privacy.mode}, privacy.epsilon={_g(s.privacy.epsilon)}) "
+                         f"inflates every message's norm, so the paper's score gives every silo 0; try {aware}")
+        return Blame("gradbant.smoothness", s.robust.gradbant_smoothness,
+                     f"the DP noise (privacy.mode={s.privacy.mode}) inflates every message's norm past the penalty "
+                     f"{named} allows; try a smaller gradbant.smoothness")
+    if s.sketch.kind != "none" and not noise_aware:
+        return Blame("sketch.ratio", s.sketch.ratio,
+                     f"the sketch's lift (sketch.kind={s.sketch.kind}, sketch.ratio={_g(s.sketch.ratio)}) "
+                     "multiplies every message's squared norm by about n/k; try "
+                     + (f"{aware} or " if can_be_aware else "") + "a larger sketch.ratio")
+    if s.batch_size and s.local_steps == 1 and not noise_aware:
+        return Blame("batch-size", s.batch_size,
+                     f"batch-size={s.batch_size} with local-steps=1: each message is one minibatch gradient whose "
+                     "sampling noise inflates its norm; try " + (f"{aware}, " if can_be_aware else "")
+                     + f"batch-size={4 * s.batch_size} or local-steps > 1")
+    return Blame("gradbant.smoothness", s.robust.gradbant_smoothness,
+                 "no message aligned with the trust-set gradient by more than its norm penalty; try a smaller "
+                 + (f"gradbant.smoothness (e.g. {_try(smooth / 10)})" if smooth is not None else "gradbant.smoothness")
+                 + ", or check the trust set (trust.size, trust.shift)")
