@@ -8,6 +8,11 @@ epsilon, one line per algorithm and sketch, mean ± std over seeds; the non-priv
 dashed horizontal lines) and, when the sweep has compressed runs, ``accuracy_vs_uploads.png``
 (test accuracy vs the cumulative uploads G(t), from each job's rounds.jsonl).
 
+Jobs that ran to their end count in every table and plot, healthy (``completed``) or not
+(``diverged``, ``no-progress``: app/run_health.py): a rule that let an attack drive the model off
+is a result. The unhealthy ones are counted under each table and listed with their hint; a
+robust table's cell says how many of its seeds they are.
+
 A Byzantine-robust sweep (``algorithm = robust`` rows, e.g. ``experiment=private-robust``) gets
 instead, in ``results.md``, one table per epsilon of the final test accuracy (mean ± std over
 seeds) with rows = rule × sketch and columns = attack; a job the config check refused for want of
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from app.results import load_rounds
+from app.run_health import FINISHED, UNHEALTHY
 
 
 def load_rows(sweep_dir: Path) -> list[dict[str, str]]:
@@ -44,10 +50,10 @@ def epsilon_of(row: dict[str, str]) -> float:
 
 
 def series(rows: list[dict[str, str]]) -> dict[tuple[str, str], dict[float, list[float]]]:
-    """(algorithm, sketch) -> epsilon -> final test errors of the completed jobs (one per seed)."""
+    """(algorithm, sketch) -> epsilon -> final test errors of the finished jobs (one per seed)."""
     out: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r["status"] != "completed" or r["test_error"] in ("", None):
+        if r["status"] not in FINISHED or r["test_error"] in ("", None):
             continue
         out[(r["algorithm"], r.get("sketch.kind", "none"))][epsilon_of(r)].append(float(r["test_error"]))
     return out
@@ -73,14 +79,28 @@ def markdown(rows: list[dict[str, str]]) -> str:
             cells.append(f"{m:.2%} ± {s:.2%} (n={len(vals)})")
         lines.append(f"| {algo} | {sketch} | " + " | ".join(cells) + " |")
     failed = [r for r in rows if r["status"] == "failed"]
-    lines += ["", f"Jobs: {len(rows)} ({len(failed)} failed). Final test error, mean ± std over seeds."]
+    lines += ["", f"Jobs: {len(rows)} ({len(failed)} failed{_unhealthy_count(rows)}). "
+              "Final test error, mean ± std over seeds."]
     for r in failed[:10]:
         lines.append(f"- failed job {r['job']} ({r['algorithm']}, ε={r.get('privacy.epsilon')}): {r['error']}")
+    lines += _unhealthy_lines(rows, lambda r: f"{r['algorithm']}, ε={r.get('privacy.epsilon')}")
     overheads = [float(r["overhead_s"]) for r in rows if r.get("overhead_s") not in ("", None)]
     if overheads:
         lines.append(f"\nEngine overhead per job (wall time minus time inside rounds): median "
                      f"{statistics.median(overheads):.1f} s over {len(overheads)} jobs.")
     return "\n".join(lines)
+
+
+def _unhealthy_count(rows: list[dict[str, str]]) -> str:
+    """", 2 diverged, 1 no progress" (nothing when every finished job was healthy)."""
+    counts = {st: sum(r["status"] == st for r in rows) for st in UNHEALTHY}
+    return "".join(f", {k} {st.replace('-', ' ')}" for st, k in counts.items() if k)
+
+
+def _unhealthy_lines(rows: list[dict[str, str]], what: Any) -> list[str]:
+    """One line per diverged / no-progress job (at most 10): its hint (the sweep's ``error``)."""
+    bad = [r for r in rows if r["status"] in UNHEALTHY]
+    return [f"- {r['status']} job {r['job']} ({what(r)}): {r.get('error') or ''}" for r in bad[:10]]
 
 
 def plot_error_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
@@ -106,11 +126,11 @@ def plot_error_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
 
 
 def plot_accuracy_vs_uploads(rows: list[dict[str, str]], path: Path) -> bool:
-    """Accuracy vs G(t) for every completed job with its rounds.jsonl; False if none has a sketch."""
+    """Accuracy vs G(t) for every finished job with its rounds.jsonl; False if none has a sketch."""
     curves: dict[str, list[tuple[list[float], list[float]]]] = defaultdict(list)
     for r in rows:
         run_dir = Path(r.get("run_dir") or "")
-        if r["status"] != "completed" or not (run_dir / "rounds.jsonl").exists():
+        if r["status"] not in FINISHED or not (run_dir / "rounds.jsonl").exists():
             continue
         pts = load_rounds(run_dir / "rounds.jsonl")
         pts = [p for p in pts if p.get("test_error") is not None]
@@ -164,24 +184,28 @@ def attack_of(row: dict[str, str]) -> str:
 
 
 def latest_per_job(rows: list[dict[str, str]]) -> list[dict[str, str]]:
-    """One row per job (a resumed sweep appends a failed job's rerun): its last completed row,
+    """One row per job (a resumed sweep appends a failed job's rerun): its last finished row,
     else its last row; in the order the jobs first appear."""
     keep: dict[str, dict[str, str]] = {}
     for i, r in enumerate(rows):
         key = r.get("job") or f"row{i}"
-        if key not in keep or r["status"] == "completed" or keep[key]["status"] != "completed":
+        if key not in keep or r["status"] in FINISHED or keep[key]["status"] not in FINISHED:
             keep[key] = r
     return list(keep.values())
 
 
 def robust_cells(rows: list[dict[str, str]]) -> dict[tuple[float, str, str, str], dict[str, Any]]:
-    """(epsilon, rule, sketch, attack) -> {"acc": final test accuracies of the completed jobs,
-    "refused": jobs refused for an honest majority, "failed": other failed jobs}."""
-    out: dict[tuple[float, str, str, str], dict[str, Any]] = defaultdict(lambda: {"acc": [], "refused": 0, "failed": 0})
+    """(epsilon, rule, sketch, attack) -> {"acc": final test accuracies of the finished jobs,
+    "diverged" / "no-progress": how many of those were, "refused": jobs refused for an honest
+    majority, "failed": other failed jobs}."""
+    out: dict[tuple[float, str, str, str], dict[str, Any]] = defaultdict(
+        lambda: {"acc": [], "refused": 0, "failed": 0} | {st: 0 for st in UNHEALTHY})
     for r in latest_per_job(rows):
         cell = out[(epsilon_of(r), rule_of(r), r.get("sketch.kind") or "none", attack_of(r))]
-        if r["status"] == "completed" and r.get("test_accuracy") not in ("", None):
+        if r["status"] in FINISHED and r.get("test_accuracy") not in ("", None):
             cell["acc"].append(float(r["test_accuracy"]))
+            if r["status"] in UNHEALTHY:
+                cell[r["status"]] += 1
         elif r["status"] == "failed" and "honest majority" in (r.get("error") or ""):
             cell["refused"] += 1
         elif r["status"] != "skipped":
@@ -207,7 +231,8 @@ def _cell_text(cell: dict[str, Any]) -> str:
     acc = cell["acc"]
     if acc:
         m, s = _mean_std(acc)
-        text = f"{m:.2%} ± {s:.2%} (n={len(acc)})"
+        unhealthy = "".join(f", {cell[st]} {st.replace('-', ' ')}" for st in UNHEALTHY if cell.get(st))
+        text = f"{m:.2%} ± {s:.2%} (n={len(acc)}{unhealthy})"
     elif cell["refused"]:
         return REFUSED
     else:
@@ -234,10 +259,11 @@ def robust_markdown(rows: list[dict[str, str]]) -> str:
     jobs = latest_per_job(rows)
     refused = sum(c["refused"] for c in cells.values())
     failed = [r for r in jobs if r["status"] == "failed" and "honest majority" not in (r.get("error") or "")]
-    lines.append(f"Jobs: {len(jobs)} ({refused} refused for an honest majority, {len(failed)} failed otherwise). "
-                 "Final test accuracy, mean ± std over seeds.")
+    lines.append(f"Jobs: {len(jobs)} ({refused} refused for an honest majority, {len(failed)} failed otherwise"
+                 f"{_unhealthy_count(jobs)}). Final test accuracy, mean ± std over seeds.")
     for r in failed[:10]:
         lines.append(f"- failed job {r['job']} ({rule_of(r)}, {attack_of(r)}, ε={epsilon_of(r):g}): {r['error']}")
+    lines += _unhealthy_lines(jobs, lambda r: f"{rule_of(r)}, {attack_of(r)}, ε={epsilon_of(r):g}")
     return "\n".join(lines)
 
 

@@ -10,8 +10,9 @@ mapping), validates it, and runs the real ServerApp and ClientApp on Flower's si
 (``flwr.simulation.run_simulation``, one virtual SuperNode per silo). It appends one row to
 ``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
 each silo certified, wall time and engine overhead. A failed job is recorded with its error and
-the sweep goes on; rerunning the sweep skips every job that already has a completed row (resume)
-and runs failed ones again.
+the sweep goes on; rerunning the sweep skips every job that already has a finished row (resume:
+status ``completed``, or ``diverged`` / ``no-progress``, whose ``error`` holds the hint of
+app/run_health.py; rerunning the same seeds would diverge again) and runs failed ones again.
 
 Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
 ``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
@@ -39,6 +40,7 @@ from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
 from app.filelock import exclusive_lock
 from app.launch import flower_env
 from app.results import load_rounds
+from app.run_health import FINISHED, UNHEALTHY
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS_DIR = Path("outputs") / "sweeps"
@@ -70,7 +72,8 @@ class ResultsFile:
             return list(csv.DictReader(fh))
 
     def completed(self, job: str) -> bool:
-        return any(r["job"] == job and r["status"] == "completed" for r in self.rows())
+        """Whether ``job`` has a row of a run that ran to its end (healthy or not)."""
+        return any(r["job"] == job and r["status"] in FINISHED for r in self.rows())
 
     def append(self, row: Mapping[str, Any]) -> None:
         with exclusive_lock(self.path.with_suffix(".lock")):
@@ -437,8 +440,11 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
     assert best is not None
     res = best["result"]
     evals = [r for r in res["rounds_rows"] if r.get("test_error") is not None]
+    error = "; ".join(res.get("client_errors", [])[:3])
+    if res["status"] in UNHEALTHY:  # the diagnosis and the setting most likely to blame
+        error = "; ".join(e for e in (res.get("status_reason") or "", error) if e)
     return {
-        "status": res["status"], "error": "; ".join(res.get("client_errors", [])[:3]),
+        "status": res["status"], "error": error,
         "test_error": res.get("test_error"), "test_accuracy": res.get("test_accuracy"),
         "best_test_error": min((r["test_error"] for r in evals), default=None),
         "val_error": res.get("val_error"), "train_loss": res.get("train_loss"),

@@ -167,3 +167,18 @@ def test_report_tables_from_a_hand_made_results_csv(tmp_path: Path) -> None:
     assert eps8.index("Grad-BANT noise-aware") < eps8.index("Grad-BANT (paper)") < eps8.index("| mean") < eps8.index("trimmed")
     assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 1000
     assert not (tmp_path / "error_vs_epsilon.png").exists()
+
+
+def test_a_robust_cell_counts_its_unhealthy_seeds(tmp_path: Path) -> None:
+    """Jobs that made no progress (the paper's score under DP noise) are results: in the cell's mean
+    and counted there, and listed under the table with their hint."""
+    results = sweep.ResultsFile(tmp_path / "results.csv")
+    for seed, status in enumerate(("no-progress", "no-progress", "completed")):
+        results.append({"job": f"j{seed}", "status": status, "algorithm": "robust", "aggregator": "gradbant",
+                        "gradbant.noise-aware": "false", "privacy.mode": "isrl", "privacy.epsilon": 8.0,
+                        "attack.kind": "none", "attack.fraction": 0.0, "sketch.kind": "none", "seed": seed,
+                        "test_accuracy": 0.1, "test_error": 0.9,
+                        "error": "" if status == "completed" else "no progress: every score 0"})
+    md = report.robust_markdown(report.load_rows(tmp_path))
+    assert "| Grad-BANT (paper) | none | 10.00% ± 0.00% (n=3, 2 no progress) |" in md
+    assert "0 failed otherwise, 2 no progress)" in md and "- no-progress job j0" in md

@@ -128,3 +128,28 @@ def test_the_simulation_client_app_answers_every_query_the_server_sends(tmp_path
     assert not any(r.has_error() for r in replies.values())
     assert wire.read_identity(replies[wire.IDENTITY_QUERY].content, 2) == 1
     assert wire.read_ledger(replies[wire.LEDGER_QUERY].content)["silo"] == 1
+
+
+def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diverged run ran to its end: its row keeps the status and the hint (``error``), resume does
+    not run it again (it would diverge again), and the report counts it in its table and lists it."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+
+    def diverging(cfg: dict, warm: bool = True, fast=None) -> dict:
+        calls.append(cfg)
+        rows = [{"round": 1, "wall_s": 0.1, "test_error": 0.6, "uploads_G": 1.0}]
+        return {"status": "diverged", "status_reason": "diverged: the loss grew; most likely lr=50 is too large",
+                "test_error": 0.6, "test_accuracy": 0.4, "rounds_rows": rows, "wall_s": 1.0, "overhead_s": 0.5,
+                "run_dir": "x", "client_errors": [], "silos": []}
+
+    monkeypatch.setattr(sweep, "run_federation", diverging)
+    job = nested(lr=50.0, **{"sweep.name": "h"})
+    row = sweep.sweep_job(job)
+    assert row["status"] == "diverged" and "lr=50 is too large" in row["error"]
+    assert sweep.sweep_job(job)["status"] == "skipped" and len(calls) == 1
+    report.main([str(tmp_path / "outputs/sweeps/h")])
+    md = (tmp_path / "outputs/sweeps/h/results.md").read_text()
+    assert "| mbsgd | none | 60.00% ± 0.00% (n=1) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
+    assert "- diverged job" in md and "lr=50 is too large" in md

@@ -42,6 +42,7 @@ torch.set_num_threads(1)
 
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
+from app.run_health import FINISHED  # noqa: E402
 
 #: the paper's setups (scaled where stated): data, federation, model, rounds.
 SETUPS: dict[str, dict[str, Any]] = {
@@ -116,7 +117,7 @@ def select(rows: list[dict[str, Any]], tune_seeds: set[int] | None = None) -> di
     for r in rows:
         if tune_seeds is not None and int(r["seed"]) not in tune_seeds:
             continue
-        if r["status"] == "completed" and r["val_error"] not in ("", None):
+        if r["status"] in FINISHED and r["val_error"] not in ("", None):
             by_point.setdefault((r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), _dc(r)),
                                 []).append(r)
     best: dict[tuple[str, float], dict[str, Any]] = {}
@@ -125,7 +126,7 @@ def select(rows: list[dict[str, Any]], tune_seeds: set[int] | None = None) -> di
         if (algo, eps) not in best or val < best[(algo, eps)]["val"]:
             best[(algo, eps)] = {"val": val, "lr": lr, "clip": clip, "diff_clip": dc, "runs": runs}
     for (algo, eps), b in best.items():
-        b["runs"] = [r for r in rows if r["status"] == "completed" and r["algorithm"] == algo
+        b["runs"] = [r for r in rows if r["status"] in FINISHED and r["algorithm"] == algo
                      and float(r["epsilon"]) == eps and float(r["lr"]) == b["lr"] and float(r["clip"]) == b["clip"]
                      and _dc(r) == b["diff_clip"]]
     return best
@@ -244,8 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     if csv_path.exists():
         with csv_path.open() as fh:
             rows = list(csv.DictReader(fh))
-        if args.retry_failed and any(r["status"] != "completed" for r in rows):
-            rows = [r for r in rows if r["status"] == "completed"]
+        if args.retry_failed and any(r["status"] not in FINISHED for r in rows):
+            rows = [r for r in rows if r["status"] in FINISHED]
             with csv_path.open("w", newline="") as fh:
                 writer = csv.DictWriter(fh, fieldnames=FIELDS)
                 writer.writeheader()
