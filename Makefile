@@ -7,7 +7,7 @@ export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export OMP_NUM_THREADS := 1
 
-.PHONY: run test test-fast setup bench clean stop
+.PHONY: run sweep deploy-smoke test test-fast setup bench clean stop
 
 # Dependencies come from pyproject.toml; then the project itself is installed in editable mode
 # (app, strategies and clients importable from any directory, e.g. `python scripts/...`; edits
@@ -28,6 +28,17 @@ setup: $(BIN)/.installed
 # FAST_POLL=1: the opt-in engine poll patch (docs/configuration.md, "Simulation engine patches")
 run: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)") $(if $(filter 1,$(FAST_POLL)),--fast-poll)
+
+# A Hydra sweep (app.sweep), SWEEP = its arguments, e.g. SWEEP='-m experiment=smoke' (two jobs,
+# results in outputs/sweeps/smoke/results.csv; tables and plots: python -m app.report DIR).
+sweep: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.sweep $(SWEEP)
+
+# A whole deployment on this machine (scripts/deploy/local_smoke.sh: certificates, a TLS
+# SuperLink, two authenticated SuperNodes, the embedded default through the launcher, both
+# ledgers), ROUNDS rounds (5); everything it starts is stopped at the end.
+deploy-smoke: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/deploy/local_smoke.sh $(ROUNDS)
 
 # Every test, as CI runs them (.ci/run).
 test: setup
