@@ -17,6 +17,7 @@ from app.attacks import ATTACKS as ATTACK_REGISTRY, byzantine_count
 from app.data.partition import PARTITIONS as PARTITION_REGISTRY
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
+from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
 from app.privacy.shuffle import auto_levels
 from app.prox import PROX_KINDS as PROX_REGISTRY
@@ -477,17 +478,58 @@ def flatten_run_config(nested: Mapping[str, Any], prefix: str = "") -> dict[str,
     return flat
 
 
+def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config with every key of :data:`app.presets.PRESET_KEYS` that is absent or
+    ``"preset"`` (the default in pyproject.toml and conf/config.yaml) set to its value in the
+    preset of the run's dataset, model, algorithm and privacy (:func:`app.presets.preset_values`; a
+    private run has privacy.mode other than "off" and a finite epsilon, as PrivacySettings.enabled); a key
+    given any other value keeps it. ``silos-per-round`` from the preset is at most ``num-silos``
+    (so ``num-silos=4`` alone asks for 4 silos, each round at most all of them). Values are not
+    validated here (parse_settings does that), except the dataset: it chooses the preset."""
+    flat = dict(run_config)
+    dataset = flat.get("dataset", Settings.dataset)
+    if not isinstance(dataset, str) or dataset not in PRESETS:
+        _str(DATASETS)("dataset", dataset)  # the one-line error naming the allowed values
+        raise ConfigError(f"dataset = {dataset!r} has no preset; add one to app/presets.py")
+    model, algorithm = flat.get("model", PRESET), flat.get("algorithm", Settings.algorithm)
+    model = model if isinstance(model, str) and model != PRESET else None
+    algorithm = ALGORITHM_ALIASES.get(algorithm, algorithm) if isinstance(algorithm, str) else None
+    mode, epsilon = flat.get("privacy.mode", PrivacySettings.mode), flat.get("privacy.epsilon", PrivacySettings.epsilon)
+    infinite = (isinstance(epsilon, str) and epsilon.strip().lower() in ("inf", "infinity")) or (
+        isinstance(epsilon, float) and math.isinf(epsilon))
+    values = preset_values(dataset, model, algorithm, private=mode != "off" and not infinite)
+    preset_silos = _is_preset(flat, "silos-per-round")
+    for key in PRESET_KEYS:
+        if _is_preset(flat, key):
+            flat[key] = values[key]
+    num_silos = flat["num-silos"]
+    if preset_silos and isinstance(num_silos, (int, float)) and not isinstance(num_silos, bool):
+        flat["silos-per-round"] = min(flat["silos-per-round"], int(num_silos))
+    return flat
+
+
+def _is_preset(run_config: Mapping[str, Any], key: str) -> bool:
+    value = run_config.get(key, PRESET)
+    return isinstance(value, str) and value == PRESET
+
+
 def parse_settings(run_config: Mapping[str, Any]) -> Settings:
-    """Parse and validate a flat run config. Keys that are absent take the defaults above;
-    unknown keys are an error (a typo must not silently fall back to a default)."""
+    """Parse and validate a flat run config. Keys of :data:`app.presets.PRESET_KEYS` that are
+    absent or ``"preset"`` take the dataset's preset (:func:`resolve_presets`), other absent keys
+    the defaults above; unknown keys are an error (a typo must not silently fall back to a default)."""
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(SCHEMA)}")
     top: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
-    for key, value in run_config.items():
+    for key, value in resolve_presets(run_config).items():
         attr, parser = SCHEMA[key]
-        parsed = parser(key, value)
+        try:
+            parsed = parser(key, value)
+        except ConfigError as exc:
+            if key in PRESET_KEYS:
+                raise ConfigError(f'{exc}; or "{PRESET}" (the dataset\'s preset, docs/presets.md)') from None
+            raise
         group, _, field_name = attr.rpartition(".")
         (groups[group] if group else top)[field_name] = parsed
     settings = Settings(**top, **{name: GROUPS[name](**values) for name, values in groups.items()})

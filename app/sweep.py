@@ -36,9 +36,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
+from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
 from app.filelock import exclusive_lock
 from app.launch import flower_env
+from app.presets import PRESET_KEYS
 from app.results import load_rounds
 from app.run_health import FINISHED, UNHEALTHY
 
@@ -427,7 +428,8 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
     metric = str(sweep.get("select", "val_error"))
     best: dict[str, Any] | None = None
     for i, point in enumerate(points):
-        cfg = base | point | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
+        # each point's own presets: a point that sets the model or the algorithm gets their values
+        cfg = resolve_presets(base | point) | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         parse_settings(cfg)
         result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"))
         score = result.get(metric) if tuning == "grid" else 0.0
@@ -436,7 +438,7 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         if tuning == "grid":
             print(f"[sweep] job {job} grid point {i + 1}/{len(points)} {point}: {metric} {score}", flush=True)
         if best is None or score < best["score"]:
-            best = {"score": score, "point": point, "result": result}
+            best = {"score": score, "point": point, "result": result, "config": cfg}
     assert best is not None
     res = best["result"]
     evals = [r for r in res["rounds_rows"] if r.get("test_error") is not None]
@@ -453,13 +455,23 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         "uploads_G": res["rounds_rows"][-1]["uploads_G"] if res["rounds_rows"] else None,
         "rounds_done": len(res["rounds_rows"]), "selected": best["point"] or None,
         "grid_points": len(points), "wall_s": res["wall_s"], "overhead_s": res["overhead_s"], "run_dir": res["run_dir"],
-    } | dict(best["point"])
+    } | {k: best["config"][k] for k in PRESET_KEYS} | dict(best["point"])
+
+
+def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``flat`` with its presets filled in (app.config.resolve_presets); as given when that fails
+    (the job then fails with parse_settings' error in its row)."""
+    try:
+        return resolve_presets(flat)
+    except ConfigError:
+        return dict(flat)
 
 
 def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
     """Run (or skip) one job of a sweep from its composed config; returns the row written."""
     sweep = dict(nested.get("sweep") or {})
-    flat = flatten_run_config(nested)
+    given = flatten_run_config(nested)
+    flat = _resolved(given)  # the row and the job id hold the values run, not "preset"
     sweep_dir = SWEEPS_DIR / str(sweep.get("name", "default"))
     results = ResultsFile(sweep_dir / "results.csv")
     job = job_key(flat, sweep)
@@ -469,8 +481,8 @@ def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = dict(flat) | {"job": job}
     t0 = time.perf_counter()
     try:
-        parse_settings(flat)
-        row |= run_job(flat, sweep, job, sweep_dir)
+        parse_settings(given)
+        row |= run_job(given, sweep, job, sweep_dir)
     except Exception as exc:  # recorded, and the sweep goes on
         traceback.print_exc()
         row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}

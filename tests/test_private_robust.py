@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 import app.sweep as sweep
 from app import report
-from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings
+from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -58,13 +58,14 @@ def test_the_experiment_composes_into_480_distinct_run_configs(jobs) -> None:
     keys = set()
     refused = 0
     for over, nested in jobs:
-        flat = flatten_run_config(nested)
+        flat = resolve_presets(flatten_run_config(nested))  # as app.sweep records the job
         assert set(flat) == set(SCHEMA), over
         assert nested["sweep"]["name"] == "private-robust"
         # the settings of gradbant-fmnist.yaml
         assert (flat["dataset"], flat["partition"], flat["num-silos"], flat["silos-per-round"]) == ("fashion-mnist", "iid", 10, 10)
         assert (flat["pca"], flat["mlp-hidden"], flat["trust.size"], flat["algorithm"]) == (50, "64", 500, "robust")
         assert (flat["local-steps"], flat["batch-size"], flat["lr"], flat["num-rounds"]) == (10, 64, 0.2, 20)
+        assert flat["privacy.clip"] == 1.0  # as measured, not the fashion-mnist preset's 2.0
         assert flat["seed"] == int(over["seed"])
         # each axis reaches the run config
         if over["budget"] == "epsinf":
