@@ -25,9 +25,11 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-# FAST_POLL=1: the opt-in engine poll patch (docs/configuration.md, "Simulation engine patches")
+# FAST_POLL=1: the opt-in engine poll patch (docs/configuration.md, "Simulation engine patches").
+# RUN_CONFIG reaches the launcher through the environment ("$$RUN_CONFIG"), so its TOML quotes
+# (dataset="digits") arrive as typed instead of being taken by the shell.
 run: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)") $(if $(filter 1,$(FAST_POLL)),--fast-poll)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m app.launch $(if $(RUN_CONFIG),--run-config "$$RUN_CONFIG") $(if $(filter 1,$(FAST_POLL)),--fast-poll)
 
 # A Hydra sweep (app.sweep), SWEEP = its arguments, e.g. SWEEP='-m experiment=smoke' (two jobs,
 # results in outputs/sweeps/smoke/results.csv; tables and plots: python -m app.report DIR).
