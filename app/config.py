@@ -484,7 +484,9 @@ def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
     preset of the run's dataset, model, algorithm and privacy (:func:`app.presets.preset_values`; a
     private run has privacy.mode other than "off" and a finite epsilon, as PrivacySettings.enabled); a key
     given any other value keeps it. ``silos-per-round`` from the preset is at most ``num-silos``
-    (so ``num-silos=4`` alone asks for 4 silos, each round at most all of them). Values are not
+    (so ``num-silos=4`` alone asks for 4 silos, each round at most all of them); a preset's
+    ``gradbant.noise-aware = true`` applies only where the option does (aggregator gradbant,
+    ISRL-DP, a sketch kind with an exact noise energy), else it is false. Values are not
     validated here (parse_settings does that), except the dataset: it chooses the preset."""
     flat = dict(run_config)
     dataset = flat.get("dataset", Settings.dataset)
@@ -499,9 +501,14 @@ def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
         isinstance(epsilon, float) and math.isinf(epsilon))
     values = preset_values(dataset, model, algorithm, private=mode != "off" and not infinite)
     preset_silos = _is_preset(flat, "silos-per-round")
+    preset_aware = _is_preset(flat, "gradbant.noise-aware")
     for key in PRESET_KEYS:
         if _is_preset(flat, key):
             flat[key] = values[key]
+    if preset_aware and flat["gradbant.noise-aware"] is True and not (
+            flat.get("aggregator", RobustSettings.aggregator) == "gradbant" and mode in ("isrl", "off")
+            and flat.get("sketch.kind", "none") in NOISE_AWARE_SKETCH_KINDS):
+        flat["gradbant.noise-aware"] = False  # the preset's choice applies to Grad-BANT where it is exact only
     num_silos = flat["num-silos"]
     if preset_silos and isinstance(num_silos, (int, float)) and not isinstance(num_silos, bool):
         flat["silos-per-round"] = min(flat["silos-per-round"], int(num_silos))

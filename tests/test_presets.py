@@ -26,7 +26,7 @@ DATASET_GROUP = ROOT / "conf" / "dataset"
 #: the embedded default's literals before presets existed (pyproject.toml at ab54509)
 OLD_DEFAULTS = {"partition": "label", "num-silos": 2, "silos-per-round": 2, "model": "mlp", "mlp-hidden": "5",
                 "pca": 0, "num-rounds": 25, "lr": 0.5, "batch-size": 0, "local-steps": 1, "privacy.clip": 1.0,
-                "trust.size": 0}
+                "trust.size": 0, "gradbant.noise-aware": False}
 
 
 def composed(*overrides: str) -> dict:
@@ -95,7 +95,14 @@ def test_model_and_algorithm_choose_their_part_of_the_preset() -> None:
             assert (robust.local_steps, robust.lr, robust.batch_size, robust.robust.trust_size) == (10, 0.2, 64, 500)
         private = parse_settings({"dataset": "fashion-mnist", "algorithm": name})  # ISRL-DP at epsilon 3
         assert (private.local_steps, private.lr, private.batch_size, private.privacy.clip,
-                private.robust.trust_size) == (1, 0.5, 0, 1.0, 500)
+                private.robust.trust_size, private.robust.gradbant_noise_aware) == (10, 0.2, 64, 1.0, 500, True)
+    # the preset's noise-aware score only where it applies; a user's value always wins
+    private = {"dataset": "fashion-mnist", "algorithm": "robust"}
+    for other in ({"aggregator": "fltrust"}, {"sketch.kind": "srft"}, {"privacy.mode": "off"},
+                  {"gradbant.noise-aware": False}):
+        assert not parse_settings(private | other).robust.gradbant_noise_aware, other
+    assert parse_settings(private | {"sketch.kind": "srht"}).robust.gradbant_noise_aware
+    assert not parse_settings({"dataset": "wbcd", "algorithm": "robust"}).robust.gradbant_noise_aware  # golden
 
 
 def test_preset_silos_per_round_is_at_most_num_silos() -> None:
