@@ -180,14 +180,14 @@ def own_superlink_fast_poll(env: dict[str, str]) -> list[tuple[int, str]]:
     return [(s.pid, s.fast_poll) for s in _local_superlinks() if s.home == env["FLWR_HOME"]]
 
 
-def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0) -> list[int]:
+def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """SIGTERM (then SIGKILL after ``wait_s``) the local simulation SuperLinks started with this
     checkout's FLWR_HOME, their process groups (Flower starts them detached, as group leaders)
     and the processes below them that carry the same FLWR_HOME (SuperExec, a run's
     ``flwr-simulation`` and its Ray processes, each detached in a group of its own, which would
     otherwise finish a run's teardown on their own); returns the SuperLinks' pids. Nothing else
-    is touched."""
-    mine = [pid for pid, _ in own_superlink_fast_poll(env)]
+    is touched, nor the SuperLinks in ``keep`` (e.g. those that ran before a test session)."""
+    mine = [pid for pid, _ in own_superlink_fast_poll(env) if pid not in keep]
     end_processes(mine + _descendants(mine, env["FLWR_HOME"]), wait_s)
     return mine
 

@@ -17,6 +17,20 @@ import pytest
 from tests.helpers import run
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_local_superlinks_this_session_started():
+    """The e2e tests run the launcher, which starts this checkout's local simulation SuperLink
+    (Flower starts it detached and leaves it for the next run). At the end of the session the
+    ones started during it are stopped, by pid, with their run processes; one that ran before
+    the session is left alone, and so is every other checkout's."""
+    from app import launch
+
+    env = launch.flower_env()
+    before = {pid for pid, _ in launch.own_superlink_fast_poll(env)}
+    yield
+    launch.stop_own_superlinks(env, keep=before)
+
+
 @pytest.fixture()
 def federation(tmp_path: Path):
     """``federation(overrides, hook=None, node_config=None, *, sub="", run_id=1, name="t")``:
