@@ -148,19 +148,25 @@ def honest_noise_variance(s: Settings) -> float:
     return steps * sigma**2
 
 
+def block_shaped_sketch(s: Settings, layout: list[tuple[int, ...]]) -> Any:
+    """A sketch of the run's kind and blocks (None without one), for the lift's noise factors,
+    which depend on the block sizes only, not on the seed or the round."""
+    from app.sketch.base import make_sketch
+
+    return None if s.sketch.kind == "none" else make_sketch(
+        s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
+
+
 def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
     """c = E||S^T S xi||^2 of an honest message's noise xi (variance :func:`honest_noise_variance`
     per coordinate) after the run's sketch and its lift (app/sketch/noise.py)."""
     var = honest_noise_variance(s)
     if var == 0:
         return 0.0
-    from app.sketch.base import make_sketch
     from app.sketch.noise import lift_noise_factor
 
     n = sum(int(np.prod(shape)) for shape in layout)
-    sketch = None if s.sketch.kind == "none" else make_sketch(
-        s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
-    return var * lift_noise_factor(sketch, n)  # the factor depends on the block sizes only, not on the seed
+    return var * lift_noise_factor(block_shaped_sketch(s, layout), n)
 
 
 class ByzantineRobust(FederatedOptimizer):
@@ -217,15 +223,11 @@ class ByzantineRobust(FederatedOptimizer):
         return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
 
     def _lift_kappa(self) -> np.ndarray:
-        from app.sketch.base import make_sketch
         from app.sketch.noise import lift_noise_weights
 
         layout = [tuple(v) for v in self.layout.values()]
         n = sum(int(np.prod(shape)) for shape in layout)
-        s = self.s
-        sketch = None if s.sketch.kind == "none" else make_sketch(
-            s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
-        return lift_noise_weights(sketch, n)  # depends on the block sizes only, not on the seed
+        return lift_noise_weights(block_shaped_sketch(self.s, layout), n)
 
     def trust_gradient(self, w: dict[str, np.ndarray]) -> np.ndarray:
         """grad f0(w): the mean cross-entropy gradient over the whole trust set (float64, flat)."""

@@ -46,58 +46,53 @@ def srht_chunk_factor(size: int, padded: int, rows: int) -> float:
     return size + size * (size - 1) * (padded - rows) / (rows * (padded - 1))
 
 
+def _pieces(sketch: Sketch) -> list[tuple[int, list[tuple[int, int, float]]]]:
+    """Per block of ``sketch``: its offset and its pieces (start within the block, size, and
+    E||S^T S||_F^2 of the piece): the whole block, or each SRHT chunk (the module docstring)."""
+    if sketch.kind not in EXACT_KINDS or not isinstance(sketch, LinearSketch):
+        raise NotImplementedError(f"no exact noise factor for sketch kind {sketch.kind!r}; exact for {EXACT_KINDS}")
+    from app.sketch.srht import SRHTOperator
+
+    out = []
+    for off, m, _, op in sketch.blocks:
+        k = op.k
+        if isinstance(op, IdentityOperator):
+            pieces = [(0, m, float(m))]
+        elif isinstance(op, SRHTOperator):
+            pieces = [(start, size, srht_chunk_factor(size, padded, rows)) for start, size, padded, rows in op.chunks]
+        elif sketch.kind == "gaussian":
+            pieces = [(0, m, m * (m + k + 1) / k)]
+        elif sketch.kind in ("rademacher", "countsketch"):
+            pieces = [(0, m, m * (m + k - 1) / k)]
+        elif sketch.kind == "randk":
+            pieces = [(0, m, m * m / k)]
+        else:  # pragma: no cover - guarded by EXACT_KINDS
+            raise NotImplementedError(type(op).__name__)
+        out.append((off, pieces))
+    return out
+
+
 def lift_noise_factor(sketch: Sketch | None, n: int | None = None) -> float:
     """E||S^T S xi||^2 / sigma^2 for xi ~ N(0, sigma^2 I_n): n without a sketch (give ``n``)."""
     if sketch is None:
         if n is None:
             raise ValueError("without a sketch the factor is n: give n")
         return float(n)
-    if sketch.kind not in EXACT_KINDS or not isinstance(sketch, LinearSketch):
-        raise NotImplementedError(f"no exact noise factor for sketch kind {sketch.kind!r}; exact for {EXACT_KINDS}")
-    from app.sketch.srht import SRHTOperator
-
     total = 0.0
-    for _, m, _, op in sketch.blocks:
-        k = op.k
-        if isinstance(op, IdentityOperator):
-            total += m
-        elif isinstance(op, SRHTOperator):
-            total += sum(srht_chunk_factor(size, padded, rows) for _, size, padded, rows in op.chunks)
-        elif sketch.kind == "gaussian":
-            total += m * (m + k + 1) / k
-        elif sketch.kind in ("rademacher", "countsketch"):
-            total += m * (m + k - 1) / k
-        elif sketch.kind == "randk":
-            total += m * m / k
-        else:  # pragma: no cover - guarded by EXACT_KINDS
-            raise NotImplementedError(type(op).__name__)
+    for _, pieces in _pieces(sketch):
+        total += sum(factor for *_, factor in pieces)
     return float(total)
 
 
 def lift_noise_weights(sketch: Sketch | None, n: int) -> np.ndarray:
     """kappa [n]: the diagonal of E_S[(S^T S)^2] (see the module docstring), so that
     E||S^T S xi||^2 = kappa . Var(xi) for zero-mean xi independent of S; all ones without a
-    sketch. ``kappa.sum()`` equals :func:`lift_noise_factor`."""
+    sketch. ``kappa.sum()`` equals :func:`lift_noise_factor`: each piece's factor spread evenly
+    over its entries."""
     if sketch is None:
         return np.ones(n)
-    if sketch.kind not in EXACT_KINDS or not isinstance(sketch, LinearSketch):
-        raise NotImplementedError(f"no exact noise factor for sketch kind {sketch.kind!r}; exact for {EXACT_KINDS}")
-    from app.sketch.srht import SRHTOperator
-
     kappa = np.empty(n)
-    for off, m, _, op in sketch.blocks:
-        k = op.k
-        if isinstance(op, IdentityOperator):
-            kappa[off:off + m] = 1.0
-        elif isinstance(op, SRHTOperator):
-            for start, size, padded, rows in op.chunks:
-                kappa[off + start:off + start + size] = srht_chunk_factor(size, padded, rows) / size
-        elif sketch.kind == "gaussian":
-            kappa[off:off + m] = (m + k + 1) / k
-        elif sketch.kind in ("rademacher", "countsketch"):
-            kappa[off:off + m] = (m + k - 1) / k
-        elif sketch.kind == "randk":
-            kappa[off:off + m] = m / k
-        else:  # pragma: no cover - guarded by EXACT_KINDS
-            raise NotImplementedError(type(op).__name__)
+    for off, pieces in _pieces(sketch):
+        for start, size, factor in pieces:
+            kappa[off + start:off + start + size] = factor / size
     return kappa
