@@ -277,20 +277,6 @@ def remembered_ports(env: dict[str, str]) -> tuple[int, int] | None:
     return ports if all(0 < p < 65536 for p in ports) and ports[0] != ports[1] else None
 
 
-@contextlib.contextmanager
-def _home_lock(home: Path):
-    """An exclusive lock on ``home``'s ports file for one launcher at a time of this checkout."""
-    import fcntl
-
-    home.mkdir(parents=True, exist_ok=True)
-    with (home / (PORTS_FILE + ".lock")).open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def own_local_superlink(env: dict[str, str], wait_s: float = 10.0) -> tuple[int, int]:
     """Make ``env``'s ``flwr`` commands use this checkout's own local SuperLink; returns its
     (HTTP API, Control API) ports, also set in ``env`` (:data:`LOCAL_PORT_ENV`).
@@ -305,7 +291,9 @@ def own_local_superlink(env: dict[str, str], wait_s: float = 10.0) -> tuple[int,
     SuperLink's start makes that start fail (``flwr run`` says so); the next launch picks anew."""
     home = Path(env["FLWR_HOME"])
     want_fast = env.get("SILOFL_FAST_POLL", "")
-    with _home_lock(home):
+    from app.filelock import exclusive_lock, write_json_atomically
+
+    with exclusive_lock(home / (PORTS_FILE + ".lock")):  # one launcher of this checkout at a time
         remembered = remembered_ports(env)
         running = _local_superlinks()
         own = [s for s in running if s.home == env["FLWR_HOME"]]
@@ -333,9 +321,7 @@ def own_local_superlink(env: dict[str, str], wait_s: float = 10.0) -> tuple[int,
                 http = free_port(others)
                 remembered = (http, free_port(others | {http}))
             ports = remembered
-            tmp = home / (PORTS_FILE + ".tmp")
-            tmp.write_text(json.dumps({"http-api-port": ports[0], "control-api-port": ports[1]}) + "\n")
-            tmp.replace(home / PORTS_FILE)
+            write_json_atomically(home / PORTS_FILE, {"http-api-port": ports[0], "control-api-port": ports[1]})
     env |= {LOCAL_PORT_ENV[0]: str(ports[0]), LOCAL_PORT_ENV[1]: str(ports[1])}
     return ports
 
