@@ -51,7 +51,9 @@ context of an earlier run stays consumed for the state directory's lifetime. Wit
 shuffler serves one run only (the run id its node was started for, from Flower, not from the
 server's request): a context naming another run is refused before anything is opened, so the
 server cannot replay run 1's exchange with a subset of its blobs in run 2 and subtract the sums
-(which isolated one silo's contribution exactly before this rule).
+(which isolated one silo's contribution exactly before this rule). The run id is a second
+line of defence (behind a silo service it is what the forwarding ClientApp says); the state
+directory's memory is the first and holds whatever run id a request arrives with.
 
 A contribution may carry a binding (app/privacy/contribution.py, format SFC2): the SHA-256 of
 the context it was sealed for and the silo's ledger sequence number of the release. A
