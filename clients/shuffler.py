@@ -23,6 +23,8 @@ returns only the per-coordinate totals. The shuffler:
    shrink). If nothing remains, the exchange is refused (:class:`ShuffleRefused`);
 5. sums the accepted counts in int64. A contribution that claims more noise trials than any
    calibration could need (:data:`MAX_CLAIMED_TRIALS`) is dropped before the privacy check;
+   a contribution claiming more than (1 + 10) times the exchange's median requirement (+ K) is
+   dropped too (:func:`_drop_outsized_claims`: no honest one is while at least half are honest);
    if the largest possible total (from the claimed bounds K*g + K*b, never from the data) of
    the accepted ones could still reach 2**63, the contributions with the largest bounds are
    dropped (and the privacy check redone) until it cannot, so one silo's claim never blocks
@@ -97,6 +99,9 @@ _INT64_LIMIT = 2**63
 #: ~1e11 trials, MAX_WINDOW), so no honest contribution claims 2**54 trials: a claim above is
 #: dropped, and up to 2**63 / (2**54 + K g) >= 500 contributions still sum without overflow.
 MAX_CLAIMED_TRIALS = 2**54
+#: The largest shuffle.headroom a run may set (app/config.py): an honest silo claims at most
+#: (1 + MAX_HEADROOM) times the trials its calibration requires (plus K, for the rounding up).
+MAX_HEADROOM = 10
 #: The probability that an honest contribution fails the count test (:func:`count_slack`).
 ALPHA = HONEST_ALPHA
 _RUN_IN_CONTEXT = re.compile(rb"\|run=(-?\d+)\|")
@@ -252,6 +257,9 @@ class Shuffler:
 
         if not accepted:
             raise ShuffleRefused(f"no valid contribution among {len(blobs)} blob(s)", dropped)
+        _drop_outsized_claims(accepted, dropped)
+        if not accepted:
+            raise ShuffleRefused(f"no plausible contribution among {len(blobs)} blob(s)", dropped)
 
         while True:
             self._privacy_check(accepted, dropped)
@@ -296,6 +304,23 @@ class Shuffler:
                     f"available, at least {least_required} required",
                     dropped,
                 )
+
+
+def _drop_outsized_claims(accepted: dict[bytes, Contribution], dropped: dict[str, str]) -> None:
+    """Drop every contribution claiming more trials than (1 + MAX_HEADROOM) m + K, m the upper
+    median of the exchange's required trials. An honest silo claims K ceil((1 + h) m_i / (c K))
+    <= (1 + h) m_i + K trials (h <= MAX_HEADROOM, c >= 1), and honest calibrations of one run
+    differ by a few percent (delta = 1/n^2), so while at least half the contributions are honest
+    none of them is dropped, and a lying claim is held to about (1 + MAX_HEADROOM) times theirs
+    (the mean shift it can cause, (2R/g) t / N, to about sqrt(11) times the honest noise's scale)."""
+    required = sorted(c.required_trials for c in accepted.values())
+    typical = required[len(required) // 2]
+    for sender, c in list(accepted.items()):
+        limit = (1 + MAX_HEADROOM) * typical + c.records
+        if c.trials > limit:
+            dropped[sender.hex()] = (f"it claims {c.trials} noise trials, more than any calibration of this exchange "
+                                     f"needs ((1 + {MAX_HEADROOM}) x the median requirement {typical} + K = {limit})")
+            del accepted[sender]
 
 
 def _implausible(c: Contribution, context: bytes, p: float | None) -> str | None:

@@ -359,9 +359,14 @@ def test_server_sybil_contributions_are_dropped(setup):
     with pytest.raises(ShuffleRefused, match="30 noise trials available, at least 300 required") as info:
         shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
     assert all("not an allowed sender" in info.value.dropped[f"#{i}"] for i in (1, 2, 3))
-    # Without a sender list the attack would work: that is what allowed_senders is for.
+    # Without a sender list the attack would work: that is what allowed_senders is for. (Sybils
+    # claiming 1000 trials while requiring 1 are outsized for the exchange's median requirement,
+    # 1, and dropped; Sybils stating a requirement like a's get through.)
     open_shuffler = Shuffler(sk, None)
-    leaked = open_shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
+    with pytest.raises(ShuffleRefused, match="no plausible contribution"):
+        open_shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
+    sybils = [_blob(sk, StaticKeys.generate(), [0, 0, 0, 0], trials=1000, required=300) for _ in range(3)]
+    leaked = Shuffler(sk, None).aggregate([honest, *sybils], CTX, dim=4, levels=2)
     assert leaked.totals.tolist() == [2, 1, 0, 3] and leaked.accepted == 4
 
 
@@ -444,3 +449,16 @@ def test_per_exchange_sender_list_only_narrows(setup):
     open_shuffler = Shuffler(sk, None)
     result = open_shuffler.aggregate(blobs, CTX, 4, 2, allowed_senders=[b.public_hex, stranger.public])
     assert result.totals.tolist() == [2, 2, 2, 2] and set(result.dropped) == {"#0"}
+
+
+def test_a_claim_outsized_for_the_exchanges_requirements_is_dropped(setup):
+    """Counts consistent with 10**6 claimed trials (p T each) pass the count test, but the
+    claim is more than (1 + 10) x the median requirement (100) + K = 1103: dropped. The honest
+    claims (55 <= 1103) stay, and their 110 trials meet their requirement of 100."""
+    sk, (a, b, c), shuffler = setup
+    blobs = [_blob(sk, a, [14, 15, 13, 14], trials=55, required=100),
+             _blob(sk, b, [13, 14, 15, 14], trials=55, required=100),
+             _blob(sk, c, [250000] * 4, trials=10**6, required=100)]
+    result = shuffler.aggregate(blobs, CTX, dim=4, levels=2, p=0.25)
+    assert result.totals.tolist() == [27, 29, 28, 28] and (result.accepted, result.trials) == (2, 110)
+    assert list(result.dropped) == [c.public_hex] and "1103" in result.dropped[c.public_hex]
