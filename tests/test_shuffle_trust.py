@@ -58,8 +58,8 @@ def test_cross_run_replay_of_run_1s_context_with_one_blob_left_out_is_refused(fe
     from strategies.shuffle_relay import ShuffleRelay
 
     replies: list = []
-    summary, rows, grid = federation(BASE | {"num-silos": 12, "silos-per-round": 12}, hook=_capture_shuffle_replies(replies),
-                                     run_id=1)
+    summary, rows, grid = federation(BASE | {"num-silos": 12, "silos-per-round": 12},
+                                     hook=_capture_shuffle_replies(replies), run_id=1)
     assert rows[0]["answered"] == 12 and rows[0]["shuffle_dropped"] == 0
     (sent,) = _shuffle_requests(grid)
     request = wire.ShuffleRequest.decode(sent.content)
