@@ -40,7 +40,7 @@ from app.config import Settings, parse_settings
 from app.data.federated import build_federated_data
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
 from app.privacy.ledger import LedgerError
-from app.privacy.policy import NodePolicy, node_policy, policy_violation
+from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
 from clients.silo import RefusingSilo, Silo
@@ -88,8 +88,15 @@ def node_role(context: Context) -> str:
     return wire.ROLE_SILO
 
 
+#: the shuffler's memory of aggregated exchanges: one file per state dir, across runs and restarts
+SHUFFLER_SEEN = "shuffler-seen.json"
+
+
 def shuffler(context: Context) -> Shuffler:
-    """This node's shuffler (its key pair on its own disk; one per run and state dir)."""
+    """This node's shuffler (its key pair on its own disk; one per run and state dir). It serves
+    only the run Flower started it for (context.run_id) and remembers every exchange it ever
+    aggregated in its state dir (SHUFFLER_SEEN; the per-run files of older versions are read too),
+    so no context is aggregated twice, in this run or any other."""
     node = context.node_config
     where = state_dir(node)
     key = (context.run_id, where)
@@ -99,7 +106,8 @@ def shuffler(context: Context) -> Shuffler:
         keys = StaticKeys.load_or_create(where / "shuffler.key")
         pinned = str(node.get("silo-keys", "")).strip()
         allowed = [parse_public_key(k.strip()) for k in pinned.split(",") if k.strip()] if pinned else None
-        _SHUFFLERS[key] = Shuffler(keys, allowed, seen_path=where / f"shuffler-seen-run{context.run_id}.json")
+        _SHUFFLERS[key] = Shuffler(keys, allowed, seen_path=where / SHUFFLER_SEEN, run_id=context.run_id,
+                                   legacy_seen=sorted(where.glob("shuffler-seen-run*.json")))
     return _SHUFFLERS[key]
 
 
@@ -158,9 +166,13 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             except EnvelopeError as exc:  # the operator's typo: refuse everything, say why
                 violation = violation or f"node config shuffler-public-key is not an X25519 public key: {exc}"
                 pin = None
-        if violation is None and s.privacy.mode == "shuffle" and pin is None and policy.epsilon_cap is not None:
-            violation = ("this node has a privacy cap and no pinned shuffler key (node config shuffler-public-key): "
+        if violation is None and s.privacy.mode == "shuffle" and pin is None and (policy.capped or deployed):
+            # only a simulation takes the shuffler's key from the server (docs/privacy.md)
+            why = "is deployed" if deployed else "has a privacy cap"
+            violation = (f"this node {why} and pinned no shuffler key (node config shuffler-public-key): "
                          "it does not seal contributions to a key the server chose")
+        if violation is None and s.privacy.mode == "shuffle":
+            violation = shuffle_trust_violation(policy, s.shuffle.count_on or s.silos_per_round)
         try:
             _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, where, ledger_key,
                                policy_violation=violation, ledger_budget=ledger_budget,
@@ -221,9 +233,10 @@ def shuffle(content: RecordDict, context: Context, deployed: bool = False) -> Re
         req = wire.ShuffleRequest.decode(content)
         if node_shuffler.allowed_senders is None:  # simulation: the silo keys the server saw
             senders = [parse_public_key(k) for k in req.senders]
-            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels, allowed_senders=senders)
+            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels, allowed_senders=senders,
+                                             p=req.p or None)
         else:
-            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels)
+            result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels, p=req.p or None)
     except (wire.ReplyError, EnvelopeError) as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, f"malformed shuffle request: {exc}", 0.0).encode()
     except ShuffleRefused as exc:

@@ -567,19 +567,22 @@ class SealedReply:
 @dataclass(frozen=True)
 class ShuffleRequest:
     """Server -> shuffler: the exchange's sealed contributions, its context, the vector length
-    and levels every contribution must have, and (simulation only) the silo keys the server saw."""
+    and levels every contribution must have, (simulation only) the silo keys the server saw, and
+    the noise bits' probability p (0: not sent; with it the shuffler drops counts impossible for
+    their claimed trials)."""
 
     context: bytes
     dim: int
     levels: int
     blobs: tuple[bytes, ...]
     senders: tuple[str, ...] = ()
+    p: float = 0.0
 
     def encode(self) -> RecordDict:
         return RecordDict({
             SEALED: ArrayRecord({str(i): _bytes_array(b) for i, b in enumerate(self.blobs)}),
             CONFIG: ConfigRecord({"context": self.context.decode(), "dim": int(self.dim), "levels": int(self.levels),
-                                  "senders": list(self.senders)}),
+                                  "senders": list(self.senders)} | ({"p": float(self.p)} if self.p else {})),
         })
 
     @classmethod
@@ -591,8 +594,11 @@ class ShuffleRequest:
         senders = config.get("senders", [])
         if not isinstance(senders, list) or not all(isinstance(x, str) for x in senders):
             raise ReplyError("shuffle request senders must be a list of hex keys")
+        p = config.get("p", 0.0)
+        if not isinstance(p, float) or not (p == 0.0 or 0.0 < p < 1.0):
+            raise ReplyError(f"shuffle request p must be a float in (0, 1) (or absent), got {p!r}")
         return cls(str(config.get("context", "")).encode(), _int(config, "dim"), _int(config, "levels"), blobs,
-                   tuple(senders))
+                   tuple(senders), p)
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,46 @@ returns only the per-coordinate totals. The shuffler:
    finds the largest set in which every member's calibration is met (a contribution dropped at
    some step cannot belong to any feasible subset of the remaining ones, since their trials only
    shrink). If nothing remains, the exchange is refused (:class:`ShuffleRefused`);
-5. sums the accepted counts in int64, refusing if the largest possible total (from the claimed
-   bounds K*g + K*b, never from the data) could reach 2**63.
+5. sums the accepted counts in int64. A contribution that claims more noise trials than any
+   calibration could need (:data:`MAX_CLAIMED_TRIALS`) is dropped before the privacy check;
+   a contribution claiming more than (1 + 10) times the exchange's median requirement (+ K) is
+   dropped too (:func:`_drop_outsized_claims`: no honest one is while at least half are honest);
+   if the largest possible total (from the claimed bounds K*g + K*b, never from the data) of
+   the accepted ones could still reach 2**63, the contributions with the largest bounds are
+   dropped (and the privacy check redone) until it cannot, so one silo's claim never blocks
+   the exchange.
 
-Each exchange (``context``) is aggregated at most once per :class:`Shuffler`: a second call with
-the same context raises :class:`ShuffleRefused` ("exchange already aggregated"), so the server
-cannot obtain two sums over different subsets of the same contributions and subtract them.
-The context is consumed when the call starts, even if the call is then refused. With
-``seen_path`` the consumed contexts (their SHA-256, hex) are kept in a JSON list on disk, read,
-checked and written under an exclusive lock, so the rule survives restarts and holds across
-processes sharing the file.
+With the exchange's bit probability ``p`` (sent by the server, which is trusted to follow the
+protocol), a contribution whose counts are statistically impossible for its claimed trials T is
+dropped (step 2): an honest count is c_j = r_j + Bin(T, p) with r_j in [0, K*g], so by
+Hoeffding's inequality and a union bound over the 2d tails (:func:`count_slack`)
+
+    p T - t  <=  c_j  <=  K g + p T + t,      t = sqrt(T ln(2 d / ALPHA) / 2),
+
+fails for an honest contribution with probability at most ALPHA = 1e-12 whatever its records
+(a drop adds at most ALPHA to the delta of that exchange). A silo that claims trials it did not
+add (2**62 trials and counts near 0, which would move the debiased mean by -1e14 per coordinate)
+fails the lower bound.
+
+Each exchange (``context``) is aggregated at most once: a second call with the same context
+raises :class:`ShuffleRefused` ("exchange already aggregated"), so the server cannot obtain two
+sums over different subsets of the same contributions and subtract them. The context is consumed
+when the call starts, even if the call is then refused. With ``seen_path`` the consumed contexts
+(their SHA-256, hex) are kept in a JSON list on disk, read, checked and written under an
+exclusive lock, so the rule survives restarts and holds across processes sharing the file; the
+node keeps ONE such file per state directory (app/node_runtime.py), across every run, so a
+context of an earlier run stays consumed for the state directory's lifetime. With ``run_id`` the
+shuffler serves one run only (the run id its node was started for, from Flower, not from the
+server's request): a context naming another run is refused before anything is opened, so the
+server cannot replay run 1's exchange with a subset of its blobs in run 2 and subtract the sums
+(which isolated one silo's contribution exactly before this rule). The run id is a second
+line of defence (behind a silo service it is what the forwarding ClientApp says); the state
+directory's memory is the first and holds whatever run id a request arrives with.
+
+A contribution may carry a binding (app/privacy/contribution.py, format SFC2): the SHA-256 of
+the context it was sealed for and the silo's ledger sequence number of the release. A
+contribution whose binding names another context is dropped (the AEAD already binds the
+context; the binding keeps it bound should the envelope ever change).
 
 Nothing here returns or logs an individual contribution: the result holds the totals, the sums
 of accepted trials and records, the number accepted and the reasons for the dropped blobs (keyed
@@ -50,6 +80,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +90,27 @@ import numpy as np
 from app.filelock import exclusive_lock, write_json_atomically
 from app.privacy.contribution import Contribution, ContributionError
 from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed, parse_public_key
+from app.privacy.shuffle import HONEST_ALPHA, count_slack
 
 _INT64_LIMIT = 2**63
+#: The most noise trials one contribution may claim. A silo carries (1 + headroom) / count-on of
+#: its calibration's trials (headroom <= 10, app/config.py) and the calibration's trial-scale
+#: search stops at 2**50 (app/privacy/accounting.py; the binomial accountant gains nothing past
+#: ~1e11 trials, MAX_WINDOW), so no honest contribution claims 2**54 trials: a claim above is
+#: dropped, and up to 2**63 / (2**54 + K g) >= 500 contributions still sum without overflow.
+MAX_CLAIMED_TRIALS = 2**54
+#: The largest shuffle.headroom a run may set (app/config.py): an honest silo claims at most
+#: (1 + MAX_HEADROOM) times the trials its calibration requires (plus K, for the rounding up).
+MAX_HEADROOM = 10
+#: The probability that an honest contribution fails the count test (:func:`count_slack`).
+ALPHA = HONEST_ALPHA
+_RUN_IN_CONTEXT = re.compile(rb"\|run=(-?\d+)\|")
+
+
+def context_run(context: bytes) -> int | None:
+    """The run id a context names (``...|run=<id>|...``, app/wire.py's shuffle_context), or None."""
+    match = _RUN_IN_CONTEXT.search(bytes(context))
+    return None if match is None else int(match.group(1))
 
 
 @dataclass(eq=False)
@@ -87,15 +137,21 @@ class Shuffler:
 
     ``allowed_senders``: the silos' static public keys (raw or hex). ``None`` accepts any sender,
     which gives no protection against injected contributions; use it only in tests.
-    ``seen_path``: where consumed exchange contexts are persisted (optional)."""
+    ``seen_path``: where consumed exchange contexts are persisted (optional). ``run_id``: the
+    run this shuffler serves (its own view, from Flower); a context naming another run is
+    refused (optional: None accepts any context, as in unit tests)."""
 
     def __init__(self, keys: StaticKeys, allowed_senders: Collection[bytes] | None,
-                 seen_path: str | Path | None = None) -> None:
+                 seen_path: str | Path | None = None, *, run_id: int | None = None,
+                 legacy_seen: Sequence[str | Path] = ()) -> None:
         self.keys = keys
         self.allowed_senders: frozenset[bytes] | None = (
             None if allowed_senders is None else frozenset(parse_public_key(k) for k in allowed_senders)
         )
         self.seen_path = None if seen_path is None else Path(seen_path)
+        self.run_id = None if run_id is None else int(run_id)
+        #: older per-run files of consumed contexts, read (never written) with seen_path's
+        self.legacy_seen = tuple(Path(x) for x in legacy_seen)
         self._seen: set[str] = set()
 
     @property
@@ -107,19 +163,22 @@ class Shuffler:
 
     def _read_seen(self) -> set[str]:
         assert self.seen_path is not None
-        try:
-            text = self.seen_path.read_text()
-        except FileNotFoundError:
-            return set()
-        except OSError as exc:
-            raise ShuffleRefused(f"cannot read the aggregated-exchanges file {self.seen_path}: {exc}") from None
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ShuffleRefused(f"aggregated-exchanges file {self.seen_path} is not JSON") from None
-        if not isinstance(data, list) or not all(isinstance(h, str) for h in data):
-            raise ShuffleRefused(f"aggregated-exchanges file {self.seen_path} is not a list of hashes")
-        return set(data)
+        seen: set[str] = set()
+        for path in (*self.legacy_seen, self.seen_path):
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise ShuffleRefused(f"cannot read the aggregated-exchanges file {path}: {exc}") from None
+            try:
+                data = json.loads(text)
+            except ValueError:
+                raise ShuffleRefused(f"aggregated-exchanges file {path} is not JSON") from None
+            if not isinstance(data, list) or not all(isinstance(h, str) for h in data):
+                raise ShuffleRefused(f"aggregated-exchanges file {path} is not a list of hashes")
+            seen.update(data)
+        return seen
 
     def _write_seen(self, seen: set[str]) -> None:
         assert self.seen_path is not None
@@ -143,7 +202,7 @@ class Shuffler:
     # -- aggregation -----------------------------------------------------------------------------
 
     def aggregate(self, blobs: Sequence[bytes], context: bytes, dim: int, levels: int, *,
-                  allowed_senders: Collection[bytes] | None = None) -> ShuffleResult:
+                  allowed_senders: Collection[bytes] | None = None, p: float | None = None) -> ShuffleResult:
         """Per-coordinate totals of the valid, allowed, privacy-satisfied contributions in
         ``blobs`` for the exchange ``context``; :class:`ShuffleRefused` if none qualifies or the
         exchange was already aggregated.
@@ -151,12 +210,20 @@ class Shuffler:
         ``allowed_senders`` (optional) can only *narrow* the senders of this exchange: with a
         list given to ``__init__`` the two are intersected; without one it is the only list. A
         list that comes from the server itself does not stop the server's own Sybil keys (the
-        server can name them); it still enforces one contribution per listed sender."""
+        server can name them); it still enforces one contribution per listed sender. ``p``: the
+        exchange's bit probability; with it, contributions whose counts are impossible for their
+        claimed trials are dropped (module docstring)."""
         if not isinstance(context, (bytes, bytearray, memoryview)) or len(context) == 0:
             raise ValueError("context must be non-empty bytes naming the run, round and exchange")
         context = bytes(context)
         if int(dim) < 0 or int(levels) < 1:
             raise ValueError(f"need dim >= 0 and levels >= 1, got dim={dim}, levels={levels}")
+        if p is not None and not 0.0 < float(p) < 1.0:
+            raise ValueError(f"need 0 < p < 1, got p={p}")
+        if self.run_id is not None and context_run(context) != self.run_id:
+            named = context_run(context)
+            raise ShuffleRefused(f"the exchange's context names run {'none' if named is None else named}, but this "
+                                 f"shuffler serves run {self.run_id}: a context of another run is never aggregated")
         allowed = self.allowed_senders
         if allowed_senders is not None:
             narrowed = frozenset(parse_public_key(k) for k in allowed_senders)
@@ -178,19 +245,54 @@ class Shuffler:
                 continue
             claimed.add(sender)
             try:
-                accepted[sender] = Contribution.decode(plaintext, dim, levels)
+                contribution = Contribution.decode(plaintext, dim, levels)
             except ContributionError as exc:
                 dropped[sender.hex()] = f"invalid contribution: {exc}"
+                continue
+            reason = _implausible(contribution, context, p)
+            if reason is not None:
+                dropped[sender.hex()] = reason
+                continue
+            accepted[sender] = contribution
 
         if not accepted:
             raise ShuffleRefused(f"no valid contribution among {len(blobs)} blob(s)", dropped)
+        _drop_outsized_claims(accepted, dropped)
+        if not accepted:
+            raise ShuffleRefused(f"no plausible contribution among {len(blobs)} blob(s)", dropped)
 
-        # The privacy check: drop the contributions whose calibration the exchange cannot meet.
+        while True:
+            self._privacy_check(accepted, dropped)
+            bound = sum(c.max_count() for c in accepted.values())
+            if bound < _INT64_LIMIT:
+                break
+            # one silo's claim must not block the exchange: drop the largest bounds until it fits
+            largest = max(accepted, key=lambda s: accepted[s].max_count())
+            dropped[largest.hex()] = (f"its claimed bound K*g + K*b = {accepted[largest].max_count()} would let the "
+                                      f"sum reach {bound} >= 2**63")
+            del accepted[largest]
+            if not accepted:
+                raise ShuffleRefused("no contribution left whose counts sum without overflow", dropped)
+        totals = np.zeros(int(dim), dtype=np.int64)
+        for c in accepted.values():
+            totals += c.counts
+        return ShuffleResult(
+            totals=totals,
+            trials=sum(c.trials for c in accepted.values()),
+            records=sum(c.records for c in accepted.values()),
+            accepted=len(accepted),
+            dropped=dropped,
+        )
+
+    @staticmethod
+    def _privacy_check(accepted: dict[bytes, Contribution], dropped: dict[str, str]) -> None:
+        """Drop the contributions whose calibration the exchange cannot meet, until stable;
+        :class:`ShuffleRefused` if none is left."""
         while True:
             available = sum(c.trials for c in accepted.values())
             short = [s for s, c in accepted.items() if c.required_trials > available]
             if not short:
-                break
+                return
             least_required = min(accepted[s].required_trials for s in short)
             for s in short:
                 dropped[s.hex()] = (f"its calibration counts on at least {accepted[s].required_trials} noise "
@@ -203,19 +305,39 @@ class Shuffler:
                     dropped,
                 )
 
-        bound = sum(c.max_count() for c in accepted.values())
-        if bound >= _INT64_LIMIT:
-            raise ShuffleRefused(
-                f"the accepted contributions could sum to {bound} >= 2**63; refusing rather than overflow",
-                dropped,
-            )
-        totals = np.zeros(int(dim), dtype=np.int64)
-        for c in accepted.values():
-            totals += c.counts
-        return ShuffleResult(
-            totals=totals,
-            trials=sum(c.trials for c in accepted.values()),
-            records=sum(c.records for c in accepted.values()),
-            accepted=len(accepted),
-            dropped=dropped,
-        )
+
+def _drop_outsized_claims(accepted: dict[bytes, Contribution], dropped: dict[str, str]) -> None:
+    """Drop every contribution claiming more trials than (1 + MAX_HEADROOM) m + K, m the upper
+    median of the exchange's required trials. An honest silo claims K ceil((1 + h) m_i / (c K))
+    <= (1 + h) m_i + K trials (h <= MAX_HEADROOM, c >= 1), and honest calibrations of one run
+    differ by a few percent (delta = 1/n^2), so while at least half the contributions are honest
+    none of them is dropped, and a lying claim is held to about (1 + MAX_HEADROOM) times theirs
+    (the mean shift it can cause, (2R/g) t / N, to about sqrt(11) times the honest noise's scale)."""
+    required = sorted(c.required_trials for c in accepted.values())
+    typical = required[len(required) // 2]
+    for sender, c in list(accepted.items()):
+        limit = (1 + MAX_HEADROOM) * typical + c.records
+        if c.trials > limit:
+            dropped[sender.hex()] = (f"it claims {c.trials} noise trials, more than any calibration of this exchange "
+                                     f"needs ((1 + {MAX_HEADROOM}) x the median requirement {typical} + K = {limit})")
+            del accepted[sender]
+
+
+def _implausible(c: Contribution, context: bytes, p: float | None) -> str | None:
+    """Why a decoded contribution cannot be an honest one (or None): a binding to another
+    context, a claim of more trials than any calibration needs, or (with ``p``) counts outside
+    [p T - t, K g + p T + t] (module docstring). Reasons state bounds, never a count."""
+    if c.binding and c.binding[:32] != hashlib.sha256(context).digest():
+        return "its binding names another exchange's context"
+    if c.trials > MAX_CLAIMED_TRIALS:
+        return (f"it claims {c.trials} noise trials, more than any calibration needs "
+                f"(at most {MAX_CLAIMED_TRIALS} = 2**54)")
+    if p is None or c.dim == 0:
+        return None
+    t = count_slack(c.trials, c.dim)
+    lo = float(p) * c.trials - t
+    hi = c.records * c.levels + float(p) * c.trials + t
+    if float(c.counts.min()) < lo or float(c.counts.max()) > hi:
+        return (f"its counts are impossible for its claimed {c.trials} noise trials at p={float(p):g}: an honest "
+                f"count lies in [{lo:.6g}, {hi:.6g}] except with probability {ALPHA:g}")
+    return None

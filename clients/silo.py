@@ -55,6 +55,7 @@ from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, p
 from app.privacy.clipping import clip_rows
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
+from app.privacy.policy import collusion_threshold
 from app.privacy.mechanism import BinomialShuffleMechanism, make_mechanism
 from app.models.losses import cross_entropy
 from app.privacy.per_sample import batch_loss, per_sample_grads
@@ -383,7 +384,8 @@ class Silo:
                 "shuffle": {"levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim, "count_on": count_on,
                             "headroom": self.s.shuffle.headroom,
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
-                                             "silo sampling is claimed"},
+                                             "silo sampling is claimed",
+                            "trust": shuffle_trust(count_on, self.s.num_silos)},
                 "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "disjoint": r.disjoint,
                              "trials": r.trials,
                              "trials_per_record": trials_per_record(r.trials, count_on, r.batch, self.s.shuffle.headroom),
@@ -443,10 +445,12 @@ class Silo:
             rows = clip_rows(per_sample_grads(self.model, dict(w0), x, y), self.clip)
         code = ShuffleCode(row_bound(phase == Phase.DIFF, self.clip, self.s.diff_clip), self.levels, self.s.shuffle.p)
         counts = BinomialShuffleMechanism(code, b, self._np_rng(seq, "shuffle-encoding", 0)).release(rows).numpy()
-        contribution = Contribution(records=spec.batch, trials=spec.batch * b, required_trials=spec.trials,
-                                    levels=self.levels, counts=counts)
-        assert self.sender_keys is not None
+        # bound to its exchange (run, round, exchange, phase: the AEAD's associated data) and, inside
+        # the sealed payload, to that context's hash and this release's ledger sequence number
         context = wire.shuffle_context(self.run_id, rnd, ins.shuffle.exchange, str(phase))
+        contribution = Contribution(records=spec.batch, trials=spec.batch * b, required_trials=spec.trials,
+                                    levels=self.levels, counts=counts, binding=Contribution.bind(context, seq))
+        assert self.sender_keys is not None
         return wire.SealedReply(seal(shuffler_key, self.sender_keys, contribution.encode(), context), spent).encode()
 
     # -- internals ------------------------------------------------------------------------
@@ -554,6 +558,20 @@ class RefusingSilo:
 
     def ledger_report(self) -> dict[str, Any]:
         return {"silo": self.index, "error": self.reason}
+
+
+def shuffle_trust(count_on: int, silos: int) -> dict[str, Any]:
+    """Whom a shuffle-DP silo's epsilon relies on, for summary.json (app/privacy/policy.py's
+    collusion_threshold): 'holds unless more than k of the other silos are dishonest or collude
+    with the server' (the shuffler is trusted in every case)."""
+    k = collusion_threshold(count_on, silos)
+    return {"count_on": int(count_on), "collusion_threshold": k,
+            "holds": f"unless more than {k} of the other {max(silos - 1, 0)} silos are dishonest or collude with the "
+                     "server (and unless the shuffler colludes with the server)",
+            "why": ("count-on 1: the silo adds all the noise its epsilon needs" if count_on <= 1 else
+                    f"count-on {count_on}: the silo adds (1 + headroom)/{count_on} of the noise its epsilon needs and "
+                    "counts on the other silos in its sums for the rest; one that claims noise it did not add, or "
+                    "whose counts reach the server, shrinks it")}
 
 
 def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -8,6 +8,8 @@ invalid, refused or failed reply counts as a dropped silo), relays them to the s
 :class:`~app.wire.ShuffleRequest`, and gets back only the per-coordinate totals, the number of
 records and of noise trials. The analyzer (app/privacy/shuffle.py) turns them into the mean of
 the records' rows, which the optimiser steps with as it would with the mean of Gaussian releases.
+A debiased mean outside the bound every honest one obeys (R + (2R/g) t / N per coordinate,
+:func:`~app.privacy.shuffle.honest_mean_limit`) is never applied: the exchange is dropped.
 
 In a simulation the silos take the shuffler's key from the server and the shuffler takes the
 silo keys from it; a deployment pins both in the nodes' configs (docs/privacy.md), so that a
@@ -25,7 +27,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from app import wire
-from app.privacy.shuffle import ShuffleCode, debias
+from app.privacy.shuffle import ShuffleCode, debias, honest_mean_limit
 from strategies.replies import Updates, check_bounded, sort_replies
 
 
@@ -102,7 +104,7 @@ class ShuffleRelay:
             return out
         context = wire.shuffle_context(run_id, rnd, ticket.exchange, phase)
         request = wire.ShuffleRequest(context, self.dim, self.levels, tuple(blobs),
-                                      tuple(self.silo_keys[n] for n in sorted(self.silo_keys)))
+                                      tuple(self.silo_keys[n] for n in sorted(self.silo_keys)), self.p)
         assert self.shuffler is not None
         message = Message(request.encode(), dst_node_id=self.shuffler, message_type=wire.SHUFFLE_QUERY)
         result = self._relay(grid, rnd, message, timeout)
@@ -111,8 +113,12 @@ class ShuffleRelay:
             return out
         code = ShuffleCode(bound, self.levels, self.p)
         mean = debias(result.totals, result.records, result.trials, code) / result.records
+        limit = honest_mean_limit(code, result.records, result.trials, self.dim)
         try:
             check_bounded("debiased shuffle mean", mean)
+            if not np.all(np.abs(mean) <= limit):  # no honest release lies there (but w.p. 1e-12)
+                raise wire.ReplyError(f"the debiased mean leaves [-{limit:.6g}, {limit:.6g}], the bound every "
+                                      f"honest mean obeys (R + (2R/g) t / N, app/privacy/shuffle.py)")
         except wire.ReplyError as exc:
             log(WARNING, "round %d: the shuffler's totals were dropped: %s", rnd, exc)
             out.shuffle_dropped = len(blobs)

@@ -200,7 +200,7 @@ def _raw(records=5, trials=50, required=120, levels=4, d=None, counts=(0, 7, 70,
 
 
 @pytest.mark.parametrize("data, match", [
-    (_raw(magic=b"SFC2"), "magic"),
+    (_raw(magic=b"SFC9"), "magic"),
     (_raw()[:-1], "length"),
     (_raw() + b"\x00", "length"),
     (_raw()[:40], "too short"),
@@ -359,9 +359,14 @@ def test_server_sybil_contributions_are_dropped(setup):
     with pytest.raises(ShuffleRefused, match="30 noise trials available, at least 300 required") as info:
         shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
     assert all("not an allowed sender" in info.value.dropped[f"#{i}"] for i in (1, 2, 3))
-    # Without a sender list the attack would work: that is what allowed_senders is for.
+    # Without a sender list the attack would work: that is what allowed_senders is for. (Sybils
+    # claiming 1000 trials while requiring 1 are outsized for the exchange's median requirement,
+    # 1, and dropped; Sybils stating a requirement like a's get through.)
     open_shuffler = Shuffler(sk, None)
-    leaked = open_shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
+    with pytest.raises(ShuffleRefused, match="no plausible contribution"):
+        open_shuffler.aggregate([honest, *sybils], CTX, dim=4, levels=2)
+    sybils = [_blob(sk, StaticKeys.generate(), [0, 0, 0, 0], trials=1000, required=300) for _ in range(3)]
+    leaked = Shuffler(sk, None).aggregate([honest, *sybils], CTX, dim=4, levels=2)
     assert leaked.totals.tolist() == [2, 1, 0, 3] and leaked.accepted == 4
 
 
@@ -378,12 +383,47 @@ def test_duplicate_sender_keeps_first(setup):
     assert all("duplicate" in r and a.public_hex in r for r in result.dropped.values())
 
 
-def test_int64_overflow_is_refused(setup):
-    sk, (a, b, _), shuffler = setup
+def test_a_claim_beyond_any_calibration_is_dropped_not_the_exchange(setup):
+    """2**62 claimed trials (more than 2**54, beyond any calibration) used to refuse the whole
+    exchange ("could sum to >= 2**63"): now only those contributions are dropped."""
+    sk, (a, b, c), shuffler = setup
     huge = 2**62
     blobs = [_blob(sk, s, [huge, 0], records=1, levels=1, trials=huge, required=1, context=CTX) for s in (a, b)]
-    with pytest.raises(ShuffleRefused, match="2\\*\\*63"):
-        shuffler.aggregate(blobs, CTX, dim=2, levels=1)
+    blobs.append(_blob(sk, c, [1, 0], records=1, levels=1, trials=2, required=1))
+    result = shuffler.aggregate(blobs, CTX, dim=2, levels=1)
+    assert result.totals.tolist() == [1, 0] and (result.accepted, result.trials) == (1, 2)
+    assert set(result.dropped) == {a.public_hex, b.public_hex}
+    assert all("more than any calibration needs" in r for r in result.dropped.values())
+
+
+def test_int64_overflow_drops_the_largest_bound_not_the_exchange(setup):
+    """Two contributions of bound K*g + K*b = 2**20 * 2**42 + 1 = 2**62 + 1 each could sum to
+    2**63 + 2: the one with the largest bound (the first of equals) is dropped, the other summed."""
+    sk, (a, b, _), shuffler = setup
+    blobs = [_blob(sk, s, [0, 2**62], records=2**20, levels=2**42, trials=1, required=1) for s in (a, b)]
+    result = shuffler.aggregate(blobs, CTX, dim=2, levels=2**42)
+    assert result.totals.tolist() == [0, 2**62] and result.accepted == 1
+    assert list(result.dropped) == [a.public_hex] and "2**63" in result.dropped[a.public_hex]
+    alone = [_blob(sk, a, [0, 0], records=2**21, levels=2**42, trials=1, required=1, context=b"run=7|round=9")]
+    with pytest.raises(ShuffleRefused, match="overflow"):
+        shuffler.aggregate(alone, b"run=7|round=9", dim=2, levels=2**42)
+
+
+def test_counts_impossible_for_the_claimed_trials_are_dropped(setup):
+    """With p: an honest count lies in [pT - t, Kg + pT + t], t = sqrt(T ln(2d/1e-12)/2)
+    (Hoeffding); here T = 10**6, d = 4: pT = 250000, t = 3854.25."""
+    import math
+    sk, (a, b, c), shuffler = setup
+    t = math.sqrt(10**6 * math.log(8 / 1e-12) / 2)
+    assert abs(t - 3854.25) < 0.01
+    ok = [250000 - 3854, 250000, 250000 + 6 + 3854, 250000]
+    blobs = [_blob(sk, a, ok, trials=10**6, required=10**6),
+             _blob(sk, b, [250000 - 3855, 250000, 250000, 250000], trials=10**6, required=10**6),  # below pT - t
+             _blob(sk, c, [250000, 250000 + 6 + 3855, 250000, 250000], trials=10**6, required=10**6)]  # above
+    result = shuffler.aggregate(blobs, CTX, dim=4, levels=2, p=0.25)
+    assert result.totals.tolist() == ok and result.accepted == 1
+    assert set(result.dropped) == {b.public_hex, c.public_hex}
+    assert all("impossible" in r and "246145" not in r and "253861" not in r for r in result.dropped.values())
 
 
 def test_wrong_dim_or_levels_dropped(setup):
@@ -409,3 +449,16 @@ def test_per_exchange_sender_list_only_narrows(setup):
     open_shuffler = Shuffler(sk, None)
     result = open_shuffler.aggregate(blobs, CTX, 4, 2, allowed_senders=[b.public_hex, stranger.public])
     assert result.totals.tolist() == [2, 2, 2, 2] and set(result.dropped) == {"#0"}
+
+
+def test_a_claim_outsized_for_the_exchanges_requirements_is_dropped(setup):
+    """Counts consistent with 10**6 claimed trials (p T each) pass the count test, but the
+    claim is more than (1 + 10) x the median requirement (100) + K = 1103: dropped. The honest
+    claims (55 <= 1103) stay, and their 110 trials meet their requirement of 100."""
+    sk, (a, b, c), shuffler = setup
+    blobs = [_blob(sk, a, [14, 15, 13, 14], trials=55, required=100),
+             _blob(sk, b, [13, 14, 15, 14], trials=55, required=100),
+             _blob(sk, c, [250000] * 4, trials=10**6, required=100)]
+    result = shuffler.aggregate(blobs, CTX, dim=4, levels=2, p=0.25)
+    assert result.totals.tolist() == [27, 29, 28, 28] and (result.accepted, result.trials) == (2, 110)
+    assert list(result.dropped) == [c.public_hex] and "1103" in result.dropped[c.public_hex]

@@ -14,17 +14,31 @@ Wire format (little-endian)::
 ``required_trials`` is the smallest total number of noise trials of the *whole exchange* that
 the silo calibrated its privacy for: the shuffler releases a sum that contains this contribution
 only if the accepted contributions together carry at least that many.
+
+Format SFC2 is SFC1 with a binding after the counts::
+
+    struct "<H": binding length, then the binding bytes (at most MAX_BINDING)
+
+A silo's binding is SHA-256(context) (32 bytes) followed by its ledger sequence number of the
+release ("<Q"): inside the sealed payload, it ties the contribution to the one exchange and the
+one ledger release it was made for (the shuffler drops one whose binding names another context).
+A contribution without a binding is encoded as SFC1.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MAGIC = b"SFC1"
+MAGIC_BOUND = b"SFC2"
 HEADER = struct.Struct("<4sQQQQQ")
+BINDING_LEN = struct.Struct("<H")
+#: The longest binding a contribution may carry.
+MAX_BINDING = 256
 #: The most records one contribution may claim.
 MAX_RECORDS = 10**9
 _U64_MAX = 2**64 - 1
@@ -43,6 +57,13 @@ class Contribution:
     required_trials: int
     levels: int
     counts: np.ndarray = field(repr=False)
+    #: SHA-256(context) + ledger sequence number (see the module docstring); empty: none
+    binding: bytes = b""
+
+    @staticmethod
+    def bind(context: bytes, seq: int) -> bytes:
+        """The binding of the release ``seq`` sealed for ``context``."""
+        return hashlib.sha256(bytes(context)).digest() + struct.pack("<Q", int(seq))
 
     @property
     def dim(self) -> int:
@@ -64,9 +85,13 @@ class Contribution:
                 raise ContributionError(f"{name} must be an integer in [0, 2**64), got {value!r}")
         if counts.size and (int(counts.min()) < np.iinfo(np.int64).min or int(counts.max()) > np.iinfo(np.int64).max):
             raise ContributionError("counts do not fit in int64")
-        header = HEADER.pack(MAGIC, int(self.records), int(self.trials), int(self.required_trials),
-                             int(self.levels), counts.shape[0])
-        return header + counts.astype("<i8").tobytes()
+        binding = bytes(self.binding)
+        if len(binding) > MAX_BINDING:
+            raise ContributionError(f"binding of {len(binding)} bytes exceeds {MAX_BINDING}")
+        header = HEADER.pack(MAGIC_BOUND if binding else MAGIC, int(self.records), int(self.trials),
+                             int(self.required_trials), int(self.levels), counts.shape[0])
+        body = header + counts.astype("<i8").tobytes()
+        return body + BINDING_LEN.pack(len(binding)) + binding if binding else body
 
     @classmethod
     def decode(cls, data: bytes, dim: int, levels: int) -> Contribution:
@@ -78,11 +103,20 @@ class Contribution:
         if len(data) < HEADER.size:
             raise ContributionError(f"contribution too short: {len(data)} bytes < {HEADER.size}-byte header")
         magic, records, trials, required, got_levels, d = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise ContributionError(f"bad magic {magic!r}, expected {MAGIC!r}")
+        if magic not in (MAGIC, MAGIC_BOUND):
+            raise ContributionError(f"bad magic {magic!r}, expected {MAGIC!r} or {MAGIC_BOUND!r}")
         if d != dim:
             raise ContributionError(f"dimension {d} != the exchange's dimension {dim}")
         expected = HEADER.size + 8 * d
+        binding = b""
+        if magic == MAGIC_BOUND:
+            if len(data) < expected + BINDING_LEN.size:
+                raise ContributionError(f"wrong length: {len(data)} bytes, too short for an SFC2 binding with d={d}")
+            (size,) = BINDING_LEN.unpack_from(data, expected)
+            if not 0 < size <= MAX_BINDING:
+                raise ContributionError(f"binding length {size} outside [1, {MAX_BINDING}]")
+            binding = data[expected + BINDING_LEN.size: expected + BINDING_LEN.size + size]
+            expected += BINDING_LEN.size + size
         if len(data) != expected:
             raise ContributionError(f"wrong length: {len(data)} bytes, expected {expected} for d={d}")
         if got_levels != levels:
@@ -103,4 +137,4 @@ class Contribution:
                 f"a count exceeds K*g + K*b = {records}*{got_levels} + {trials} = {bound}"
             )
         return cls(records=int(records), trials=int(trials), required_trials=int(required),
-                   levels=int(got_levels), counts=counts)
+                   levels=int(got_levels), counts=counts, binding=binding)

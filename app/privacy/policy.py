@@ -31,6 +31,14 @@ protects the silo's records is decided here, by the silo's operator:
     caps; a deployed node refuses non-private runs unless its operator sets it, and a node with a
     cap refuses them whatever it says (``allow-non-private = true`` with a cap is an error).
 
+``shuffle-count-on-max``
+    shuffle DP: the most silos whose noise this silo agrees to count on. A silo carries
+    (1 + headroom) / count-on of the noise its guarantee needs and trusts the other silos in its
+    sums for the rest, so the run config (``shuffle.count-on``, written by the server's side)
+    cannot raise it above this bound: a run asking for more is refused. Default 1 (the silo
+    adds all the noise its epsilon needs, trusting no other silo) when a cap is set or the node
+    is deployed; unbounded in a simulation without caps.
+
 A node "sets a cap" when it has ``epsilon-cap`` or ``delta-cap``: that is how an operator says
 this node guards real records, and every default above then takes the safe side.
 
@@ -55,7 +63,7 @@ NOISE_SEEDS = ("run", "os")
 EVALUATION_POLICIES = ("open", "private", "off")
 #: node-config keys this module reads (besides the silo's identity and paths, read by the ClientApp)
 POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio",
-               "allow-non-private")
+               "allow-non-private", "shuffle-count-on-max")
 
 
 class PolicyError(ValueError):
@@ -75,6 +83,8 @@ class NodePolicy:
     allow_non_private: bool = True
     #: a real deployment (silo service, flwr-clientapp), not a simulation
     deployed: bool = False
+    #: shuffle DP: the most silos whose noise this silo counts on (None: no bound)
+    shuffle_count_on_max: int | None = None
 
     @property
     def capped(self) -> bool:
@@ -136,7 +146,43 @@ def node_policy(node: Mapping[str, Any], *, deployed: bool = False) -> NodePolic
         evaluation_noise_ratio=1.0 if ratio is None else ratio,
         allow_non_private=(not safe) if allow is None else allow,
         deployed=deployed,
+        shuffle_count_on_max=_count_on_max(node, 1 if safe else None),
     )
+
+
+def _count_on_max(node: Mapping[str, Any], default: int | None) -> int | None:
+    if "shuffle-count-on-max" not in node:
+        return default
+    value = node["shuffle-count-on-max"]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise PolicyError(f"node config shuffle-count-on-max = {value!r} must be an integer >= 1")
+    try:
+        number = float(value)
+    except ValueError:
+        raise PolicyError(f"node config shuffle-count-on-max = {value!r} must be an integer >= 1") from None
+    if not (math.isfinite(number) and number >= 1 and number == int(number)):
+        raise PolicyError(f"node config shuffle-count-on-max = {value!r} is out of range; allowed: integers >= 1")
+    return int(number)
+
+
+def shuffle_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
+    """Why this silo refuses a shuffle-DP run that asks it to count on ``count_on`` silos'
+    noise (``shuffle.count-on``, or silos-per-round when 0), or None."""
+    bound = policy.shuffle_count_on_max
+    if bound is None or count_on <= bound:
+        return None
+    source = "its node config shuffle-count-on-max" if policy.deployed or policy.capped else "shuffle-count-on-max"
+    return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
+            f"{count_on} (shuffle.count-on), which would let fewer dishonest silos break its epsilon")
+
+
+def collusion_threshold(count_on: int, silos: int) -> int:
+    """k such that a shuffle-DP silo's epsilon holds unless more than k of the other silos are
+    dishonest or collude with the server: with count-on 1 it adds all its noise itself (k = all
+    silos - 1; only the shuffler is trusted); with count-on > 1 it counts on the others in its sums
+    for (count-on - 1 - headroom)/count-on of its noise, and ONE of them claiming noise it did not
+    add, or whose counts reach the server, is enough to shrink that noise (k = 0)."""
+    return max(int(silos) - 1, 0) if int(count_on) <= 1 else 0
 
 
 def policy_violation(policy: NodePolicy, private: bool, epsilon: float, delta: float, delta_asked: str) -> str | None:

@@ -22,6 +22,12 @@ variance per coordinate is (2R / g)^2 (sum_i f_ij (1 - f_ij) + m p (1 - p)), f_i
 part of a_ij (:func:`estimate_variance`). Replacing one record changes the integer vector
 sum_i r_i by Delta with |Delta_j| <= g and ||Delta||_2 <= g + sqrt(d) (coupled rounding; see
 app/privacy/binomial.py, which accounts for it exactly).
+
+Bounds every honest release obeys (:func:`count_slack`, :func:`honest_mean_limit`): sum_i r_ij lies
+in [0, N g], and by Hoeffding's inequality |Bin(m, p) - p m| < t = sqrt(m ln(2d / alpha) / 2) on
+all d coordinates except with probability alpha (union bound over 2d tails). Hence
+|o_j / N| <= R + (2R / g) t / N: the server never applies a debiased mean outside it (a silo
+that claims noise it did not add could otherwise move the mean by p m (2R / g) / N).
 """
 
 from __future__ import annotations
@@ -131,3 +137,22 @@ def trials_per_record(required_trials: int, count_on: int, records: int, headroo
     the m trials the exchange needs, so ``count_on`` silos whose calibrations differ by less
     than the headroom (e.g. delta = 1/n^2 with different n) meet each other's requirement."""
     return max(1, math.ceil(required_trials * (1.0 + headroom) / (count_on * records)))
+
+
+#: The probability with which an honest release may fail the bounds below (a false drop).
+HONEST_ALPHA = 1e-12
+
+
+def count_slack(trials: int, dim: int, alpha: float = HONEST_ALPHA) -> float:
+    """t = sqrt(m ln(2 d / alpha) / 2) for m = ``trials``: by Hoeffding,
+    P(|Bin(m, p) - p m| >= t) <= 2 exp(-2 t^2 / m) for any p, so d independent such draws all lie
+    within t of p m with probability >= 1 - alpha (union bound over the 2d tails)."""
+    return math.sqrt(max(int(trials), 0) * math.log(2.0 * max(int(dim), 1) / alpha) / 2.0)
+
+
+def honest_mean_limit(code: ShuffleCode, records: int, trials: int, dim: int, alpha: float = HONEST_ALPHA) -> float:
+    """The bound R + (2R / g) t / N on every coordinate of an honest debiased mean o / N, with
+    t = :func:`count_slack` (trials, dim): exceeded with probability at most alpha."""
+    if records < 1:
+        raise ValueError(f"records N must be >= 1, got {records}")
+    return code.bound + code.step * count_slack(trials, dim, alpha) / records
