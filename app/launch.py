@@ -535,7 +535,7 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
     """The run config to continue run ``name`` with: the checkpoint's own run config, plus
     resume = true and the silos' original per-run ledger name. Returns it and the overrides to
     pass (every key, so the ServerApp sees exactly the original's settings)."""
-    from app.checkpoint import load_checkpoint
+    from app.checkpoint import CheckpointError, check_resume_state, load_checkpoint
     from app.config import ConfigError, parse_settings
 
     outputs = Path(parse_settings(cfg).outputs_dir)
@@ -543,13 +543,29 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
     try:
         state = load_checkpoint(outputs / name / "checkpoint.npz")
     except Exception as exc:
-        raise ConfigError(f"--resume {name}: {exc}") from exc
-    original = dict(state.get("run_config") or {})
-    if not original:
+        raise ConfigError(f"--resume {name}: cannot resume: {exc}") from exc
+    original = state.get("run_config")
+    if not original or not isinstance(original, dict):
         raise ConfigError(f"--resume {name}: the checkpoint holds no run config (written by an older version)")
-    resumed = default_run_config() | original | {"resume": True, "run-name": name,
-                                                  "ledger-run-key": state["ledger_run_key"]}
+    resumed = default_run_config() | original | {"resume": True, "run-name": name}
+    try:  # the same checks as the ServerApp's (app.server_app.load_resume_state), before any process starts
+        settings = parse_settings(resumed)
+        check_resume_state(state, settings.num_rounds, model_layout(settings))
+    except (CheckpointError, ConfigError) as exc:
+        raise ConfigError(f"--resume {name}: cannot resume: checkpoint {outputs / name / 'checkpoint.npz'} "
+                          f"is malformed: {exc}") from exc
+    resumed["ledger-run-key"] = state["ledger_run_key"]
     return resumed, [" ".join(f"{k}={toml_value(v)}" for k, v in resumed.items())]
+
+
+def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
+    """The shapes of the run's model parameters (what the ServerApp builds; imports torch)."""
+    from app.data.federated import dataset_meta
+    from app.models import build_model
+
+    feature_shape, num_classes = dataset_meta(settings)
+    model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden)
+    return {k: tuple(v.shape) for k, v in model.named_parameters()}
 
 
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from app import wire
-from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, check_resume_state, load_checkpoint, save_checkpoint
 from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
@@ -81,15 +81,24 @@ def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in RESUME_FREE}
 
 
-def load_resume_state(s: Settings, out: Path) -> dict[str, Any]:
-    """The checkpoint of the run to resume; CheckpointError if it is missing or was written for
+def load_resume_state(s: Settings, out: Path, layout: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """The checkpoint of the run to resume; CheckpointError if it is missing, unreadable,
+    malformed (:func:`app.checkpoint.check_resume_state`: its round outside [0, num-rounds], a
+    model not of ``layout``'s shapes or not finite, a field of the wrong type) or was written for
     other settings (a resumed run must be the same run)."""
     state = load_checkpoint(out / CHECKPOINT_FILE)
-    saved, now = comparable(state.get("settings", {})), comparable(_jsonish(s.to_dict()))
+    if not isinstance(state.get("settings"), dict):
+        raise CheckpointError(f"checkpoint of run {out.name} is malformed: it holds no settings")
+    saved, now = comparable(state["settings"]), comparable(_jsonish(s.to_dict()))
     diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if diff:
         raise CheckpointError(f"run {out.name} was checkpointed with other settings ({', '.join(diff)}); "
                               "a resumed run must use the settings of the original")
+    if layout is not None:
+        try:
+            check_resume_state(state, s.num_rounds, layout)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint of run {out.name} is malformed: {exc}") from exc
     return state
 
 
@@ -152,18 +161,18 @@ def main(grid: Grid, context: Context) -> None:
         raise
     name = run_name(s, context.run_id)
     out = Path(s.outputs_dir) / name
-    resume_state = None
-    if s.resume:
-        try:
-            resume_state = load_resume_state(s, out)
-        except CheckpointError as exc:
-            log(ERROR, "cannot resume: %s", exc)
-            raise
-    recorder = RunRecorder(out, keep=resume_state["rows"] if resume_state is not None else None)
     feature_shape, num_classes = dataset_meta(s)
     model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
     layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
     initial = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    resume_state = None
+    if s.resume:  # every bad checkpoint is refused here, with one line, before anything is written
+        try:
+            resume_state = load_resume_state(s, out, layout)
+        except CheckpointError as exc:
+            log(ERROR, "cannot resume: %s", exc)
+            raise
+    recorder = RunRecorder(out, keep=resume_state["rows"] if resume_state is not None else None)
 
     def on_round(row: dict[str, Any]) -> None:
         recorder.round(row)
