@@ -125,21 +125,34 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
 
 
 def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
-    """Ask every silo for its public privacy record (for summary.json)."""
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.LEDGER_QUERY)
-            for n in sorted(grid.get_node_ids())]
-    silos = []
+    """Ask every silo for its public privacy record (for summary.json): at most one entry per
+    node asked, from its first reply. Further replies of a node (a transport that delivers one
+    reply many times) and replies of nodes not asked are ignored, with one warning per node."""
+    nodes = sorted(grid.get_node_ids())
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.LEDGER_QUERY) for n in nodes]
+    asked = set(nodes)
+    silos: dict[int, dict[str, Any]] = {}
+    counts: dict[int, int] = {}
     for reply in grid.send_and_receive(msgs, timeout=timeout):
+        node = reply.metadata.src_node_id
+        counts[node] = counts.get(node, 0) + 1
+        if counts[node] > 1 or node not in asked:
+            continue
         if reply.has_error():
-            log(WARNING, "ledger query to node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
+            log(WARNING, "ledger query to node %d failed: %s", node, reply.error.reason)
             continue
         try:
             report = wire.read_ledger(reply.content)
             if report.get("role") != wire.ROLE_SHUFFLER:  # the shuffler holds no records and no ledger
-                silos.append(report)
+                silos[node] = report
         except wire.ReplyError as exc:
-            log(WARNING, "ledger reply of node %d dropped: %s", reply.metadata.src_node_id, exc)
-    return sorted(silos, key=lambda d: d.get("silo", 0))
+            log(WARNING, "ledger reply of node %d dropped: %s", node, exc)
+    for node, count in sorted(counts.items()):
+        if node not in asked:
+            log(WARNING, "ledger query: ignored %d reply(ies) from node %d, which was not asked", count, node)
+        elif count > 1:
+            log(WARNING, "ledger query: node %d answered %d times; only its first reply is kept", node, count)
+    return sorted(silos.values(), key=lambda d: d.get("silo", 0))
 
 
 def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, float | None]:
