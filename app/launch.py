@@ -40,7 +40,10 @@ Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] 
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
 simulation SuperLink of this checkout and its runs' processes, by pid; nobody else's; its ports
 stay remembered).
-Exit codes: 0 success, 1 the run failed, 2 bad configuration, 3 the run diverged or made no progress.
+Exit codes: 0 success, 1 the run failed, 2 bad configuration (one line ``config error: ...``, before
+any Flower process starts: a ``--run-config`` fragment that does not parse, a bad key or value, an
+outputs-dir that cannot be written, device = "cuda" without CUDA for the local simulation, a
+checkpoint that cannot be resumed), 3 the run diverged or made no progress.
 """
 
 from __future__ import annotations
@@ -92,8 +95,14 @@ def default_run_config(root: Path = ROOT) -> dict[str, Any]:
 
 
 def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]:
+    """pyproject's run config with the ``--run-config`` strings ``overrides`` on top;
+    ConfigError (one line naming the fragment) for anything in them Flower's parser would drop
+    or misread (app.config.check_run_config_args)."""
     from flwr.common.config import parse_config_args
 
+    from app.config import check_run_config_args
+
+    check_run_config_args(overrides)
     cfg = default_run_config(root)
     cfg.update(parse_config_args(overrides))
     return cfg
@@ -451,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             cfg, args.run_config = resume_config(cfg, args.resume)
         settings = parse_settings(cfg) if args.no_preflight else preflight(cfg)
+        outputs = Path(settings.outputs_dir)
+        outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
+        check_outputs_dir(outputs)
+        if not args.superlink:
+            check_local_device(settings)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -458,8 +472,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    outputs = Path(settings.outputs_dir)
-    outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
     # The ServerApp's name for the run, fixed here and passed as run-name so that the launcher
     # knows where summary.json will be. Flower's run id is not known before the run starts: the
     # five-digit suffix that tells apart runs started in the same second is drawn here instead.
@@ -571,7 +583,42 @@ def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
     from flwr.common.config import parse_config_args
 
+    from app.config import check_run_config_args
+
+    check_run_config_args(overrides)
     return parse_config_args(overrides)
+
+
+def check_outputs_dir(outputs: Path) -> None:
+    """ConfigError unless ``outputs`` (the run's outputs-dir) exists or can be made, and a file can be
+    written in it: checked before the run starts rather than when its first file is written."""
+    import tempfile
+
+    from app.config import ConfigError
+
+    try:
+        outputs.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=outputs, prefix=".silofl-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"outputs-dir = {str(outputs)!r} cannot be written ({type(exc).__name__}: "
+                          f"{exc.strerror or exc}); choose a folder this user can write") from None
+
+
+def check_local_device(settings: Any) -> None:
+    """ConfigError for device = "cuda" on a machine without CUDA, for a run of the local simulation
+    (its silos run on this machine). A run on a SuperLink (--superlink) is not checked here: its
+    silos' machines may have what this one lacks; there, the first round whose ClientApps fail
+    ends the run with their reason (strategies.loop.ClientAppsFailed)."""
+    from app.config import ConfigError
+
+    if settings.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError('device = "cuda" but this machine has no CUDA device that torch can use (the local '
+                          'simulation runs its silos here); use device = "cpu", or "auto" (CUDA where there is one)')
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from app.run_health import NO_PROGRESS, diagnose
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
-from strategies.loop import TooFewSilos
+from strategies.loop import ClientAppsFailed, TooFewSilos
 from strategies.messaging import ExchangeGrid
 
 app = ServerApp()
@@ -208,12 +208,13 @@ def main(grid: Grid, context: Context) -> None:
             "ledger_run_key": s.ledger_run_key or f"run{context.run_id}"})
 
     stopped: str | None = None
+    failures_stopped = False  # the first round with a ClientApp failure ended the run (its reason says so)
     try:
         result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
                                 checkpoint=checkpoint if s.checkpoint else None, resume=resume_state)
-    except TooFewSilos as exc:  # write what there is, then fail the run
+    except (TooFewSilos, ClientAppsFailed) as exc:  # write what there is, then fail the run
         log(ERROR, "%s", exc)
-        stopped = str(exc)
+        stopped, failures_stopped = str(exc), isinstance(exc, ClientAppsFailed)
         result = None
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
@@ -226,7 +227,7 @@ def main(grid: Grid, context: Context) -> None:
         refusals = sorted(strategy.refusal_reasons)
         reasons.append(f"nothing trained: no silo gave a valid update in any of the {len(strategy.rows)} round(s)"
                        + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
-    if strategy.client_errors and s.fail_on_client_error:
+    if strategy.client_errors and s.fail_on_client_error and not failures_stopped:
         reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
     # did it train? (diverged / no-progress, and the setting most likely to blame)
     health = diagnose(strategy.rows, s, num_classes=num_classes, refusals=strategy.refusal_reasons)
