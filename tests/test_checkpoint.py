@@ -163,7 +163,7 @@ CORRUPTIONS = {
     "NaN model": (_edit_state(lambda s: s["model"][_first_param(s)].__setitem__(..., np.nan)), "non-finite"),
     "wrong shape": (_edit_state(lambda s: s["model"].update({_first_param(s): np.zeros((3, 3), np.float32)})),
                     "has shape"),
-    "float64 model": (_edit_state(lambda s: s["model"].update({k: v.astype(np.float64) for k, v in s["model"].items()})),
+    "float64 model": (_edit_state(lambda s: s.update(model={k: v.astype(np.float64) for k, v in s["model"].items()})),
                       "dtype float64"),
     "missing parameter": (_edit_state(lambda s: s["model"].pop(_first_param(s))), "missing"),
     "rows not a list": (_edit_state(lambda s: s.update(rows="x")), "rows"),
