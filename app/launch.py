@@ -40,7 +40,10 @@ Usage: ``python -m app.launch [--run-config "key=value ..."] [--superlink NAME] 
 checkpoint, with its own run config) and ``python -m app.launch --stop`` (end the local
 simulation SuperLink of this checkout and its runs' processes, by pid; nobody else's; its ports
 stay remembered).
-Exit codes: 0 success, 1 the run failed, 2 bad configuration, 3 the run diverged or made no progress.
+Exit codes: 0 success, 1 the run failed, 2 bad configuration (one line ``config error: ...``, before
+any Flower process starts: a ``--run-config`` fragment that does not parse, a bad key or value, an
+outputs-dir that cannot be written, device = "cuda" without CUDA for the local simulation, a
+checkpoint that cannot be resumed), 3 the run diverged or made no progress.
 """
 
 from __future__ import annotations
@@ -92,8 +95,14 @@ def default_run_config(root: Path = ROOT) -> dict[str, Any]:
 
 
 def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]:
+    """pyproject's run config with the ``--run-config`` strings ``overrides`` on top;
+    ConfigError (one line naming the fragment) for anything in them Flower's parser would drop
+    or misread (app.config.check_run_config_args)."""
     from flwr.common.config import parse_config_args
 
+    from app.config import check_run_config_args
+
+    check_run_config_args(overrides)
     cfg = default_run_config(root)
     cfg.update(parse_config_args(overrides))
     return cfg
@@ -451,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             cfg, args.run_config = resume_config(cfg, args.resume)
         settings = parse_settings(cfg) if args.no_preflight else preflight(cfg)
+        outputs = Path(settings.outputs_dir)
+        outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
+        check_outputs_dir(outputs)
+        if not args.superlink:
+            check_local_device(settings)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -458,8 +472,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
-    outputs = Path(settings.outputs_dir)
-    outputs = outputs if outputs.is_absolute() else (ROOT / outputs)
     # The ServerApp's name for the run, fixed here and passed as run-name so that the launcher
     # knows where summary.json will be. Flower's run id is not known before the run starts: the
     # five-digit suffix that tells apart runs started in the same second is drawn here instead.
@@ -535,7 +547,7 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
     """The run config to continue run ``name`` with: the checkpoint's own run config, plus
     resume = true and the silos' original per-run ledger name. Returns it and the overrides to
     pass (every key, so the ServerApp sees exactly the original's settings)."""
-    from app.checkpoint import load_checkpoint
+    from app.checkpoint import CheckpointError, check_resume_state, load_checkpoint
     from app.config import ConfigError, parse_settings
 
     outputs = Path(parse_settings(cfg).outputs_dir)
@@ -543,19 +555,70 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
     try:
         state = load_checkpoint(outputs / name / "checkpoint.npz")
     except Exception as exc:
-        raise ConfigError(f"--resume {name}: {exc}") from exc
-    original = dict(state.get("run_config") or {})
-    if not original:
+        raise ConfigError(f"--resume {name}: cannot resume: {exc}") from exc
+    original = state.get("run_config")
+    if not original or not isinstance(original, dict):
         raise ConfigError(f"--resume {name}: the checkpoint holds no run config (written by an older version)")
-    resumed = default_run_config() | original | {"resume": True, "run-name": name,
-                                                  "ledger-run-key": state["ledger_run_key"]}
+    resumed = default_run_config() | original | {"resume": True, "run-name": name}
+    try:  # the same checks as the ServerApp's (app.server_app.load_resume_state), before any process starts
+        settings = parse_settings(resumed)
+        check_resume_state(state, settings.num_rounds, model_layout(settings))
+    except (CheckpointError, ConfigError) as exc:
+        raise ConfigError(f"--resume {name}: cannot resume: checkpoint {outputs / name / 'checkpoint.npz'} "
+                          f"is malformed: {exc}") from exc
+    resumed["ledger-run-key"] = state["ledger_run_key"]
     return resumed, [" ".join(f"{k}={toml_value(v)}" for k, v in resumed.items())]
+
+
+def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
+    """The shapes of the run's model parameters (what the ServerApp builds; imports torch)."""
+    from app.data.federated import dataset_meta
+    from app.models import build_model
+
+    feature_shape, num_classes = dataset_meta(settings)
+    model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden)
+    return {k: tuple(v.shape) for k, v in model.named_parameters()}
 
 
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
     from flwr.common.config import parse_config_args
 
+    from app.config import check_run_config_args
+
+    check_run_config_args(overrides)
     return parse_config_args(overrides)
+
+
+def check_outputs_dir(outputs: Path) -> None:
+    """ConfigError unless ``outputs`` (the run's outputs-dir) exists or can be made, and a file can be
+    written in it: checked before the run starts rather than when its first file is written."""
+    import tempfile
+
+    from app.config import ConfigError
+
+    try:
+        outputs.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=outputs, prefix=".silofl-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"outputs-dir = {str(outputs)!r} cannot be written ({type(exc).__name__}: "
+                          f"{exc.strerror or exc}); choose a folder this user can write") from None
+
+
+def check_local_device(settings: Any) -> None:
+    """ConfigError for device = "cuda" on a machine without CUDA, for a run of the local simulation
+    (its silos run on this machine). A run on a SuperLink (--superlink) is not checked here: its
+    silos' machines may have what this one lacks; there, the first round whose ClientApps fail
+    ends the run with their reason (strategies.loop.ClientAppsFailed)."""
+    from app.config import ConfigError
+
+    if settings.device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError('device = "cuda" but this machine has no CUDA device that torch can use (the local '
+                          'simulation runs its silos here); use device = "cpu", or "auto" (CUDA where there is one)')
 
 
 if __name__ == "__main__":

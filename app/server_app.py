@@ -28,7 +28,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from app import wire
-from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, check_resume_state, load_checkpoint, save_checkpoint
 from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
@@ -37,7 +37,7 @@ from app.run_health import NO_PROGRESS, diagnose
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
-from strategies.loop import TooFewSilos
+from strategies.loop import ClientAppsFailed, TooFewSilos
 from strategies.messaging import ExchangeGrid
 
 app = ServerApp()
@@ -81,15 +81,24 @@ def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in RESUME_FREE}
 
 
-def load_resume_state(s: Settings, out: Path) -> dict[str, Any]:
-    """The checkpoint of the run to resume; CheckpointError if it is missing or was written for
+def load_resume_state(s: Settings, out: Path, layout: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """The checkpoint of the run to resume; CheckpointError if it is missing, unreadable,
+    malformed (:func:`app.checkpoint.check_resume_state`: its round outside [0, num-rounds], a
+    model not of ``layout``'s shapes or not finite, a field of the wrong type) or was written for
     other settings (a resumed run must be the same run)."""
     state = load_checkpoint(out / CHECKPOINT_FILE)
-    saved, now = comparable(state.get("settings", {})), comparable(_jsonish(s.to_dict()))
+    if not isinstance(state.get("settings"), dict):
+        raise CheckpointError(f"checkpoint of run {out.name} is malformed: it holds no settings")
+    saved, now = comparable(state["settings"]), comparable(_jsonish(s.to_dict()))
     diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if diff:
         raise CheckpointError(f"run {out.name} was checkpointed with other settings ({', '.join(diff)}); "
                               "a resumed run must use the settings of the original")
+    if layout is not None:
+        try:
+            check_resume_state(state, s.num_rounds, layout)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint of run {out.name} is malformed: {exc}") from exc
     return state
 
 
@@ -116,21 +125,34 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
 
 
 def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
-    """Ask every silo for its public privacy record (for summary.json)."""
-    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.LEDGER_QUERY)
-            for n in sorted(grid.get_node_ids())]
-    silos = []
+    """Ask every silo for its public privacy record (for summary.json): at most one entry per
+    node asked, from its first reply. Further replies of a node (a transport that delivers one
+    reply many times) and replies of nodes not asked are ignored, with one warning per node."""
+    nodes = sorted(grid.get_node_ids())
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.LEDGER_QUERY) for n in nodes]
+    asked = set(nodes)
+    silos: dict[int, dict[str, Any]] = {}
+    counts: dict[int, int] = {}
     for reply in grid.send_and_receive(msgs, timeout=timeout):
+        node = reply.metadata.src_node_id
+        counts[node] = counts.get(node, 0) + 1
+        if counts[node] > 1 or node not in asked:
+            continue
         if reply.has_error():
-            log(WARNING, "ledger query to node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
+            log(WARNING, "ledger query to node %d failed: %s", node, reply.error.reason)
             continue
         try:
             report = wire.read_ledger(reply.content)
             if report.get("role") != wire.ROLE_SHUFFLER:  # the shuffler holds no records and no ledger
-                silos.append(report)
+                silos[node] = report
         except wire.ReplyError as exc:
-            log(WARNING, "ledger reply of node %d dropped: %s", reply.metadata.src_node_id, exc)
-    return sorted(silos, key=lambda d: d.get("silo", 0))
+            log(WARNING, "ledger reply of node %d dropped: %s", node, exc)
+    for node, count in sorted(counts.items()):
+        if node not in asked:
+            log(WARNING, "ledger query: ignored %d reply(ies) from node %d, which was not asked", count, node)
+        elif count > 1:
+            log(WARNING, "ledger query: node %d answered %d times; only its first reply is kept", node, count)
+    return sorted(silos.values(), key=lambda d: d.get("silo", 0))
 
 
 def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, float | None]:
@@ -152,18 +174,18 @@ def main(grid: Grid, context: Context) -> None:
         raise
     name = run_name(s, context.run_id)
     out = Path(s.outputs_dir) / name
-    resume_state = None
-    if s.resume:
-        try:
-            resume_state = load_resume_state(s, out)
-        except CheckpointError as exc:
-            log(ERROR, "cannot resume: %s", exc)
-            raise
-    recorder = RunRecorder(out, keep=resume_state["rows"] if resume_state is not None else None)
     feature_shape, num_classes = dataset_meta(s)
     model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
     layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
     initial = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    resume_state = None
+    if s.resume:  # every bad checkpoint is refused here, with one line, before anything is written
+        try:
+            resume_state = load_resume_state(s, out, layout)
+        except CheckpointError as exc:
+            log(ERROR, "cannot resume: %s", exc)
+            raise
+    recorder = RunRecorder(out, keep=resume_state["rows"] if resume_state is not None else None)
 
     def on_round(row: dict[str, Any]) -> None:
         recorder.round(row)
@@ -186,12 +208,13 @@ def main(grid: Grid, context: Context) -> None:
             "ledger_run_key": s.ledger_run_key or f"run{context.run_id}"})
 
     stopped: str | None = None
+    failures_stopped = False  # the first round with a ClientApp failure ended the run (its reason says so)
     try:
         result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
                                 checkpoint=checkpoint if s.checkpoint else None, resume=resume_state)
-    except TooFewSilos as exc:  # write what there is, then fail the run
+    except (TooFewSilos, ClientAppsFailed) as exc:  # write what there is, then fail the run
         log(ERROR, "%s", exc)
-        stopped = str(exc)
+        stopped, failures_stopped = str(exc), isinstance(exc, ClientAppsFailed)
         result = None
     silos = query_ledgers(grid, s.round_timeout)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
@@ -204,7 +227,7 @@ def main(grid: Grid, context: Context) -> None:
         refusals = sorted(strategy.refusal_reasons)
         reasons.append(f"nothing trained: no silo gave a valid update in any of the {len(strategy.rows)} round(s)"
                        + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
-    if strategy.client_errors and s.fail_on_client_error:
+    if strategy.client_errors and s.fail_on_client_error and not failures_stopped:
         reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
     # did it train? (diverged / no-progress, and the setting most likely to blame)
     health = diagnose(strategy.rows, s, num_classes=num_classes, refusals=strategy.refusal_reasons)

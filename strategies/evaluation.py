@@ -41,12 +41,19 @@ class EvaluationTally:
         #: replies dropped because a loss or count was NaN or infinite (a diverging model)
         self.non_finite = 0
         self.answered: set[int] = set()
+        #: nodes whose further replies were ignored (warned about once each)
+        self.ignored: set[int] = set()
+
+    def _ignored(self, node: int) -> None:
+        if node not in self.ignored:
+            self.ignored.add(node)
+            log(WARNING, "round %d: ignored a second evaluation reply of node %d (and any after it)", self.rnd, node)
 
     def add_message(self, msg: Message) -> None:
         """A reply of the evaluation's own exchange (an error, a refusal or an evaluation reply)."""
         node = msg.metadata.src_node_id
         if node in self.answered:
-            log(WARNING, "round %d: ignored a second evaluation reply of node %d", self.rnd, node)
+            self._ignored(node)
             return
         if msg.has_error():
             self.answered.add(node)
@@ -57,7 +64,7 @@ class EvaluationTally:
     def add(self, node: int, content: RecordDict) -> None:
         """Node ``node``'s evaluation reply ``content`` (or its refusal); a malformed one is dropped."""
         if node in self.answered:
-            log(WARNING, "round %d: ignored a second evaluation reply of node %d", self.rnd, node)
+            self._ignored(node)
             return
         self.answered.add(node)
         rnd = self.rnd

@@ -68,6 +68,12 @@ class TooFewSilos(RuntimeError):
     """Fewer than min-silos silo nodes are connected, after waiting node-wait seconds."""
 
 
+class ClientAppsFailed(RuntimeError):
+    """With fail-on-client-error, a round in which a ClientApp failed ends the run: the run is
+    failed anyway, and the failure (a node without the device asked for, data it cannot read)
+    would repeat every round while the other silos spend their privacy budgets."""
+
+
 @dataclass
 class StepResult:
     """What a step returns: the next model (None: unchanged) and extra entries for the round's row."""
@@ -208,6 +214,7 @@ class FederatedOptimizer:
         try:
             for rnd in range(first, num_rounds + 1):
                 t0 = time.perf_counter()
+                failures_before = len(self.client_errors)
                 w, row = self.round(grid, rnd, w, timeout)
                 if self.s.output == "random":  # only the random output needs the iterates
                     self.sampler.offer(rnd, w)
@@ -221,6 +228,10 @@ class FederatedOptimizer:
                     self._record(row)
                 if checkpoint is not None:
                     checkpoint(rnd, w)
+                if self.s.fail_on_client_error and len(self.client_errors) > failures_before:
+                    new = self.client_errors[failures_before:]
+                    raise ClientAppsFailed(f"round {rnd}: {len(new)} ClientApp failure(s), the run is stopped "
+                                           f"(fail-on-client-error = true); first: {new[0]}")
         finally:  # a run stopped with a row still waiting for its evaluation keeps the row
             if self.pending is not None:
                 self._finish_pending(None)

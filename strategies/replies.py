@@ -215,11 +215,11 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
     which silo happened to answer first (a resumed run ends bit-identical to an uninterrupted one)."""
     expected = set(sent_to)
     answered: set[int] = set()
+    ignored: dict[int, int] = {}  # node -> replies ignored (one warning per node, after the loop)
     for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
         node = msg.metadata.src_node_id
         if node not in expected or node in answered:
-            log(WARNING, "round %d: ignored a reply from node %d (%s)", server_round, node,
-                "a second reply in this exchange" if node in answered else "not sent an instruction")
+            ignored[node] = ignored.get(node, 0) + 1
             continue
         answered.add(node)
         if msg.has_error():
@@ -239,5 +239,8 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
         except wire.ReplyError as exc:
             out.malformed[node] = str(exc)
             log(WARNING, "round %d: dropped malformed reply of node %d: %s", server_round, node, exc)
+    for node, count in sorted(ignored.items()):
+        log(WARNING, "round %d: ignored %d reply(ies) from node %d (%s)", server_round, count, node,
+            "replies after its first in this exchange" if node in expected else "not sent an instruction")
     out.missing = len(expected - answered)
     return out

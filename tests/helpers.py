@@ -17,6 +17,27 @@ FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 HAS_FASHION = os.path.isdir(FASHION_DIR)
 
 
+def missing_data(name: str) -> str | None:
+    """Why the optional data set ``name`` cannot be read from its default place on this machine
+    (None when its files are there): Fashion-MNIST's idx files (Debian package
+    dataset-fashion-mnist), torchvision's MNIST / Fashion-MNIST / CIFAR-10 files under
+    app.data.sources.DEFAULT_TORCHVISION_ROOT. For ``@pytest.mark.needs_data(name)``."""
+    from app.data import sources
+
+    if name == "fashion-mnist":
+        folder = Path(sources.FASHION_MNIST_DIR)
+        stems = [stem for pair in sources._FASHION_FILES for stem in pair]
+        absent = [s for s in stems if not any((folder / f"{s}{ext}").is_file() for ext in ("", ".gz"))]
+        return (f"Fashion-MNIST is not in {folder} (missing {', '.join(absent)}; install the Debian package "
+                "dataset-fashion-mnist)") if absent else None
+    if name in sources._TV:
+        cls_name, sub, _ = sources._TV[name]
+        folder = Path(sources.DEFAULT_TORCHVISION_ROOT).expanduser() / sub
+        return None if folder.is_dir() and any(folder.iterdir()) else (
+            f"{name} is not in {folder} (torchvision.datasets.{cls_name}'s files)")
+    raise ValueError(f"needs_data: {name!r} is not an optional data set")
+
+
 def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None, *,
         run_id: int = 1, name: str = "t") -> tuple[dict, list[dict], Any]:
     """One federation of the real ServerApp and ClientApp on the in-process grid (no Flower

@@ -118,3 +118,129 @@ def test_checkpoint_holds_the_settings_and_the_ledger_key_to_resume_with(tmp_pat
     assert state["round"] == 2 and state["ledger_run_key"] == "run7" and state["run_name"] == "r"
     assert state["settings"]["num_rounds"] == 2
     json.dumps(state["settings"])  # plain JSON: the launcher reads it back for --resume
+
+
+# -- every bad checkpoint: one CheckpointError naming what is wrong, before any round ------------------
+
+def _corrupt_file(how: str):
+    def corrupt(path: Path) -> None:
+        data = path.read_bytes()
+        if how == "truncated":
+            path.write_bytes(data[: len(data) // 2])
+        elif how == "empty":
+            path.write_bytes(b"")
+        elif how == "random bytes":
+            path.write_bytes(np.random.default_rng(0).bytes(len(data)))
+        elif how == "no tree":  # a valid .npz without the tree
+            np.savez(path.with_suffix(".tmp.npz"), a0=np.zeros(3))
+            path.with_suffix(".tmp.npz").replace(path)
+    return corrupt
+
+
+def _edit_state(edit):
+    def corrupt(path: Path) -> None:
+        state = load_checkpoint(path)
+        edit(state)
+        save_checkpoint(path, state)
+    return corrupt
+
+
+def _first_param(state: dict) -> str:
+    return sorted(state["model"])[0]
+
+
+CORRUPTIONS = {
+    # how the file is damaged -> what the one-line reason must name
+    "truncated": (_corrupt_file("truncated"), "unreadable"),
+    "empty": (_corrupt_file("empty"), "empty"),
+    "random bytes": (_corrupt_file("random bytes"), "unreadable"),
+    "no tree": (_corrupt_file("no tree"), "__tree__"),
+    "missing round": (_edit_state(lambda s: s.pop("round")), "no round"),
+    "missing model": (_edit_state(lambda s: s.pop("model")), "no model"),
+    "round 1e9": (_edit_state(lambda s: s.update(round=10**9)), r"round = 1000000000 is out of range"),
+    "round -5": (_edit_state(lambda s: s.update(round=-5)), r"round = -5 is out of range"),
+    "round 2.5": (_edit_state(lambda s: s.update(round=2.5)), "round = 2.5 is not an integer"),
+    "NaN model": (_edit_state(lambda s: s["model"][_first_param(s)].__setitem__(..., np.nan)), "non-finite"),
+    "wrong shape": (_edit_state(lambda s: s["model"].update({_first_param(s): np.zeros((3, 3), np.float32)})),
+                    "has shape"),
+    "float64 model": (_edit_state(lambda s: s.update(model={k: v.astype(np.float64) for k, v in s["model"].items()})),
+                      "dtype float64"),
+    "missing parameter": (_edit_state(lambda s: s["model"].pop(_first_param(s))), "missing"),
+    "rows not a list": (_edit_state(lambda s: s.update(rows="x")), "rows"),
+    "uploads NaN": (_edit_state(lambda s: s.update(uploads=math.nan)), "uploads"),
+    "no settings": (_edit_state(lambda s: s.pop("settings")), "settings"),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A real 2-round run's outputs (its checkpoint after round 2) and its run config."""
+    tmp = tmp_path_factory.mktemp("ckpt")
+    cfg = {"num-rounds": 2, "eval-every": 0}
+    run(tmp, cfg, run_id=1, name="r")
+    return tmp, cfg
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src / "out", dst / "out")
+    shutil.copytree(src / "state", dst / "state")
+    path = dst / "out" / "r" / "checkpoint.npz"
+    state = load_checkpoint(path)  # the same run, moved: its outputs-dir is the new folder
+    state["settings"]["outputs_dir"] = state["run_config"]["outputs-dir"] = str(dst / "out")
+    save_checkpoint(path, state)
+    return path
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_every_bad_checkpoint_is_refused_with_one_line_before_any_round(finished_run, tmp_path: Path,
+                                                                         case: str) -> None:
+    """The real ServerApp resumed from a damaged checkpoint: a CheckpointError naming what is
+    wrong (never BadZipFile, EOFError, KeyError, AttributeError, nor a run that 'completes'
+    without training), and no instruction sent to any silo."""
+    src, cfg = finished_run
+    corrupt, reason = CORRUPTIONS[case]
+    corrupt(_copy_run(src, tmp_path))
+    with pytest.raises(CheckpointError, match=reason) as info:
+        run(tmp_path, cfg | {"resume": True, "ledger-run-key": "run1"}, run_id=2, name="r")
+    assert "\n" not in str(info.value)
+    assert [m for m in info.value.grid.sent if m.metadata.message_type == "train"] == []
+
+
+def test_the_checkpoint_of_a_finished_run_passes_the_checks(finished_run, tmp_path: Path) -> None:
+    """The reference: an undamaged checkpoint (round = num-rounds) resumes, and runs no round."""
+    src, cfg = finished_run
+    _copy_run(src, tmp_path)
+    summary, rows, grid = run(tmp_path, cfg | {"resume": True, "ledger-run-key": "run1"}, run_id=2, name="r")
+    assert summary["status"] == "completed" and summary["resumed_after_round"] == 2 and len(rows) == 2
+    assert [m for m in grid.sent if m.metadata.message_type == "train"] == []
+
+
+class FlowerStarted(Exception):
+    """The launcher went on to start a Flower process."""
+
+
+@pytest.fixture()
+def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher may validate, but never start a SuperLink or ``flwr run``."""
+    from app import launch
+
+    def refuse(*a, **k):
+        raise FlowerStarted("the launcher started Flower")
+
+    for name in ("own_local_superlink", "stage_app"):
+        monkeypatch.setattr(launch, name, refuse)
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize("case", ["truncated", "round 1e9", "round -5", "NaN model", "wrong shape"])
+def test_the_launcher_exits_2_on_a_bad_checkpoint(finished_run, tmp_path: Path, case: str, no_flower,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    from app import launch
+
+    src, _ = finished_run
+    CORRUPTIONS[case][0](_copy_run(src, tmp_path))
+    code = launch.main(["--resume", "r", "--run-config", f'outputs-dir="{tmp_path / "out"}"'])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cannot resume" in err and len(err.splitlines()) == 1, err

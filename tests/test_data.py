@@ -34,7 +34,6 @@ from app.data import (
     standardize_silos,
     train_test_split_indices,
 )
-from tests.helpers import FASHION_DIR, HAS_FASHION
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -134,7 +133,7 @@ def test_synthetic_is_learnable() -> None:
     assert (pred == ds.y).mean() > 0.95
 
 
-@pytest.mark.skipif(not HAS_FASHION, reason=f"{FASHION_DIR} absent (Debian package dataset-fashion-mnist)")
+@pytest.mark.needs_data("fashion-mnist")
 def test_fashion_mnist_idx(fashion: Dataset) -> None:
     assert fashion.x.shape == (70000, 1, 28, 28) and fashion.x.dtype == np.float32
     assert fashion.num_classes == 10 and fashion.feature_shape == (1, 28, 28)
@@ -261,7 +260,7 @@ def test_even_odd_pairs_25_silos(digits: Dataset) -> None:
     assert not same(parts, even_odd_pairs(y, 25, rng(1)))
 
 
-@pytest.mark.skipif(not HAS_FASHION, reason=f"{FASHION_DIR} absent")
+@pytest.mark.needs_data("fashion-mnist")
 def test_even_odd_pairs_fashion_exact(fashion: Dataset) -> None:
     parts = even_odd_pairs(fashion.y, 25, rng(0))
     assert [p.size for p in parts] == [2800] * 25  # 7000 / 5 = 1400 per class per silo

@@ -10,7 +10,6 @@ from flwr.app import Message
 from app import wire
 from app.config import ConfigError, parse_settings
 from strategies.gradbant import gradbant_step
-from tests.helpers import FASHION_DIR, HAS_FASHION
 
 ROBUST = {"algorithm": "gradbant", "dataset": "digits", "num-silos": 10, "silos-per-round": 10, "partition": "iid",
           "model": "logistic", "privacy.mode": "off", "lr": 0.5, "num-rounds": 12, "batch-size": 32, "trust.size": 60}
@@ -130,7 +129,7 @@ def test_trust_set_is_disjoint_from_every_silo() -> None:
             assert not trust_rows & {tuple(np.round(r, 5)) for r in part.numpy()}
 
 
-@pytest.mark.skipif(not HAS_FASHION, reason=f"{FASHION_DIR} absent (Debian package dataset-fashion-mnist)")
+@pytest.mark.needs_data("fashion-mnist")
 def test_fashion_mnist_label_flipping_majority_gradbant_learns_fedavg_does_not(federation) -> None:
     """10 IID Fashion-MNIST silos, 6 of them train on flipped labels (y -> 9 - y). FedAvg follows
     the majority and learns the flipped task; Grad-BANT, scoring against the trust set, learns."""

@@ -243,6 +243,7 @@ def test_gradient_messages_without_privacy_sampling_noise_aware_learns(federatio
 
 
 @pytest.mark.slow
+@pytest.mark.needs_data("fashion-mnist")
 def test_fashion_mnist_gradient_messages_paper_stuck_auto_smoothness_and_noise_aware_learn(federation) -> None:
     """The issue's row: Fashion-MNIST, 10 IID silos, PCA 50 + MLP 64, trust set 500, SRHT k/n =
     0.5, Q = 1, lr 0.5, batch 64, no privacy. Paper's score with L = 1: (almost) every silo 0

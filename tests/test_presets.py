@@ -18,7 +18,7 @@ from app.config import MODELS, ConfigError, Settings, flatten_run_config, parse_
 from app.data.sources import SOURCES
 from app.launch import default_run_config, merged_run_config, toml_value
 from app.presets import MEASURED, PRESET, PRESET_KEYS, PRESETS, markdown, preset_values
-from tests.helpers import FASHION_DIR, HAS_FASHION
+from tests.helpers import FASHION_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET_GROUP = ROOT / "conf" / "dataset"
@@ -203,7 +203,7 @@ def test_preset_reaches_its_bound(federation, dataset: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_FASHION, reason=f"{FASHION_DIR} absent (Debian package dataset-fashion-mnist)")
+@pytest.mark.needs_data("fashion-mnist")
 def test_fashion_mnist_preset_learns_where_the_old_defaults_diverge(federation, fashion_subset: str) -> None:
     """The issue's run (10 IID silos, non-private local SGD, 10 rounds) on a 7,000-image subset:
     the preset (PCA 50, MLP 64, batch 64, lr 0.2, 10 local steps) learns; the WBCD-fitted values

@@ -241,10 +241,17 @@ def _load_torchvision(name: str, data_dir: str | None, download: bool) -> Datase
         cls = getattr(tvd, cls_name)
         parts = [cls(root=root, train=train, download=download) for train in (True, False)]
     except Exception as exc:  # torchvision raises RuntimeError / URLError / OSError; never leak them
-        how = "could not be loaded or downloaded (offline?)" if download else "not found or unreadable, download=false"
+        if download:
+            how = "could not be loaded or downloaded (offline?)"
+            fix = f'pass data-dir="<folder containing {sub}>"'
+        else:  # a run never downloads: say how to put the files where it looks
+            how = "not found or unreadable (a run never downloads data)"
+            fetch = f"import torchvision; torchvision.datasets.{cls_name}({root!r}, download=True)"
+            fix = (f"fetch them with: python -c {fetch!r} (needs internet; or copy {sub} from a machine that "
+                   f'has it), or pass data-dir="<folder containing {sub}>"')
         raise DataUnavailableError(
             f"{name}: torchvision.datasets.{cls_name} files {how}; looked in {os.path.join(root, sub)}; "
-            f"pass data-dir=<root containing {sub}> or download=true with internet ({type(exc).__name__}: {exc})"
+            f"{fix} ({type(exc).__name__}: {exc})"
         ) from exc
     x = np.concatenate([_to_nchw(p.data) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
