@@ -364,3 +364,14 @@ def test_a_torn_last_line_left_by_a_crash_does_not_stop_the_silo(tmp_path: Path,
     _, rows, _ = run(tmp_path, {**RUN, "num-rounds": 1}, node_config=CAPPED, run_id=2, name="b")
     assert [r["answered"] for r in rows] == [2]
     assert len(read_ledger(ledger)["releases"]) == 4
+
+
+def test_the_append_benchmark_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+    import ledger_append
+
+    rows = ledger_append.main(["--releases", "6", "--dir", str(tmp_path)])
+    assert {r["scheme"] for r in rows} >= {"append+fsync (before)", "chained, mark in place (now)", "sqlite WAL FULL",
+                                          "record_release, mark in place"}
+    assert all(r["median_ms"] > 0 for r in rows) and "median ms" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # it cleans up

@@ -352,10 +352,11 @@ class PrivacyLedger:
         assert self.mark_path is not None
         gen = int(self._mark["gen"]) + 1 if self._mark else 1
         mark = {"mark": 1, "gen": gen, "id": self._id, "entries": self._entries, "releases": len(self.releases),
-                "head": self._head, "eps_spent": eps, "time": time.time()}
+                "head": self._head, "eps_spent": None if eps is None or math.isnan(eps) else _encode_float(eps),
+                "time": time.time()}
         try:
             write_mark(self.mark_path, mark, fresh=fresh or self._mark is None, sync=self.mark_sync)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise LedgerError(f"privacy ledger {self.path}: its high-water mark {self.mark_path} could not be "
                               f"written ({exc}); the entry is recorded, the mark will be moved forward on the next "
                               "read") from exc
@@ -446,7 +447,7 @@ class PrivacyLedger:
 # -- the chain ----------------------------------------------------------------------------------
 
 def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _chain(prev: str, body: bytes) -> str:
