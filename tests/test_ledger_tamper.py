@@ -375,3 +375,22 @@ def test_the_append_benchmark_runs(tmp_path: Path, monkeypatch, capsys) -> None:
                                           "record_release, mark in place"}
     assert all(r["median_ms"] > 0 for r in rows) and "median ms" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []  # it cleans up
+
+
+def test_a_torn_mark_slot_falls_back_to_the_other_and_two_are_refused(tmp_path: Path) -> None:
+    """A power loss in the middle of the mark's in-place write spoils at most the slot being
+    written: the other (one entry older) is read and moved forward. Both spoiled: refused."""
+    from app.privacy.ledger import MARK_STRIDE, mark_path_for, read_mark
+
+    path = _ledger(tmp_path, rows=5)
+    mark = mark_path_for(path)
+    newest = read_mark(mark)["gen"] % 2
+    with mark.open("r+b") as fh:
+        fh.seek(newest * MARK_STRIDE + 30)
+        fh.write(b"\x00" * 40)
+    assert read_mark(mark)["releases"] == 4
+    assert PrivacyLedger.open(path, BUDGET, DELTA).spent() == pytest.approx(_eps(5))
+    assert read_mark(mark)["releases"] == 5
+    mark.write_bytes(b"\x00" * 2 * MARK_STRIDE)
+    with pytest.raises(LedgerError, match="high-water mark .* is unreadable"):
+        PrivacyLedger.open(path, BUDGET, DELTA)

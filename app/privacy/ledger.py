@@ -27,8 +27,8 @@ of its line and one fsync, under the lock, then one in-place write of the high-w
 
 The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
 default ``<state-dir>/ledger-marks``) records the ledger's ``id``, its number of ``entries``, the
-``head`` (the last entry's hash), ``releases`` and ``eps_spent``. It is two fixed 512-byte slots,
-each canonical JSON with its own SHA-256 ``check``, written alternately in place (a torn slot is
+``head`` (the last entry's hash), ``releases`` and ``eps_spent``. It is two fixed 512-byte slots
+(4 KiB apart), each canonical JSON with its own SHA-256 ``check``, written alternately in place (a torn slot is
 ignored; the other, older one is read). Order: the row is appended and fsynced, then the mark is
 written. The mark is not fsynced per release (it costs as much as the append again): a process
 crash loses nothing from the page cache, and a power loss can only leave the mark *behind* the
@@ -77,8 +77,10 @@ LEDGER_VERSION = 3
 _TAIL_BYTES = 64
 #: Relative slack for floating-point noise when comparing epsilon with the budget.
 BUDGET_RTOL = 1e-9
-#: the high-water mark: two slots of this many bytes, written alternately in place
+#: the high-water mark: two slots of this many bytes, written alternately in place, each at the
+#: start of its own 4 KiB page (a page torn by a power loss spoils one slot, never both)
 MARK_SLOT = 512
+MARK_STRIDE = 4096
 #: where a node keeps its marks by default, relative to the ledger's directory (its state-dir)
 MARK_DIR = "ledger-marks"
 _GENESIS = "silofl-ledger-3"
@@ -562,11 +564,12 @@ def write_mark(path: Path, mark: dict[str, Any], *, fresh: bool = False, sync: b
     file with both slots, atomically and durably). ``sync``: fdatasync the slot."""
     slot = _mark_slot(mark)
     if fresh or not path.exists():
-        write_bytes_atomically(path, slot + slot, sync_dir=True)
+        page = slot + b" " * (MARK_STRIDE - MARK_SLOT - 1) + b"\n"
+        write_bytes_atomically(path, page + slot, sync_dir=True)
         return
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, slot, MARK_SLOT * (int(mark["gen"]) % 2))
+        os.pwrite(fd, slot, MARK_STRIDE * (int(mark["gen"]) % 2))
         if sync:
             os.fdatasync(fd)
     finally:
@@ -583,7 +586,7 @@ def read_mark(path: Path) -> dict[str, Any] | None:
     except OSError as exc:
         raise LedgerError(f"the ledger's high-water mark {path} is unreadable: {exc}") from exc
     best = None
-    for i in range(0, max(len(data), 1), MARK_SLOT):
+    for i in (0, MARK_STRIDE):
         try:
             slot = json.loads(data[i:i + MARK_SLOT])
             body = {k: v for k, v in slot.items() if k != "check"}

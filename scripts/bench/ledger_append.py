@@ -58,7 +58,7 @@ def _schemes(where: Path) -> dict[str, tuple[int, Callable[[int], None]]]:
     for p in (plain, chained):
         p.write_bytes(b'{"ledger":3}\n')
     for p in marks.values():
-        p.write_bytes(b" " * 1024)
+        p.write_bytes(b" " * 8192)
     state = {"head": "genesis"}
 
     def mark_slot(i: int) -> bytes:
@@ -83,7 +83,7 @@ def _schemes(where: Path) -> dict[str, tuple[int, Callable[[int], None]]]:
             return
         fd = os.open(marks[mark], os.O_WRONLY)
         try:
-            os.pwrite(fd, slot, 512 * (i % 2))
+            os.pwrite(fd, slot, 4096 * (i % 2))
             if mark == "sync":
                 os.fdatasync(fd)
         finally:
