@@ -493,8 +493,8 @@ class _Chain:
             if entry["hash"] != expected:
                 what = (f"release seq {body[kind].get('seq')}, round {body[kind].get('round')}" if kind == "release"
                         else kind)
-                raise LedgerError(f"privacy ledger {self.path}: entry {k} (line {k + 1}, {what}) does not match its hash: "
-                                  "it was edited, or an entry before it was removed, changed or inserted; "
+                raise LedgerError(f"privacy ledger {self.path}: entry {k} (line {k + 1}, {what}) does not match its "
+                                  "hash: it was edited, or an entry before it was removed, changed or inserted; "
                                   + RECOVERY.format(path=self.path))
             self.head, self.entries, last = expected, k, kind
             if self.want == k:
@@ -523,7 +523,8 @@ def judge(path: Path, mark_path: Path, *, ledger_id: str, entries: int, head_at_
     recorded = f"{mark.get('releases')} releases, epsilon {_fmt(mark.get('eps_spent'))}"
     if mark.get("id") != ledger_id:
         return (f"privacy ledger {path} is not the ledger its high-water mark {mark_path} records (id {ledger_id[:12]} "
-                f"vs {str(mark.get('id'))[:12]}, which had {recorded}): it was recreated or replaced by another copy; {hint}")
+                f"vs {str(mark.get('id'))[:12]}, which had {recorded}): it was recreated or replaced by another copy; "
+                f"{hint}")
     m = int(mark["entries"])
     if m > entries:
         here = f"{entries} entries (epsilon {_fmt(eps_here() if eps_here else None)})"
@@ -669,7 +670,8 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
         insp.exists, insp.data = True, data
         legacy = _legacy(path, data)
         if legacy is not None:
-            insp.version, insp.epsilon_budget, insp.delta, insp.calibration, insp.releases, insp.used, insp.torn = legacy
+            (insp.version, insp.epsilon_budget, insp.delta, insp.calibration, insp.releases, insp.used,
+             insp.torn) = legacy
             if mark is not None:
                 raise LedgerError(
                     f"privacy ledger {path} is in the old version-{insp.version} format but its high-water mark "
@@ -677,8 +679,8 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
                     f"{_fmt(mark.get('eps_spent'))}): an old copy was put in its place; {RECOVERY.format(path=path)}")
             seqs = [r.get("seq") for r in insp.releases]
             if seqs != list(range(len(seqs))):
-                raise LedgerError(f"privacy ledger {path} (version {insp.version}, before hash chaining) has gaps in its "
-                                  f"sequence numbers: rows were removed; {RECOVERY.format(path=path)}")
+                raise LedgerError(f"privacy ledger {path} (version {insp.version}, before hash chaining) has gaps in "
+                                  f"its sequence numbers: rows were removed; {RECOVERY.format(path=path)}")
             insp.action = "migrate"
             return insp
         want = None if mark is None else int(mark["entries"])
@@ -823,7 +825,8 @@ def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, 
     path = Path(path)
     mark_path = mark_path_for(path, mark_dir)
     if not reason.strip():
-        raise LedgerError("adopt needs --reason: say why this ledger is the silo's record (it is written into the ledger)")
+        raise LedgerError("adopt needs --reason: say why this ledger is the silo's record (it is written into the "
+                          "ledger)")
     with exclusive_lock(_lock_path(path)):
         insp = inspect(path, mark_path)
         if insp.problem is None:
