@@ -191,14 +191,12 @@ class PrivacyLedger:
                     full = fh.read()
             except OSError as exc:
                 raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
+        self._mtime = st.st_mtime_ns  # (a dropped torn line, a conversion: updated there)
         if not unchanged:
-            self._file_id = None
-            insp = inspect(self.path, self.mark_path, data=full, mark=mark)
-            self._settle(insp, mark)
-            self._file_id, self._mtime = file_id, st.st_mtime_ns
+            self._file_id = file_id  # (reset if this raises; a conversion sets its new file's)
+            self._settle(inspect(self.path, self.mark_path, data=full, mark=mark), mark)
             return
         self._read_on(data[len(self._tail):], mark)
-        self._mtime = st.st_mtime_ns
 
     def _read_on(self, data: bytes, mark: dict[str, Any] | None) -> None:
         """Parse what other processes appended since this handle's last read (``data``),
@@ -270,6 +268,7 @@ class PrivacyLedger:
         logger.warning("privacy ledger %s: dropping an incomplete last line (%d bytes) left by an interrupted write; "
                        "its high-water mark does not record it", self.path, torn)
         os.truncate(self.path, keep)
+        self._mtime = os.stat(self.path).st_mtime_ns
 
     def _check_budget(self, stored_eps: float, stored_delta: float) -> None:
         same_eps = stored_eps == self.epsilon_budget or math.isclose(stored_eps, self.epsilon_budget)
