@@ -19,7 +19,7 @@ from pathlib import Path
 
 from app.privacy.ledger import MARK_DIR, LedgerError, adopt, inspect, mark_path_for
 
-_NOTES = {"ok": "the mark agrees", "create": "no ledger yet (created on first use)",
+_NOTES = {"ok": "the mark agrees",
           "migrate": "a ledger from before hash chaining: adopted as it is on the next open",
           "roll-forward": "the mark is behind the file (an interrupted write): moved forward on the next open",
           "mark": "its mark is written on the next open (an interrupted creation or adoption)",
@@ -42,7 +42,8 @@ def verify_line(ledger: Path, mark_dir: Path | None) -> tuple[bool, str]:
     if insp.problem is not None:
         return False, insp.problem
     if insp.action == "create":
-        return True, f"OK {ledger}: {_NOTES['create']}"
+        return False, (f"no ledger at {ledger} (and no mark with history at {insp.mark_path}): nothing to verify; "
+                       "check the path and --mark-dir")
     eps = insp.eps()
     return True, (f"OK {ledger}: {len(insp.releases)} releases, epsilon {_f(eps)} of {insp.epsilon_budget:g} "
                   f"(delta {insp.delta:.3g}); {_NOTES[insp.action]}")

@@ -282,6 +282,7 @@ def test_a_lost_mark_is_adopted_with_a_reason_and_a_deleted_ledger_is_reported(t
     assert main(["verify", str(tmp_path / "state")]) == 1
     assert "is missing but its high-water mark" in capsys.readouterr().out
     assert main(["adopt", str(path), "--reason", "x", "--accept-loss"]) == 1  # restore it first
+    assert main(["verify", str(tmp_path / "typo.json")]) == 1  # a path with nothing there is no "OK"
 
 
 # -- the real silo path -------------------------------------------------------------------------
