@@ -395,3 +395,36 @@ def test_a_torn_mark_slot_falls_back_to_the_other_and_two_are_refused(tmp_path: 
     mark.write_bytes(b"\x00" * 2 * MARK_STRIDE)
     with pytest.raises(LedgerError, match="high-water mark .* is unreadable"):
         PrivacyLedger.open(path, BUDGET, DELTA)
+
+
+def _append_many(path: str, k: int) -> None:
+    ledger = PrivacyLedger.open(path, 1e6, DELTA)
+    for i in range(k):
+        ledger.record([Release("grad", N, K, Z)], round_=i)
+
+
+def test_two_processes_appending_leave_the_mark_on_the_last_entry(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    from app.privacy.ledger import inspect, mark_path_for, read_mark
+
+    path = tmp_path / NAME
+    PrivacyLedger.open(path, 1e6, DELTA)
+    with mp.get_context("fork").Pool(2) as pool:
+        pool.starmap(_append_many, [(str(path), 30), (str(path), 30)])
+    insp = inspect(path, mark_path_for(path))
+    assert insp.problem is None and insp.action == "ok" and len(insp.releases) == 60
+    assert read_mark(mark_path_for(path))["releases"] == 60 and read_mark(mark_path_for(path))["head"] == insp.head
+
+
+def test_an_old_format_copy_put_back_is_adopted_only_with_accept_loss(tmp_path: Path, capsys) -> None:
+    from app.ledger import main
+
+    path = _ledger(tmp_path, rows=6)
+    _v2(path, list(range(3)))  # last month's copy, from before the upgrade
+    assert main(["adopt", str(path), "--reason", "old copy"]) == 1
+    assert "old version-2 format" in capsys.readouterr().err
+    assert main(["adopt", str(path), "--reason", "the only copy left", "--accept-loss"]) == 0
+    ledger = PrivacyLedger.open(path, BUDGET, DELTA)
+    assert ledger.spent() == pytest.approx(_eps(3))
+    assert ledger.adoptions[-1]["from_version"] == 2 and ledger.adoptions[-1]["mark"]["releases"] == 6
