@@ -428,3 +428,22 @@ def test_an_old_format_copy_put_back_is_adopted_only_with_accept_loss(tmp_path: 
     ledger = PrivacyLedger.open(path, BUDGET, DELTA)
     assert ledger.spent() == pytest.approx(_eps(3))
     assert ledger.adoptions[-1]["from_version"] == 2 and ledger.adoptions[-1]["mark"]["releases"] == 6
+
+
+def test_an_adopted_loss_is_in_the_run_summary(tmp_path: Path, served_state: Path) -> None:
+    """After `adopt --accept-loss` the silo trains again, and summary.json says what its ledger
+    forgot (the mark's releases and epsilon), next to the epsilon it counts now."""
+    from app.ledger import main
+    from tests.helpers import run
+
+    shutil.copytree(served_state, tmp_path / "state")
+    ledger = tmp_path / "state" / NAME
+    _keep(ledger, _lines(ledger)[:3])  # an old copy: the calibration and the first release
+    assert main(["adopt", str(ledger), "--reason", "restored", "--accept-loss"]) == 0
+    summary, rows, _ = run(tmp_path, {**RUN, "num-rounds": 1}, node_config=CAPPED, run_id=2, name="b")
+    assert [r["answered"] for r in rows] == [2]
+    silo0 = next(s for s in summary["silos"] if s.get("silo") == 0)
+    (adopted,) = silo0["ledger_adoptions"]
+    assert adopted["accept_loss"] and adopted["mark"]["releases"] == 3 and adopted["ledger"]["releases"] == 1
+    assert "reason" not in adopted  # the operator's words stay on the node
+    assert "ledger_adoptions" not in next(s for s in summary["silos"] if s.get("silo") == 1)
