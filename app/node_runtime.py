@@ -10,7 +10,8 @@ One implementation for both ways a node runs (DESIGN.md section 2, composition r
 
 Node config (the node operator's, never the run's): ``partition-id`` (this silo's index),
 ``num-partitions`` (must equal num-silos), ``state-dir`` (where the privacy ledger lives;
-default ``$FLWR_HOME/silofl-state``), ``data-dir`` (overrides the run's data-dir), ``role``, the
+default ``$FLWR_HOME/silofl-state``), ``ledger-mark-dir`` (the ledger's high-water marks, best on
+another volume; default ``<state-dir>/ledger-marks``), ``data-dir`` (overrides the run's data-dir), ``role``, the
 shuffle-DP pins ``shuffler-public-key`` / ``silo-keys``, and the silo's own privacy policy
 (app/privacy/policy.py: a node that sets a cap, or a deployed node, gets OS randomness, no
 evaluation replies and no runs without privacy unless its operator says otherwise; a node with
@@ -27,6 +28,7 @@ through the server, which a deployment must not rely on (docs/privacy.md).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -177,7 +179,8 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, where, ledger_key,
                                policy_violation=violation, ledger_budget=ledger_budget,
                                evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio,
-                               run_id=context.run_id, shuffler_pin=pin)
+                               run_id=context.run_id, shuffler_pin=pin,
+                               ledger_mark_dir=node.get("ledger-mark-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, str(exc))
     return _SILOS[key]
@@ -195,6 +198,8 @@ def _silo_answer(method: str, not_here: str, content: RecordDict, context: Conte
         return getattr(node_silo, method)(content)
     except wire.ReplyError as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
+    except LedgerError as exc:  # the ledger stopped matching its mark while serving: release nothing
+        return wire.Refusal(wire.REFUSED_LEDGER, str(exc), math.nan).encode()
 
 
 def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
@@ -209,7 +214,16 @@ def ledger(content: RecordDict, context: Context, deployed: bool = False) -> Rec
     """The silo's public privacy record: n, K, budget, releases, epsilon spent."""
     if node_role(context) == wire.ROLE_SHUFFLER:
         return wire.ledger_reply({"role": wire.ROLE_SHUFFLER})
-    return wire.ledger_reply(silo(context, deployed).ledger_report())
+    node_silo = silo(context, deployed)
+    try:
+        report = node_silo.ledger_report()
+        adopted = getattr(getattr(node_silo, "ledger", None), "adoptions", None)
+        if adopted:  # a ledger adopted after a mismatch with its mark (python -m app.ledger adopt): what it forgot
+            keep = ("time", "accept_loss", "from_version", "ledger", "mark")
+            report["ledger_adoptions"] = [{k: a.get(k) for k in keep} for a in adopted]
+        return wire.ledger_reply(report)
+    except LedgerError as exc:
+        return wire.ledger_reply({"silo": int(context.node_config["partition-id"]), "error": str(exc)})
 
 
 def keys(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:

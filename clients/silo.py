@@ -92,13 +92,16 @@ class Silo:
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
                  state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
                  ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
-                 evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None) -> None:
+                 evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
+                 ledger_mark_dir: str | Path | None = None) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
         the node's evaluation policy (open | private | off, app/privacy/policy.py). ``run_id`` and
         ``shuffler_pin`` (shuffle mode): the run the contributions are bound to, and the shuffler
-        public key (hex) the node's operator pinned; a silo with a pin seals to no other key."""
+        public key (hex) the node's operator pinned; a silo with a pin seals to no other key.
+        ``ledger_mark_dir``: where the ledger's high-water mark lives (node config
+        ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``)."""
         self.s = settings
         self.run_id = int(run_id)
         self.shuffler_pin = shuffler_pin
@@ -121,7 +124,7 @@ class Silo:
         self.run_epsilon = priv.epsilon if self.private else math.inf
         lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
-        self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta)
+        self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir)
         self.shuffle = self.private and priv.mode == "shuffle"
         self.dim = sum(p.numel() for p in self.model.parameters())
         self.levels = settings.shuffle.levels_for(self.dim) if self.shuffle else 0

@@ -1,4 +1,5 @@
-"""The silo's privacy ledger: a file on the silo's own disk recording every release.
+"""The silo's privacy ledger: a file on the silo's own disk recording every release, chained by
+hashes, and a high-water mark kept in a second place, so that losing part of it is noticed.
 
 The ledger is the silo's source of truth for what it has spent. Several processes may serve
 the same silo (a simulation engine runs silos in a pool of workers; a restarted SuperNode), so
@@ -9,34 +10,59 @@ would take epsilon above the budget is refused with :class:`BudgetExceededError`
 only over-count, never under-count. A silo that restarts reloads the file and continues from
 what it has already spent.
 
-File format (version 2): JSON lines, append-only. The first line is the header, written
-atomically (and the directory fsynced) when the ledger is created::
+File format (version 3): JSON lines, append-only, each line canonical JSON (sorted keys, no
+spaces). The first line is the header, written atomically (and the directory fsynced) when the
+ledger is created; ``id`` is random, so a ledger created again is a different ledger::
 
-    {"ledger": 2, "epsilon_budget": 3.0, "delta": 1e-05}
-    {"calibration": {"key": ..., "noise_multiplier": 4.16, "block_seed": ...}}
-    {"release": {"kind": "grad", "n": 229, "batch": 64, "noise_multiplier": 4.16, "count": 1,
-                 "disjoint": false, "round": 1, "seq": 0, "time": 1764600000.0}}
+    {"delta":1e-05,"epsilon_budget":3.0,"id":"9f0c...","ledger":3}
+    {"calibration":{"key":...,"noise_multiplier":4.16,"block_seed":...},"hash":"..."}
+    {"hash":"...","release":{"kind":"grad","n":229,"batch":64,"noise_multiplier":4.16,"count":1,
+                             "disjoint":false,"round":1,"seq":0,"time":1764600000.0}}
+    {"adopt":{"reason":...,"time":...,"ledger":{...},"mark":{...}},"hash":"..."}
 
-one ``release`` line per row (in ``seq`` order) and a ``calibration`` line each time the noise plan
-is stored (the last one wins). A release costs one append of its line and one fsync, under the
-lock; a reader parses only the bytes appended since its last read (it keeps the file's identity,
-size and last bytes: another process may have appended; a file that shrank, was replaced or was
-rewritten in place is read again in full). A last line without its newline is the trace of a crash in the middle of an append:
-that release never returned, so nothing was computed or sent from it, and the line is cut off
-(under the lock, with a warning). Any other line that is not one of the three kinds is an error
-(:class:`LedgerError`), as is a header for another budget. A version-1 ledger (one JSON object,
-rewritten whole on every release) is converted to version 2 on first open, atomically.
-:func:`read_ledger` reads either version without the lock, for reports and tests.
+Every line after the header is an *entry* (a release, a calibration, an adoption) chained to the
+one before it: ``hash_k = SHA-256(hash_{k-1} + "\\n" + canonical JSON of the entry without its
+hash)``, ``hash_0 = SHA-256("silofl-ledger-3\\n" + the header line)``. A release costs one append
+of its line and one fsync, under the lock, then one in-place write of the high-water mark.
+
+The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
+default ``<state-dir>/ledger-marks``) records the ledger's ``id``, its number of ``entries``, the
+``head`` (the last entry's hash), ``releases`` and ``eps_spent``. It is two fixed 512-byte slots
+(4 KiB apart), each canonical JSON with its own SHA-256 ``check``, written alternately in place (a torn slot is
+ignored; the other, older one is read). Order: the row is appended and fsynced, then the mark is
+written. The mark is not fsynced per release (it costs as much as the append again): a process
+crash loses nothing from the page cache, and a power loss can only leave the mark *behind* the
+file; rows beyond the mark that chain from its head record more spending, never less, and the
+mark is rolled forward to them. Every full read checks the file against the mark; a mismatch
+is a :class:`LedgerError` and the silo refuses everything, with the reason:
+
+* the ledger is missing while the mark records entries; the mark is missing while the ledger has
+  entries (unless the last entry is an adoption whose mark write was interrupted);
+* the ledger is another one than the mark's (``id``), e.g. recreated or replaced by a copy;
+* the mark records more entries than the file holds (truncated, rows deleted, cut in a line);
+* a line does not match its hash (edited, or a row before it removed), or the entry at the mark's
+  position has another hash than the mark's ``head`` (the history was rewritten and re-hashed).
+
+Only a truncated *last* line may be dropped (the trace of a crash in the middle of an append: that
+release never returned, so nothing was computed or sent from it), and only when the mark does not
+record it as complete; it is cut off under the lock, with a warning. A version-1 or version-2
+ledger (before hash chaining) is adopted once when no mark exists: rewritten as version 3,
+atomically, its rows unchanged, with an ``adopt`` entry saying so; a legacy file next to a mark is
+refused (an old copy put in place of a chained ledger). The operator's tools are in app/ledger.py
+(``python -m app.ledger verify|show|adopt``; docs/privacy.md, "When the ledger does not verify").
+:func:`read_ledger` reads any version without the lock (and checks a version-3 file's chain).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import math
 import os
+import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields, replace
@@ -46,11 +72,20 @@ from typing import Any
 from app.filelock import append_bytes_durably, exclusive_lock, write_bytes_atomically
 from app.privacy.accounting import Release, epsilon_spent
 
-LEDGER_VERSION = 2
+LEDGER_VERSION = 3
 #: how many of the last bytes read a handle checks again before it reads on
 _TAIL_BYTES = 64
 #: Relative slack for floating-point noise when comparing epsilon with the budget.
 BUDGET_RTOL = 1e-9
+#: the high-water mark: two slots of this many bytes, written alternately in place, each at the
+#: start of its own 4 KiB page (a page torn by a power loss spoils one slot, never both)
+MARK_SLOT = 512
+MARK_STRIDE = 4096
+#: where a node keeps its marks by default, relative to the ledger's directory (its state-dir)
+MARK_DIR = "ledger-marks"
+_GENESIS = "silofl-ledger-3"
+_KINDS = ("release", "calibration", "adopt")
+RECOVERY = "see `python -m app.ledger verify {path}` and docs/privacy.md (\"When the ledger does not verify\")"
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +95,16 @@ class BudgetExceededError(RuntimeError):
 
 
 class LedgerError(RuntimeError):
-    """The ledger file is unreadable or belongs to a different budget."""
+    """The ledger file is unreadable, does not match its high-water mark, or belongs to a
+    different budget."""
+
+
+def mark_path_for(ledger_path: str | Path, mark_dir: str | Path | None = None) -> Path:
+    """Where the high-water mark of ``ledger_path`` lives: ``<mark_dir>/<file name>.mark``,
+    ``mark_dir`` defaulting to ``ledger-marks`` beside the ledger."""
+    ledger_path = Path(ledger_path)
+    where = Path(mark_dir) if mark_dir else ledger_path.parent / MARK_DIR
+    return where / f"{ledger_path.name}.mark"
 
 
 @dataclass
@@ -72,68 +116,159 @@ class PrivacyLedger:
     delta: float
     releases: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
-    #: what this handle has parsed: the file's (st_dev, st_ino), the bytes read from it, and the
-    #: last of them (checked again before reading on: a different file behind the same inode)
+    #: the adoptions recorded in the chain (a legacy ledger's conversion, an operator's adopt)
+    adoptions: list[dict[str, Any]] = field(default_factory=list)
+    mark_path: Path | None = None
+    #: fsync the mark after every write (False: written in place, not synced; see the module doc)
+    mark_sync: bool = False
+    #: the chain: the ledger's id, the entries read and the last one's hash
+    _id: str = field(default="", repr=False, compare=False)
+    _entries: int = field(default=0, repr=False, compare=False)
+    _head: str = field(default="", repr=False, compare=False)
+    _last_kind: str = field(default="", repr=False, compare=False)
+    _mark: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    #: what this handle has parsed: the file's (st_dev, st_ino), the bytes read from it, the
+    #: last of them (checked again before reading on) and its mtime then
     _file_id: tuple[int, int] | None = field(default=None, repr=False, compare=False)
     _offset: int = field(default=0, repr=False, compare=False)
     _tail: bytes = field(default=b"", repr=False, compare=False)
+    _mtime: int = field(default=0, repr=False, compare=False)
     #: the recorded releases grouped by kind (count 1 -> total count): what the accountant composes
     _counts: Counter[Release] = field(default_factory=Counter, repr=False, compare=False)
     _grouped_cache: list[Release] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def open(cls, path: str | Path, epsilon_budget: float, delta: float) -> PrivacyLedger:
-        """Load the ledger at ``path`` or create an empty one. An existing ledger written for a
-        different budget is an error: a silo's budget cannot be changed after spending."""
-        ledger = cls(Path(path), float(epsilon_budget), float(delta))
+    def open(cls, path: str | Path, epsilon_budget: float, delta: float, *,
+             mark_dir: str | Path | None = None) -> PrivacyLedger:
+        """Load the ledger at ``path`` or create an empty one, and check it against its
+        high-water mark (in ``mark_dir``, default ``ledger-marks`` beside it). An existing
+        ledger written for a different budget is an error: a silo's budget cannot be changed
+        after spending. So is any mismatch with the mark (:class:`LedgerError`)."""
+        path = Path(path)
+        ledger = cls(path, float(epsilon_budget), float(delta), mark_path=mark_path_for(path, mark_dir))
         with ledger._locked():
-            if ledger.path.exists():
-                ledger._reload()
-            else:
-                ledger._create()
+            ledger._reload()
         return ledger
 
+    # -- reading ------------------------------------------------------------------------
     def _reload(self) -> None:
-        """Bring this handle up to date with the file (caller holds the lock): parse the lines
-        appended since the last read, or the whole file if it was replaced or shrank."""
+        """Bring this handle up to date with the file and check it against the mark (caller
+        holds the lock): parse the lines appended since the last read, or the whole file if it
+        was replaced, shrank, or was rewritten in place. On any mismatch the handle forgets
+        what it read (the next call reads the whole file again) and raises LedgerError."""
         try:
-            with open(self.path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                file_id = (st.st_dev, st.st_ino)
-                data = b""
-                if file_id == self._file_id and st.st_size >= self._offset:
-                    fh.seek(self._offset - len(self._tail))
-                    data = fh.read()
-                    if data.startswith(self._tail):  # the bytes it has read are still there
-                        data = data[len(self._tail):]
-                        if not data:
-                            return
-                    else:
-                        self._file_id = None
-                if file_id != self._file_id or st.st_size < self._offset:
-                    self._file_id, self._offset, self._tail = None, 0, b""
-                    fh.seek(0)
-                    data = fh.read()
+            self._reload_checked()
+        except BaseException:
+            self._file_id = None
+            raise
+
+    def _reload_checked(self) -> None:
+        assert self.mark_path is not None
+        mark = read_mark(self.mark_path)
+        try:
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            fh = None
         except OSError as exc:
             raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
-        if self._file_id is None:  # a full read
-            if _is_version_1(data):
-                self._migrate_version_1(data)
-                return
-            header, releases, calibration, used = _parse(self.path, data, first=True)
-            self._check_budget(_decode_float(header["epsilon_budget"]), float(header["delta"]))
-            self.releases, self.calibration, self._counts, self._grouped_cache = [], calibration or {}, Counter(), None
-        else:
-            _, releases, calibration, used = _parse(self.path, data, first=False)
-            if calibration is not None:
-                self.calibration = calibration
-        self._add_rows(releases)
-        if used < len(data):  # a torn last line: its release never returned; cut it off
-            logger.warning("privacy ledger %s: dropping an incomplete last line (%d bytes) left by an interrupted "
-                           "write", self.path, len(data) - used)
-            os.truncate(self.path, self._offset + used)
-        self._file_id, self._offset = file_id, self._offset + used
+        if fh is None:
+            self._file_id = None
+            return self._settle(inspect(self.path, self.mark_path, data=None, mark=mark), mark)
+        with fh:
+            try:
+                st = os.fstat(fh.fileno())
+                file_id = (st.st_dev, st.st_ino)
+                unchanged = (file_id == self._file_id and st.st_size >= self._offset
+                             and not (st.st_size == self._offset and st.st_mtime_ns != self._mtime)
+                             and mark is not None and mark.get("id") == self._id
+                             and int(mark.get("entries", -1)) >= self._entries)
+                if unchanged:
+                    fh.seek(self._offset - len(self._tail))
+                    data = fh.read()
+                    unchanged = data.startswith(self._tail)  # the bytes it has read are still there
+                if not unchanged:
+                    fh.seek(0)
+                    full = fh.read()
+            except OSError as exc:
+                raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
+        self._mtime = st.st_mtime_ns  # (a dropped torn line, a conversion: updated there)
+        if not unchanged:
+            self._file_id = file_id  # (reset if this raises; a conversion sets its new file's)
+            self._settle(inspect(self.path, self.mark_path, data=full, mark=mark), mark)
+            return
+        self._read_on(data[len(self._tail):], mark)
+
+    def _read_on(self, data: bytes, mark: dict[str, Any] | None) -> None:
+        """Parse what other processes appended since this handle's last read (``data``),
+        continuing the chain, and check it against the mark."""
+        assert mark is not None and self.mark_path is not None
+        used = data.rfind(b"\n") + 1
+        want = int(mark["entries"])
+        chain = _Chain(self.path, self._head, self._entries, len(self.releases), want)
+        if want == self._entries:
+            chain.head_at_want = self._head
+        rows, calibration, adopts, last = chain.parse(data[:used].split(b"\n")[:-1])
+        torn = len(data) - used
+        problem = judge(self.path, self.mark_path, ledger_id=self._id, entries=chain.entries,
+                        head_at_mark=chain.head_at_want, torn=torn > 0, last_kind=last or self._last_kind, mark=mark,
+                        eps_here=lambda: _eps_of(self._grouped_list(rows), self.delta))
+        if problem is not None:
+            raise LedgerError(problem)
+        self._add_rows(rows)
+        if calibration is not None:
+            self.calibration = calibration
+        self.adoptions.extend(adopts)
+        self._entries, self._head, self._last_kind = chain.entries, chain.head, last or self._last_kind
+        if torn:
+            self._drop_torn(self._offset + used, torn)
+        self._offset += used
         self._tail = (self._tail + data[:used])[-_TAIL_BYTES:]
+        self._mark = mark
+        if want < self._entries:
+            self._roll_forward(want)
+
+    def _grouped_list(self, extra_rows: list[dict[str, Any]]) -> list[Release]:
+        return self._grouped() + [_release(r) for r in extra_rows]
+
+    def _settle(self, insp: Inspection, mark: dict[str, Any] | None) -> None:
+        """Take a whole-file inspection into this handle and do what it says (create, convert,
+        drop a torn last line, roll the mark forward), or raise its problem."""
+        if insp.problem is not None:
+            raise LedgerError(insp.problem)
+        if insp.action == "create":
+            self._create(mark)
+            return
+        self._check_budget(insp.epsilon_budget, insp.delta)
+        if insp.action == "migrate":
+            self._migrate(insp, mark)
+            return
+        self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(insp.calibration), Counter(), None
+        self._add_rows(insp.releases)
+        self.adoptions = list(insp.adoptions)
+        self._id, self._entries, self._head, self._last_kind = insp.id, insp.entries, insp.head, insp.last_kind
+        self._mark = mark
+        if insp.torn:
+            self._drop_torn(insp.used, insp.torn)
+        self._offset, self._tail = insp.used, insp.data[:insp.used][-_TAIL_BYTES:]
+        if mark is None:  # a new ledger whose mark write was interrupted, or an interrupted adoption
+            logger.warning("privacy ledger %s: writing its missing high-water mark %s (%s)", self.path, self.mark_path,
+                           "no entries yet" if insp.entries == 0 else "the last entry is an adoption")
+            self._write_mark(self._eps())
+        elif int(mark["entries"]) < insp.entries:
+            self._roll_forward(int(mark["entries"]))
+
+    def _roll_forward(self, was: int) -> None:
+        logger.warning("privacy ledger %s: its high-water mark was %d entr%s behind the file (a crash or power loss "
+                       "between the append and the mark's write); the rows chain from the mark's head and record more "
+                       "spending, not less: moving the mark forward", self.path, self._entries - was,
+                       "y" if self._entries - was == 1 else "ies")
+        self._write_mark(self._eps())
+
+    def _drop_torn(self, keep: int, torn: int) -> None:
+        logger.warning("privacy ledger %s: dropping an incomplete last line (%d bytes) left by an interrupted write; "
+                       "its high-water mark does not record it", self.path, torn)
+        os.truncate(self.path, keep)
+        self._mtime = os.stat(self.path).st_mtime_ns
 
     def _check_budget(self, stored_eps: float, stored_delta: float) -> None:
         same_eps = stored_eps == self.epsilon_budget or math.isclose(stored_eps, self.epsilon_budget)
@@ -144,36 +279,52 @@ class PrivacyLedger:
                 "use a new state dir or ledger scope"
             )
 
-    def _create(self) -> None:
-        """A new ledger: its header line, written atomically (caller holds the lock)."""
-        self._replace_file([], {})
+    # -- writing ------------------------------------------------------------------------
+    def _create(self, old_mark: dict[str, Any] | None) -> None:
+        """A new ledger: its header line, written atomically, then its mark (caller holds the lock)."""
+        self._replace_file([], {}, [], old_mark)
 
-    def _migrate_version_1(self, data: bytes) -> None:
-        """Convert a version-1 ledger (one JSON object) to version 2, atomically."""
-        try:
-            doc = json.loads(data)
-            stored_eps, stored_delta = _decode_float(doc["epsilon_budget"]), float(doc["delta"])
-            releases = [dict(r) for r in doc["releases"]]
-            calibration = dict(doc.get("calibration", {}))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
-        self._check_budget(stored_eps, stored_delta)
-        logger.info("privacy ledger %s: converting version 1 (%d releases) to version %d", self.path, len(releases),
-                    LEDGER_VERSION)
-        self._replace_file(releases, calibration)
+    def _migrate(self, insp: Inspection, mark: dict[str, Any] | None) -> None:
+        """Convert a version-1 or -2 ledger to version 3, atomically: the same rows and
+        calibration, chained, then an ``adopt`` entry saying so; then its mark."""
+        rows = insp.releases
+        logger.warning("privacy ledger %s: converting version %d (%d releases, no hash chain) to version %d, adopting "
+                       "it as it is", self.path, insp.version, len(rows), LEDGER_VERSION)
+        eps = _eps_of([_release(r) for r in rows], self.delta)
+        adopt = {"reason": f"a version-{insp.version} ledger (before hash chaining) adopted as it was on first open",
+                 "from_version": insp.version, "time": time.time(),
+                 "ledger": {"entries": len(rows), "releases": len(rows), "eps_spent": eps}, "mark": None}
+        self._replace_file(rows, insp.calibration, [adopt], mark)
 
-    def _replace_file(self, releases: list[dict[str, Any]], calibration: dict[str, Any]) -> None:
-        lines = [_line({"ledger": LEDGER_VERSION, "epsilon_budget": _encode_float(self.epsilon_budget),
-                        "delta": self.delta})]
-        if calibration:
-            lines.append(_line({"calibration": calibration}))
-        lines += [_line({"release": row}) for row in releases]
-        data = b"".join(lines)
+    def _replace_file(self, releases: list[dict[str, Any]], calibration: dict[str, Any],
+                      adopts: list[dict[str, Any]], old_mark: dict[str, Any] | None) -> None:
+        header = {"ledger": LEDGER_VERSION, "epsilon_budget": _encode_float(self.epsilon_budget), "delta": self.delta,
+                  "id": secrets.token_hex(16)}
+        head_line = _canonical(header)
+        self._id, self._head, self._entries, self._last_kind = header["id"], _genesis(head_line), 0, ""
+        entries = ([{"calibration": dict(calibration)}] if calibration else []) + [{"release": r} for r in releases]
+        entries += [{"adopt": a} for a in adopts]
+        data = head_line + b"\n" + self._chained(entries)
         write_bytes_atomically(self.path, data, sync_dir=True)
         st = os.stat(self.path)
         self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(calibration), Counter(), None
+        self.adoptions = list(adopts)
         self._add_rows(releases)
         self._file_id, self._offset, self._tail = (st.st_dev, st.st_ino), len(data), data[-_TAIL_BYTES:]
+        self._mtime = st.st_mtime_ns
+        self._mark = old_mark
+        self._write_mark(self._eps(), fresh=True)
+
+    def _chained(self, entries: list[dict[str, Any]]) -> bytes:
+        """``entries`` as lines chained from this handle's head (which moves on)."""
+        out = []
+        for e in entries:
+            (kind,) = e
+            self._head = _chain(self._head, _canonical(e))
+            self._entries += 1
+            self._last_kind = kind
+            out.append(_canonical(e | {"hash": self._head}) + b"\n")
+        return b"".join(out)
 
     def _add_rows(self, rows: list[dict[str, Any]]) -> None:
         self._grouped_cache = None
@@ -183,16 +334,34 @@ class PrivacyLedger:
         self.releases.extend(rows)
 
     def _append(self, entries: list[dict[str, Any]]) -> None:
-        """Append ``entries`` as lines, durably (caller holds the lock and has just reloaded)."""
-        data = b"".join(_line(e) for e in entries)
+        """Append ``entries`` as chained lines, durably (caller holds the lock and has just reloaded)."""
+        head, count, last = self._head, self._entries, self._last_kind
+        data = self._chained(entries)
         try:
             end = append_bytes_durably(self.path, data)
+            st = os.stat(self.path)
         except OSError as exc:
             self._file_id = None  # read it again in full next time (it may hold a torn line)
+            self._head, self._entries, self._last_kind = head, count, last
             raise LedgerError(f"privacy ledger {self.path} could not be written: {exc}") from exc
         if end != self._offset + len(data):  # someone wrote without the lock: trust nothing read
             self._file_id = None
-        self._offset, self._tail = end, (self._tail + data)[-_TAIL_BYTES:]
+        self._offset, self._tail, self._mtime = end, (self._tail + data)[-_TAIL_BYTES:], st.st_mtime_ns
+
+    def _write_mark(self, eps: float | None, *, fresh: bool = False) -> None:
+        """Record the chain's position in the mark (after the entries are on disk)."""
+        assert self.mark_path is not None
+        gen = int(self._mark["gen"]) + 1 if self._mark else 1
+        mark = {"mark": 1, "gen": gen, "id": self._id, "entries": self._entries, "releases": len(self.releases),
+                "head": self._head, "eps_spent": None if eps is None or math.isnan(eps) else _encode_float(eps),
+                "time": time.time()}
+        try:
+            write_mark(self.mark_path, mark, fresh=fresh or self._mark is None, sync=self.mark_sync)
+        except (OSError, ValueError) as exc:
+            raise LedgerError(f"privacy ledger {self.path}: its high-water mark {self.mark_path} could not be "
+                              f"written ({exc}); the entry is recorded, the mark will be moved forward on the next "
+                              "read") from exc
+        self._mark = mark
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return exclusive_lock(_lock_path(self.path))
@@ -209,6 +378,9 @@ class PrivacyLedger:
         if self._grouped_cache is None:
             self._grouped_cache = [replace(r, count=c) for r, c in self._counts.items() if c > 0]
         return list(self._grouped_cache)
+
+    def _eps(self) -> float | None:
+        return _eps_of(self._grouped(), self.delta)
 
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
@@ -247,7 +419,7 @@ class PrivacyLedger:
         this ledger gets its own number, whatever round the server says it is, even when
         several processes serve the silo; the silo keys its noise and batch draws to it
         (a release's randomness never repeats). The rows are on disk (appended and fsynced)
-        when this returns."""
+        when this returns, and the mark records them."""
         with self._locked():
             self._reload()
             after = self._check_loaded(new, round_ if exclusive else None)
@@ -261,6 +433,7 @@ class PrivacyLedger:
                 rows.append(row)
             self._append([{"release": row} for row in rows])
             self._add_rows(rows)
+            self._write_mark(after)
         return after, seq
 
     def set_calibration(self, calibration: dict[str, Any]) -> None:
@@ -269,76 +442,343 @@ class PrivacyLedger:
             self._reload()
             self._append([{"calibration": dict(calibration)}])
             self.calibration = dict(calibration)
+            self._write_mark(self._mark.get("eps_spent") if self._mark else self._eps())
+
+
+# -- the chain ----------------------------------------------------------------------------------
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _chain(prev: str, body: bytes) -> str:
+    return hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
+
+
+def _genesis(header_line: bytes) -> str:
+    return _chain(_GENESIS, header_line)
+
+
+class _Chain:
+    """Parses entry lines, checking each against its hash, from a head and entry count."""
+
+    def __init__(self, path: Path, head: str, entries: int, releases: int, want: int | None) -> None:
+        self.path, self.head, self.entries, self.releases_before, self.want = path, head, entries, releases, want
+        self.head_at_want: str | None = head if want == entries else None
+
+    def parse(self, lines: list[bytes]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[dict[str, Any]],
+                                                 str]:
+        """(release rows, last calibration or None, adoptions, last entry's kind or "")."""
+        rows: list[dict[str, Any]] = []
+        calibration: dict[str, Any] | None = None
+        adopts: list[dict[str, Any]] = []
+        last = ""
+        for raw in lines:
+            k = self.entries + 1
+            try:
+                entry = json.loads(raw)
+                if not isinstance(entry, dict) or len(entry) != 2 or not isinstance(entry.get("hash"), str):
+                    raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+                body = {key: v for key, v in entry.items() if key != "hash"}
+                (kind,) = body
+                if kind not in _KINDS or not isinstance(body[kind], dict):
+                    raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+                if kind == "release":
+                    _release(body[kind])  # a row the accountant can read
+                expected = _chain(self.head, _canonical(body))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise LedgerError(f"privacy ledger {self.path} is unreadable: entry {k} (line {k + 1}): {exc}; "
+                                  + RECOVERY.format(path=self.path)) from exc
+            if entry["hash"] != expected:
+                what = (f"release seq {body[kind].get('seq')}, round {body[kind].get('round')}" if kind == "release"
+                        else kind)
+                raise LedgerError(f"privacy ledger {self.path}: entry {k} (line {k + 1}, {what}) does not match its "
+                                  "hash: it was edited, or an entry before it was removed, changed or inserted; "
+                                  + RECOVERY.format(path=self.path))
+            self.head, self.entries, last = expected, k, kind
+            if self.want == k:
+                self.head_at_want = expected
+            if kind == "release":
+                rows.append(body[kind])
+            elif kind == "calibration":
+                calibration = body[kind]
+            else:
+                adopts.append(body[kind])
+        return rows, calibration, adopts, last
+
+
+def judge(path: Path, mark_path: Path, *, ledger_id: str, entries: int, head_at_mark: str | None, torn: bool,
+          last_kind: str, mark: dict[str, Any] | None, eps_here: Any = None) -> str | None:
+    """Why a version-3 ledger of ``entries`` complete entries (chain verified) does not match its
+    ``mark`` (None: it does, possibly with the mark behind, to be rolled forward). ``head_at_mark``:
+    the chain's hash after ``mark["entries"]`` entries (None if the file has fewer); ``torn``: the
+    file ends in an incomplete line; ``eps_here``: epsilon of the file's releases (for messages)."""
+    hint = RECOVERY.format(path=path)
+    if mark is None:
+        if entries == 0 or last_kind == "adopt":
+            return None
+        return (f"privacy ledger {path} has {entries} entries but no high-water mark at {mark_path}: the mark was "
+                f"lost, or node config ledger-mark-dir changed; {hint}")
+    recorded = f"{mark.get('releases')} releases, epsilon {_fmt(mark.get('eps_spent'))}"
+    if mark.get("id") != ledger_id:
+        return (f"privacy ledger {path} is not the ledger its high-water mark {mark_path} records (id {ledger_id[:12]} "
+                f"vs {str(mark.get('id'))[:12]}, which had {recorded}): it was recreated or replaced by another copy; "
+                f"{hint}")
+    m = int(mark["entries"])
+    if m > entries:
+        here = f"{entries} entries (epsilon {_fmt(eps_here() if eps_here else None)})"
+        if torn and m == entries + 1:
+            return (f"privacy ledger {path}: its last line is torn, but the high-water mark records that entry as "
+                    f"complete ({m} entries, {recorded}); the file holds {here}: it lost data; {hint}")
+        return (f"privacy ledger {path} holds {here} but its high-water mark records {m} entries ({recorded}): "
+                f"entries were lost (truncated, cut or deleted); {hint}")
+    if head_at_mark != mark.get("head"):
+        return (f"privacy ledger {path}: entry {m} differs from the one its high-water mark records ({recorded}): the "
+                f"history was rewritten; {hint}")
+    return None
+
+
+def _fmt(eps: Any) -> str:
+    return "?" if eps is None else f"{float(eps):.4g}"
+
+
+def _eps_of(releases: list[Release], delta: float) -> float | None:
+    try:
+        return epsilon_spent(releases, delta)
+    except ValueError:
+        return None
+
+
+# -- the high-water mark ----------------------------------------------------------------------
+
+def _mark_slot(mark: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in mark.items() if k != "check"}
+    text = _canonical(body | {"check": hashlib.sha256(_canonical(body)).hexdigest()})
+    if len(text) >= MARK_SLOT:
+        raise ValueError(f"high-water mark too long ({len(text)} bytes)")
+    return text + b" " * (MARK_SLOT - 1 - len(text)) + b"\n"
+
+
+def write_mark(path: Path, mark: dict[str, Any], *, fresh: bool = False, sync: bool = False) -> None:
+    """Write ``mark`` into slot ``gen % 2`` of the mark file, in place (``fresh``: create the
+    file with both slots, atomically and durably). ``sync``: fdatasync the slot."""
+    slot = _mark_slot(mark)
+    if fresh or not path.exists():
+        page = slot + b" " * (MARK_STRIDE - MARK_SLOT - 1) + b"\n"
+        write_bytes_atomically(path, page + slot, sync_dir=True)
+        return
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, slot, MARK_STRIDE * (int(mark["gen"]) % 2))
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_mark(path: Path) -> dict[str, Any] | None:
+    """The newest valid slot of the mark file (None when there is no file); LedgerError when
+    no slot is valid."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LedgerError(f"the ledger's high-water mark {path} is unreadable: {exc}") from exc
+    best = None
+    for i in (0, MARK_STRIDE):
+        try:
+            slot = json.loads(data[i:i + MARK_SLOT])
+            body = {k: v for k, v in slot.items() if k != "check"}
+            if slot.get("check") != hashlib.sha256(_canonical(body)).hexdigest() or body.get("mark") != 1:
+                continue
+            int(body["entries"]), int(body["gen"]), str(body["head"]), str(body["id"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if best is None or body["gen"] > best["gen"]:
+            best = body
+    if best is None:
+        raise LedgerError(f"the ledger's high-water mark {path} is unreadable (no valid slot); "
+                          f"see docs/privacy.md (\"When the ledger does not verify\")")
+    return best
+
+
+# -- a whole-file inspection (the handle's full read, and the operator's verify) ---------------
+
+@dataclass
+class Inspection:
+    """What a ledger file and its mark say, without changing either. ``problem``: why the silo
+    must refuse (None: usable); ``action``: what opening it does (``ok``, ``create``, ``migrate``,
+    ``roll-forward``, ``mark`` (write a missing mark), ``drop-torn``, or ``refuse``)."""
+
+    path: Path
+    mark_path: Path
+    exists: bool = False
+    version: int = 0
+    id: str = ""
+    epsilon_budget: float = math.nan
+    delta: float = math.nan
+    releases: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    adoptions: list[dict[str, Any]] = field(default_factory=list)
+    entries: int = 0
+    head: str = ""
+    last_kind: str = ""
+    used: int = 0
+    torn: int = 0
+    data: bytes = b""
+    mark: dict[str, Any] | None = None
+    problem: str | None = None
+    action: str = "ok"
+
+    def eps(self) -> float | None:
+        """Epsilon of the file's releases at its delta (None when it cannot be computed)."""
+        if not self.releases:
+            return 0.0
+        return _eps_of([_release(r) for r in self.releases], self.delta) if 0 < self.delta < 1 else None
+
+
+_UNSET: Any = object()
+
+
+def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UNSET,
+            mark: Any = _UNSET) -> Inspection:
+    """Read the ledger at ``path`` (or take its bytes ``data``; None: it does not exist) and its
+    mark, check the chain and the mark, and say what opening it would do. Changes nothing."""
+    path, mark_path = Path(path), Path(mark_path)
+    insp = Inspection(path, mark_path)
+    try:
+        if mark is _UNSET:
+            mark = read_mark(mark_path)
+        insp.mark = mark
+        if data is _UNSET:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                data = None
+            except OSError as exc:
+                raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+        if data is None:
+            if mark is not None and int(mark["entries"]) > 0:
+                raise LedgerError(
+                    f"privacy ledger {path} is missing but its high-water mark {mark_path} records {mark['entries']} "
+                    f"entries ({mark.get('releases')} releases, epsilon {_fmt(mark.get('eps_spent'))}): restore the "
+                    f"ledger from a backup; {RECOVERY.format(path=path)}")
+            insp.action = "create"
+            return insp
+        insp.exists, insp.data = True, data
+        legacy = _legacy(path, data)
+        if legacy is not None:
+            (insp.version, insp.epsilon_budget, insp.delta, insp.calibration, insp.releases, insp.used,
+             insp.torn) = legacy
+            if mark is not None:
+                raise LedgerError(
+                    f"privacy ledger {path} is in the old version-{insp.version} format but its high-water mark "
+                    f"{mark_path} records a chained ledger ({mark.get('releases')} releases, epsilon "
+                    f"{_fmt(mark.get('eps_spent'))}): an old copy was put in its place; {RECOVERY.format(path=path)}")
+            seqs = [r.get("seq") for r in insp.releases]
+            if seqs != list(range(len(seqs))):
+                raise LedgerError(f"privacy ledger {path} (version {insp.version}, before hash chaining) has gaps in "
+                                  f"its sequence numbers: rows were removed; {RECOVERY.format(path=path)}")
+            insp.action = "migrate"
+            return insp
+        want = None if mark is None else int(mark["entries"])
+        parsed = _parse_v3(path, data, want)
+        (insp.version, insp.id, insp.epsilon_budget, insp.delta, insp.releases, insp.calibration, insp.adoptions,
+         insp.entries, insp.head, insp.last_kind, insp.used, insp.torn, head_at_mark) = parsed
+        problem = judge(path, mark_path, ledger_id=insp.id, entries=insp.entries, head_at_mark=head_at_mark,
+                        torn=insp.torn > 0, last_kind=insp.last_kind, mark=mark, eps_here=insp.eps)
+        if problem is not None:
+            raise LedgerError(problem)
+        insp.action = ("mark" if mark is None else "roll-forward" if int(mark["entries"]) < insp.entries
+                       else "drop-torn" if insp.torn else "ok")
+    except LedgerError as exc:
+        insp.problem, insp.action = str(exc), "refuse"
+    return insp
+
+
+def _parse_v3(path: Path, data: bytes, want: int | None) -> tuple:
+    """A version-3 file's (version, id, budget, delta, rows, calibration, adoptions, entries, head,
+    last kind, bytes used, torn bytes, head after ``want`` entries or None), its chain checked."""
+    used = data.rfind(b"\n") + 1
+    lines = data[:used].split(b"\n")[:-1]
+    if not lines:
+        raise LedgerError(f"privacy ledger {path} is unreadable: no complete header line; {RECOVERY.format(path=path)}")
+    try:
+        header = json.loads(lines[0])
+        if header.get("ledger") != LEDGER_VERSION or not isinstance(header.get("id"), str):
+            raise ValueError(f"no version-{LEDGER_VERSION} ledger header: {lines[0][:80]!r}")
+        eps, delta = _decode_float(header["epsilon_budget"]), float(header["delta"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
+    chain = _Chain(path, _genesis(_canonical(header)), 0, 0, want)
+    rows, calibration, adopts, last = chain.parse(lines[1:])
+    return (LEDGER_VERSION, header["id"], eps, delta, rows, calibration or {}, adopts, chain.entries, chain.head, last,
+            used, len(data) - used, chain.head_at_want)
+
+
+def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any], list[dict[str, Any]], int, int] | None:
+    """A version-1 or -2 ledger's (version, budget, delta, calibration, rows, bytes used, torn
+    bytes); None for a version-3 file. Raises LedgerError when it cannot be read."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        head = json.loads(first)
+    except ValueError:
+        head = None
+    if isinstance(head, dict) and head.get("ledger") == LEDGER_VERSION:
+        return None
+    if not (isinstance(head, dict) and "ledger" in head):  # version 1: one JSON object
+        try:
+            doc = json.loads(data)
+            rows = [dict(r) for r in doc["releases"]]
+            for r in rows:
+                _release(r)
+            return (1, _decode_float(doc["epsilon_budget"]), float(doc["delta"]), dict(doc.get("calibration", {})),
+                    rows, len(data), 0)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    if head.get("ledger") != 2:
+        raise LedgerError(f"privacy ledger {path} is unreadable: unknown ledger version {head.get('ledger')!r}")
+    used = data.rfind(b"\n") + 1
+    rows, calibration = [], {}
+    for i, raw in enumerate(data[:used].split(b"\n")[1:-1]):
+        try:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict) or len(entry) != 1:
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+            if "release" in entry:
+                _release(entry["release"])
+                rows.append(entry["release"])
+            elif "calibration" in entry and isinstance(entry["calibration"], dict):
+                calibration = entry["calibration"]
+            else:
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: line {i + 2}: {exc}") from exc
+    try:
+        budget, delta = _decode_float(head["epsilon_budget"]), float(head["delta"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
+    return 2, budget, delta, calibration, rows, used, len(data) - used
 
 
 def read_ledger(path: str | Path) -> dict[str, Any]:
-    """A ledger file's contents (either version), read without the lock and without changing
-    the file: ``version``, ``epsilon_budget``, ``delta``, ``calibration`` and ``releases``. An
+    """A ledger file's contents (any version), read without the lock and without changing the
+    file or looking at its mark: ``version``, ``epsilon_budget``, ``delta``, ``calibration`` and
+    ``releases`` (a version-3 file also ``id`` and ``adoptions``; its chain is checked). An
     incomplete last line (an append in progress, or a crash's) is left out."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
-    if _is_version_1(data):
-        try:
-            doc = json.loads(data)
-            return {"version": 1, "epsilon_budget": _decode_float(doc["epsilon_budget"]), "delta": float(doc["delta"]),
-                    "calibration": dict(doc.get("calibration", {})), "releases": list(doc["releases"])}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
-    header, releases, calibration, _ = _parse(path, data, first=True)
-    return {"version": int(header["ledger"]), "epsilon_budget": _decode_float(header["epsilon_budget"]),
-            "delta": float(header["delta"]), "calibration": calibration or {}, "releases": releases}
-
-
-def _line(entry: dict[str, Any]) -> bytes:
-    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
-
-
-def _is_version_1(data: bytes) -> bool:
-    """Version 1 is one JSON object (a whole-file JSON document); version 2 starts with a
-    one-line header ``{"ledger": 2, ...}``. Anything else is read as version 1 and fails there."""
-    first = data.split(b"\n", 1)[0]
-    try:
-        head = json.loads(first)
-    except ValueError:
-        return True
-    return not (isinstance(head, dict) and "ledger" in head)
-
-
-def _parse(path: Path, data: bytes, *, first: bool
-           ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None, int]:
-    """Parse complete lines of ``data`` (a whole version-2 file if ``first``, else what was
-    appended since the last read): (header, release rows, last calibration or None, bytes
-    used). Bytes after the last newline (a torn append) are not used."""
-    used = data.rfind(b"\n") + 1
-    lines = data[:used].split(b"\n")[:-1]
-    header: dict[str, Any] = {}
-    releases: list[dict[str, Any]] = []
-    calibration: dict[str, Any] | None = None
-    for i, raw in enumerate(lines):
-        try:
-            entry = json.loads(raw)
-            if not isinstance(entry, dict) or len(entry) != 1 and not (first and i == 0):
-                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
-            if first and i == 0:
-                if entry.get("ledger") != LEDGER_VERSION:
-                    raise ValueError(f"no version-{LEDGER_VERSION} ledger header: {raw[:80]!r}")
-                header = {"ledger": entry["ledger"], "epsilon_budget": entry["epsilon_budget"], "delta": entry["delta"]}
-            elif "release" in entry:
-                row = entry["release"]
-                _release(row)  # a row the accountant can read
-                releases.append(row)
-            elif "calibration" in entry and isinstance(entry["calibration"], dict):
-                calibration = entry["calibration"]
-            else:
-                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LedgerError(f"privacy ledger {path} is unreadable: line {i + 1} of the part read: {exc}") from exc
-    if first and not header:
-        raise LedgerError(f"privacy ledger {path} is unreadable: no complete header line")
-    return header, releases, calibration, used
+    legacy = _legacy(path, data)
+    if legacy is not None:
+        version, eps, delta, calibration, rows, _, _ = legacy
+        return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows}
+    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = _parse_v3(path, data, None)
+    return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows,
+            "id": ledger_id, "adoptions": adopts}
 
 
 def _release(r: dict[str, Any]) -> Release:
@@ -368,3 +808,64 @@ def _encode_float(x: float) -> float | str:
 
 def _decode_float(x: float | str) -> float:
     return math.inf if x == "inf" else float(x)
+
+
+# -- the operator's adoption (python -m app.ledger adopt) -------------------------------------
+
+def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, accept_loss: bool = False) -> str:
+    """Make the ledger at ``path`` the silo's record again after a mismatch with its mark (a
+    restored backup, a lost or moved mark), recording the operator's decision in the chain: an
+    ``adopt`` entry with ``reason``, what the ledger held, what the mark recorded and why they
+    disagreed; then a fresh mark. The ledger's own chain must hold (an edited ledger cannot be
+    adopted: restore a copy that verifies). When a mark exists and disagrees, the ledger may
+    record less than was spent: that takes ``accept_loss`` (the silo's spent epsilon is then what
+    the adopted ledger says, and the entry keeps what the mark said). Returns a one-line summary;
+    raises LedgerError when it adopts nothing."""
+    path = Path(path)
+    mark_path = mark_path_for(path, mark_dir)
+    if not reason.strip():
+        raise LedgerError("adopt needs --reason: say why this ledger is the silo's record (it is written into the "
+                          "ledger)")
+    with exclusive_lock(_lock_path(path)):
+        insp = inspect(path, mark_path)
+        if insp.problem is None:
+            return f"{path}: verifies ({insp.action}); nothing to adopt"
+        if not insp.exists:
+            raise LedgerError(f"{insp.problem} (adopt takes a ledger file that exists: restore it first)")
+        try:
+            mark = read_mark(mark_path)
+        except LedgerError:  # an unreadable mark: one that disagrees, whose numbers are unknown
+            mark = None
+        legacy = _legacy(path, insp.data)
+        if legacy is None:
+            (_, ledger_id, eps_budget, delta, rows, calibration, adopts, entries, head, last, used, torn,
+             _) = _parse_v3(path, insp.data, None)  # raises when the ledger's own chain is broken
+        else:
+            _, eps_budget, delta, calibration, rows, used, torn = legacy
+        if (mark_path.exists() or legacy is not None and "gaps" in insp.problem) and not accept_loss:
+            raise LedgerError(f"{insp.problem.split('; see ')[0]}; adopting it may forget spending: rerun with "
+                              "--accept-loss if you accept that (restore the most complete backup first)")
+        led = PrivacyLedger(path, eps_budget, delta, mark_path=mark_path)
+        info = {"reason": reason.strip(), "time": time.time(), "by": "python -m app.ledger adopt",
+                "accept_loss": bool(accept_loss), "problem": insp.problem,
+                "ledger": {"entries": insp.entries if legacy is None else len(rows), "releases": len(rows),
+                           "eps_spent": _eps_of([_release(r) for r in rows], delta)},
+                "mark": None if mark is None else {k: mark.get(k) for k in ("id", "entries", "releases", "eps_spent",
+                                                                            "head")}}
+        if legacy is not None:
+            info["from_version"] = legacy[0]
+            led._replace_file(rows, calibration, [info], mark)
+        else:
+            if torn:
+                os.truncate(path, used)
+            led._add_rows(rows)
+            led.calibration, led.adoptions = dict(calibration), list(adopts)
+            led._id, led._entries, led._head, led._last_kind = ledger_id, entries, head, last
+            led._offset, led._tail = used, insp.data[:used][-_TAIL_BYTES:]
+            led._append([{"adopt": info}])
+            led.adoptions.append(info)
+            led._mark = mark
+            led._write_mark(led._eps(), fresh=True)
+        return (f"{path}: adopted ({len(rows)} releases, epsilon {_fmt(led._eps())}); the mark {mark_path} records it "
+                "now" + ("" if mark is None else f" (it had recorded {mark.get('releases')} releases, epsilon "
+                                                 f"{_fmt(mark.get('eps_spent'))})"))
