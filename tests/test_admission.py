@@ -346,9 +346,13 @@ def test_every_query_to_every_role_is_answered_or_refused_never_raised(role_node
 
 def test_a_refused_exchange_does_not_consume_its_context(role_node) -> None:
     """A malformed shuffle request is refused before the shuffler marks its exchange as
-    aggregated: the aggregated-exchanges file is not written."""
+    aggregated (the aggregated-exchanges file is not written), so the real exchange of that
+    context is still served. Before: dim 0, dim 2^40 or no contributions consumed the context."""
     node = role_node("shuffler")
-    for content in (_sealed([_BLOB], dim=-1, context="silofl-shuffle-v1|run=9|round=1|exchange=1|phase=grad"),
-                    _sealed([_BLOB], levels=0, context="silofl-shuffle-v1|run=9|round=1|exchange=2|phase=grad")):
-        assert wire.Refusal.decode(node.ask(wire.SHUFFLE_QUERY, content)).code == wire.REFUSED_CONFIG
-    assert not list(node.state.glob("shuffler-seen-*"))
+    bad = ({"dim": 0}, {"dim": 2 ** 40}, {"blobs": []}, {"dim": -1}, {"levels": 0})
+    for i, change in enumerate(bad):
+        context = f"silofl-shuffle-v1|run=9|round=1|exchange={i}|phase=grad"
+        content = _sealed(change.pop("blobs", [_BLOB]), context=context, **change)
+        refusal = wire.Refusal.decode(node.ask(wire.SHUFFLE_QUERY, content))
+        assert not list(node.state.glob("shuffler-seen-*")), f"{change or 'no blobs'} consumed its context"
+        assert refusal is not None and refusal.code == wire.REFUSED_CONFIG, (change, refusal)
