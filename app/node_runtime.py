@@ -38,6 +38,7 @@ from typing import Any
 from flwr.app import Context, MessageType, RecordDict
 
 from app import wire
+from app.admission import Rejection, check_shuffle_request
 from app.config import Settings, parse_settings
 from app.data.federated import build_federated_data
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
@@ -243,8 +244,10 @@ def shuffle(content: RecordDict, context: Context, deployed: bool = False) -> Re
     if node_role(context) != wire.ROLE_SHUFFLER:
         return wire.Refusal(wire.REFUSED_CONFIG, "this node is not the shuffler", 0.0).encode()
     node_shuffler = shuffler(context)
+    req = check_shuffle_request(content)  # every field, before the exchange's context is consumed
+    if isinstance(req, Rejection):
+        return wire.Refusal(req.code, req.reason, 0.0).encode()
     try:
-        req = wire.ShuffleRequest.decode(content)
         if node_shuffler.allowed_senders is None:  # simulation: the silo keys the server saw
             senders = [parse_public_key(k) for k in req.senders]
             result = node_shuffler.aggregate(req.blobs, req.context, req.dim, req.levels, allowed_senders=senders,
@@ -261,8 +264,15 @@ def shuffle(content: RecordDict, context: Context, deployed: bool = False) -> Re
 
 def identity(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
     """This node's partition id, for the simulation's attack harness (which silos are Byzantine
-    is the experiment's ground truth). The server never weights a silo by it."""
-    return wire.identity_reply(int(context.node_config["partition-id"]))
+    is the experiment's ground truth). The server never weights a silo by it. The shuffler, and
+    a node whose config sets no integer partition-id, refuse."""
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it has no partition id", 0.0).encode()
+    pid = context.node_config.get("partition-id")
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        return wire.Refusal(wire.REFUSED_CONFIG, f"this node's config sets no integer partition-id (got {pid!r})",
+                            0.0).encode()
+    return wire.identity_reply(pid)
 
 
 #: Flower message type -> handler; the ClientApp registers exactly these

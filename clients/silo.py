@@ -42,6 +42,7 @@ from flwr.app import RecordDict
 from flwr.common import log
 
 from app import wire
+from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms
 from app.config import Settings
 from app.data.federated import SiloData
 from app.data.split import fixed_size_batch
@@ -195,7 +196,9 @@ class Silo:
         pipeline is clip -> mechanism -> sketch."""
         if self.policy_violation:
             return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
-        ins = wire.Instruction.decode(content)
+        ins = check_instruction(content, silo_terms(self))  # every field, before anything is recorded
+        if isinstance(ins, Rejection):
+            return self._refuse(ins.code, ins.reason)
         phase, rnd = ins.phase, ins.round
         spec = self.plan.get(phase) if phase in TRAINING_PHASES else None
         if spec is None:
@@ -295,7 +298,10 @@ class Silo:
         refusal = self._evaluation_refusal()
         if refusal is not None:
             return refusal
-        return self._evaluation_reply(wire.EvaluateRequest.decode(content))
+        req = check_evaluate_request(content, silo_terms(self))
+        if isinstance(req, Rejection):
+            return self._refuse(req.code, req.reason)
+        return self._evaluation_reply(req)
 
     def _evaluation_refusal(self) -> RecordDict | None:
         """The refusal this silo's evaluation policy gives every evaluation request (None: it answers)."""
