@@ -30,7 +30,9 @@ the connection (10 by default), a handler waits at most ``--busy-timeout`` secon
 node's own computation: training, the ledger) runs one request at a time under one lock, so the
 ledger, the model and the calibration are never touched concurrently; a ping needs no lock.
 SIGTERM closes the socket at once, cuts every connection still sending its request or waiting,
-lets a request being handled finish (its ledger entry is already being written) and exits.
+lets a request being handled finish (its ledger entry is already being written) and exits; a
+second SIGTERM exits without waiting. Memory in flight is at most ``--max-connections`` times
+``--max-frame-bytes``.
 
 Wire format (all integers big-endian): ``b"SLFS"``, version (u8), kind (u8: 0 request, 1
 reply), header length (u32), body length (u64), a JSON header, a body. A request's header is
@@ -58,7 +60,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +113,7 @@ def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> byt
     return _PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
 
 
-def _wait(sock: socket.socket, deadline: float | None, stopping: Any, what: str) -> None:
+def _wait(sock: socket.socket, deadline: float | None, stopping: Callable[[], bool] | None, what: str) -> None:
     """Set ``sock``'s timeout to the next tick before ``deadline``; Cut if the deadline passed or
     ``stopping()`` says the service stops. No deadline: the socket's own timeout stands."""
     if deadline is None:
@@ -124,7 +126,8 @@ def _wait(sock: socket.socket, deadline: float | None, stopping: Any, what: str)
     sock.settimeout(min(left, _TICK_S))
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None, stopping: Any = None) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
+                stopping: Callable[[], bool] | None = None) -> bytes:
     """``n`` bytes, read as they come (a frame that announces more than it sends costs nothing);
     with a ``deadline`` (time.monotonic()), Cut once it passes, however the bytes trickle in."""
     chunks, got = [], 0
@@ -143,7 +146,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None, stop
     return b"".join(chunks)
 
 
-def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Any = None) -> None:
+def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Callable[[], bool] | None = None) -> None:
     """``sock.sendall(data)`` that gives up (Cut) at ``deadline``, or when the service stops and
     the peer has not taken anything for a tick."""
     view, sent = memoryview(data), 0
@@ -157,7 +160,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Any =
 
 
 def read_frame(sock: socket.socket, kind: int, max_bytes: int, deadline: float | None = None,
-               stopping: Any = None) -> tuple[dict[str, Any], bytes]:
+               stopping: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bytes]:
     """One frame of ``kind`` from ``sock``: (header, body). FrameError if malformed or too big;
     EOFError if the peer closed the connection before the frame was complete; Cut if the whole
     frame has not arrived by ``deadline`` (time.monotonic()) or ``stopping()`` turns true."""
@@ -475,7 +478,7 @@ class SiloService:
             self._send(conn, {"ok": False, "error": f"malformed request: {exc}"})
         except Cut as exc:
             _log(f"run {run_id} {mtype} connection cut after {time.monotonic() - t0:.1f} s: {exc}")
-            self._refuse(conn, f"{exc} (request timeout {self.request_timeout:g} s)")
+            self._refuse(conn, str(exc) if self.stopping else f"{exc} (request timeout {self.request_timeout:g} s)")
         except (EOFError, TimeoutError, ConnectionError, BrokenPipeError) as exc:
             _log(f"run {run_id} {mtype} connection dropped: {exc}")
         except Exception as exc:  # the handler raised: say why, keep serving
@@ -534,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
                     help="the largest request accepted (default 1 GiB)")
     ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
-                    help=f"seconds a peer has to send its whole request, from its connection (default {REQUEST_TIMEOUT_S:g})")
+                    help="seconds a peer has to send its whole request, from its connection "
+                    f"(default {REQUEST_TIMEOUT_S:g})")
     ap.add_argument("--reply-timeout", type=float, default=REPLY_TIMEOUT_S, metavar="S",
                     help=f"seconds a peer has to take the whole reply (default {REPLY_TIMEOUT_S:g})")
     ap.add_argument("--busy-timeout", type=float, default=BUSY_TIMEOUT_S, metavar="S",

@@ -5,7 +5,8 @@ socket, warms it with one ledger query (which builds the silo), then measures, e
 bounded by ``--bound`` seconds:
 
 * ``trickler``: a same-uid peer sends a valid frame prefix one byte every ``--trickle-s``
-  seconds; the latency of a ledger query sent next to it;
+  seconds; the latency of a ledger query sent next to it, and when the peer was cut (if within
+  15 s);
 * ``silent``:   a peer connects and sends nothing; the same latency;
 * ``sigterm``:  a trickler and a silent peer are connected; seconds from SIGTERM to the exit.
 
@@ -85,6 +86,8 @@ def main() -> int:
     from app import silo_service, wire
     from app.launch import merged_run_config
 
+    root = Path(silo_service.__file__).resolve().parents[1]  # the checkout under test (PYTHONPATH)
+    print(json.dumps({"checkout": str(root)}), flush=True)
     run_config = merged_run_config([]) | {"num-rounds": 6, "privacy.epsilon": 3.0}
     tmp = Path(tempfile.mkdtemp(prefix="svcbench"))
     path = str(tmp / "svc.sock")
@@ -95,7 +98,7 @@ def main() -> int:
     def start() -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config",
                                  _node_config(tmp / "state"), *shlex.split(args.service_args)],
-                                env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
+                                cwd=root, env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
@@ -126,7 +129,8 @@ def main() -> int:
                 peer = Peer(path, prefix, args.trickle_s if name == "trickler" else None)
                 time.sleep(0.5)  # the slow peer is first in line
                 latency, how = query(args.bound)
-                peer_cut = peer.cut_after
+                peer.thread.join(max(0.0, min(args.bound, 15.0) - (time.monotonic() - peer.t0)))
+                peer_cut = peer.cut_after  # None: not cut within 15 s (or the bound)
                 peer.close()
                 print(json.dumps({"scenario": name, "latency_s": round(latency, 3), "result": how,
                                   "peer_cut_after_s": None if peer_cut is None else round(peer_cut, 2)}), flush=True)
