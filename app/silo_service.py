@@ -471,8 +471,8 @@ class SiloService:
             finally:
                 self._handling = None
                 self._node.release()
-            self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
-            _log(f"run {run_id} {mtype} {1000 * (time.monotonic() - t0):.1f} ms")
+            sent = self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
+            _log(f"run {run_id} {mtype} {1000 * (time.monotonic() - t0):.1f} ms" + ("" if sent else " (reply lost)"))
         except (FrameError, struct.error, UnicodeDecodeError) as exc:
             _log(f"run {run_id} {mtype} malformed request: {exc}")
             self._send(conn, {"ok": False, "error": f"malformed request: {exc}"})
@@ -518,15 +518,17 @@ class SiloService:
                           run_config=run_config)
         return self.runtime.handle(mtype, content, context, deployed=True)
 
-    def _send(self, conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> None:
-        """The reply, taken by the peer within reply_timeout (else the connection is cut)."""
+    def _send(self, conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> bool:
+        """Whether the peer took the reply within reply_timeout (else the connection is cut)."""
         try:
             _send_all(conn, encode_frame(REPLY, header, body), time.monotonic() + self.reply_timeout,
                       self._stopping)
+            return True
         except Cut as exc:
             _log(f"reply not delivered: {exc} (reply timeout {self.reply_timeout:g} s)")
         except OSError:
             pass  # the peer left; nothing to tell it
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
