@@ -380,12 +380,13 @@ class SiloService:
         return self.stopping
 
     def serve_forever(self) -> None:
-        """Accept until SIGTERM; then close the socket and drain the connections (see stop)."""
-        assert self.sock is not None
+        """Accept until SIGTERM; then close the socket and drain the connections (see drain)."""
+        listener = self.sock
+        assert listener is not None
         try:
             while not self.stopping:
                 try:
-                    conn, _ = self.sock.accept()
+                    conn, _ = listener.accept()
                 except TimeoutError:
                     continue
                 except OSError:
@@ -406,7 +407,6 @@ class SiloService:
                 self._threads.add(thread)
         if full:  # a clean refusal: a small frame that fits the socket's buffer, then close
             with conn:
-                conn.setblocking(False)
                 self._refuse(conn, f"busy: {self.max_connections} connections are open; try again", busy=True)
             _log(f"refused a connection: {self.max_connections} connections are open")
             return

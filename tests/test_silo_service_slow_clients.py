@@ -339,3 +339,52 @@ def test_the_cli_refuses_out_of_range_limits() -> None:
     for bad in (["--request-timeout", "0"], ["--reply-timeout", "nan"], ["--busy-timeout", "-1"],
                 ["--max-connections", "0"]):
         assert silo_service.main(["--socket", "/nonexistent/x.sock", *bad]) == 2, bad
+
+
+def test_sigterm_lets_the_request_being_handled_finish_and_turns_away_the_waiting_one(stub_service) -> None:
+    """A stop never interrupts a handler (its ledger entry is being written): the request being
+    handled gets its reply; one waiting for the node gets 'stopping' (busy), not a hang."""
+    node = StubRuntime(hold=1.0)
+    svc = stub_service(node)
+    outcome: dict[str, object] = {}
+
+    def ask(name: str) -> None:
+        try:
+            outcome[name] = silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
+        except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
+            outcome[name] = exc
+
+    first = threading.Thread(target=ask, args=("handled",))
+    first.start()
+    time.sleep(0.3)
+    second = threading.Thread(target=ask, args=("waiting",))
+    second.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    svc.drain()  # what SIGTERM leads to
+    took = time.monotonic() - t0
+    first.join(5)
+    second.join(5)
+    assert isinstance(outcome["handled"], RecordDict), outcome
+    assert isinstance(outcome["waiting"], silo_service.ServiceUnavailable) and "stopping" in str(outcome["waiting"])
+    assert node.calls == 1 and 0.2 <= took < 2.0  # it waited for the handler, and only for it
+    assert not Path(svc.path).exists()
+
+
+def test_a_request_over_the_size_limit_gets_an_error_and_is_closed(stub_service) -> None:
+    svc = stub_service(StubRuntime(), max_frame_bytes=1024)
+    frame = silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1, "run_config": {}},
+                                      b"\0" * 4096)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(svc.path)
+        try:
+            sock.sendall(frame)
+        except OSError:
+            pass  # it may close before taking it all: its answer is already queued
+        header, _ = silo_service.read_frame(sock, silo_service.REPLY, 1 << 16)
+        assert header["ok"] is False and "over the limit of 1024 bytes" in header["error"]
+        try:
+            assert sock.recv(1) == b""  # and closed
+        except ConnectionResetError:
+            pass  # closed with the rest of the frame unread
