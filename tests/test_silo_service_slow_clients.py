@@ -259,7 +259,7 @@ class StubRuntime:
 
 
 @pytest.fixture
-def stub_service(tmp_path_factory):
+def stub_service():
     services = []
 
     def start(runtime: StubRuntime, **limits) -> silo_service.SiloService:
