@@ -20,16 +20,29 @@ caps, ledger scope and location, noise seed, evaluation policy, role, keys, data
 its own ``--node-config``; a request cannot carry a node config. The service is always a
 deployment (app/privacy/policy.py): OS randomness, no evaluation and no runs without privacy
 unless its node config says otherwise. The socket is created 0600 in a directory created 0700,
-and only a peer with the service's own uid (or root) is served. It serves one request at a
-time, so its ledger is never written concurrently.
+and only a peer with the service's own uid (or root) is served.
+
+Slow or stuck peers. Each connection has its own thread (at most ``--max-connections``, 8 by
+default; one more is answered ``busy`` and closed), and every request has deadlines that cover
+the whole of it, not one read: the request must arrive within ``--request-timeout`` seconds of
+the connection (10 by default), a handler waits at most ``--busy-timeout`` seconds for the node
+(600), and the reply must be taken within ``--reply-timeout`` seconds (10). Handling itself (the
+node's own computation: training, the ledger) runs one request at a time under one lock, so the
+ledger, the model and the calibration are never touched concurrently; a ping needs no lock.
+SIGTERM closes the socket at once, cuts every connection still sending its request or waiting,
+lets a request being handled finish (its ledger entry is already being written) and exits; a
+second SIGTERM exits without waiting. Memory in flight is at most ``--max-connections`` times
+``--max-frame-bytes``.
 
 Wire format (all integers big-endian): ``b"SLFS"``, version (u8), kind (u8: 0 request, 1
 reply), header length (u32), body length (u64), a JSON header, a body. A request's header is
 ``{"type": <Flower message type or "ping">, "run_id": int, "run_config": {key: bool | int |
 float | str}}`` and its body the message content, a RecordDict serialised with Flower's protobuf
 serde (no pickle). A reply's header is ``{"ok": true}`` with the reply content as body, or
-``{"ok": false, "error": "..."}``. A malformed or oversized frame (``--max-frame-bytes``,
-1 GiB by default) gets an error reply and the connection is closed; the service keeps serving.
+``{"ok": false, "error": "..."}`` (with ``"busy": true`` when the service is at its connection
+limit or the node stayed busy). A malformed or oversized frame (``--max-frame-bytes``, 1 GiB by
+default), or a request that is not complete by its deadline, gets an error reply and the
+connection is closed; the service keeps serving.
 
 This module's top level imports no torch: the ClientApp imports it for :func:`request`.
 """
@@ -44,9 +57,10 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +77,17 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 30
 PING = "ping"
 #: the fields of a request header: nothing else is accepted
 REQUEST_KEYS = frozenset({"type", "run_id", "run_config"})
-#: seconds a connected peer may take to send its request (between two reads)
-IO_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
+#: seconds a connected peer may take to send its whole request (from the accept to its last byte)
+REQUEST_TIMEOUT_S = 10.0
+#: seconds a request may wait for the node while another one is being handled
+BUSY_TIMEOUT_S = 600.0
+#: seconds a peer may take to read the whole reply
+REPLY_TIMEOUT_S = 10.0
+#: connections served at once (each its own thread); one more gets a "busy" reply
+MAX_CONNECTIONS = 8
+#: how often a blocked read or write looks at its deadline and at a stop
+_TICK_S = 0.25
 
 
 class FrameError(ValueError):
@@ -80,6 +102,10 @@ class ServiceError(RuntimeError):
     """The silo service answered with an error (it could not handle the request)."""
 
 
+class Cut(Exception):
+    """A connection ran past its deadline, or the service is stopping."""
+
+
 # -- framing --------------------------------------------------------------------------------------
 
 def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> bytes:
@@ -87,11 +113,32 @@ def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> byt
     return _PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes, read as they come (a frame that announces more than it sends costs nothing)."""
+def _wait(sock: socket.socket, deadline: float | None, stopping: Callable[[], bool] | None, what: str) -> None:
+    """Set ``sock``'s timeout to the next tick before ``deadline``; Cut if the deadline passed or
+    ``stopping()`` says the service stops. No deadline: the socket's own timeout stands."""
+    if deadline is None:
+        return
+    if stopping is not None and stopping():
+        raise Cut(f"the service is stopping ({what})")
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Cut(f"{what} not complete by its deadline")
+    sock.settimeout(min(left, _TICK_S))
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
+                stopping: Callable[[], bool] | None = None) -> bytes:
+    """``n`` bytes, read as they come (a frame that announces more than it sends costs nothing);
+    with a ``deadline`` (time.monotonic()), Cut once it passes, however the bytes trickle in."""
     chunks, got = [], 0
     while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
+        _wait(sock, deadline, stopping, "request")
+        try:
+            chunk = sock.recv(min(n - got, 1 << 20))
+        except TimeoutError:
+            if deadline is None:
+                raise
+            continue
         if not chunk:
             raise EOFError(f"connection closed after {got} of {n} bytes")
         chunks.append(chunk)
@@ -99,10 +146,26 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, kind: int, max_bytes: int) -> tuple[dict[str, Any], bytes]:
+def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Callable[[], bool] | None = None) -> None:
+    """``sock.sendall(data)`` that gives up (Cut) at ``deadline``, or when the service stops and
+    the peer has not taken anything for a tick."""
+    view, sent = memoryview(data), 0
+    while sent < len(view):
+        _wait(sock, deadline, None, "reply")
+        try:
+            sent += sock.send(view[sent:sent + (1 << 20)])
+        except TimeoutError:
+            if stopping is not None and stopping():
+                raise Cut("the service is stopping and the peer does not read its reply") from None
+
+
+def read_frame(sock: socket.socket, kind: int, max_bytes: int, deadline: float | None = None,
+               stopping: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bytes]:
     """One frame of ``kind`` from ``sock``: (header, body). FrameError if malformed or too big;
-    EOFError if the peer closed the connection before the frame was complete."""
-    magic, version, got_kind, head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size))
+    EOFError if the peer closed the connection before the frame was complete; Cut if the whole
+    frame has not arrived by ``deadline`` (time.monotonic()) or ``stopping()`` turns true."""
+    magic, version, got_kind, head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size, deadline,
+                                                                                 stopping))
     if magic != MAGIC:
         raise FrameError(f"not a silo-service frame (magic {magic!r}, expected {MAGIC!r})")
     if version != VERSION:
@@ -112,12 +175,12 @@ def read_frame(sock: socket.socket, kind: int, max_bytes: int) -> tuple[dict[str
     if head_len > MAX_HEADER_BYTES or head_len + body_len > max_bytes:
         raise FrameError(f"frame of {head_len + body_len} bytes is over the limit of {max_bytes} bytes")
     try:
-        header = json.loads(_recv_exact(sock, head_len))
+        header = json.loads(_recv_exact(sock, head_len, deadline, stopping))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FrameError("header is not a JSON object")
-    return header, _recv_exact(sock, body_len)
+    return header, _recv_exact(sock, body_len, deadline, stopping)
 
 
 def _scalar(value: Any) -> bool:
@@ -163,7 +226,10 @@ def _exchange(path: str, frame: bytes, timeout: float | None, max_bytes: int) ->
     try:
         sock.settimeout(timeout)
         try:
-            sock.sendall(frame)
+            try:
+                sock.sendall(frame)
+            except OSError:  # the service may have refused before reading it all (busy): read why
+                sock.settimeout(1.0)
             return read_frame(sock, REPLY, max_bytes)
         except (OSError, EOFError) as exc:
             raise ServiceUnavailable(f"the silo service on {path} went away mid-request: {exc}") from None
@@ -178,6 +244,8 @@ def request(path: str, message_type: str, content: RecordDict, run_id: int, run_
     body = recorddict_to_proto(content).SerializeToString()
     header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config)}
     reply, reply_body = _exchange(path, encode_frame(REQUEST, header, body), timeout, max_bytes)
+    if reply.get("busy") is True:  # at its connection limit, or the node stayed busy: not a silo error
+        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
     if reply.get("ok") is not True:
         raise ServiceError(f"silo service on {path}: {reply.get('error', 'error reply without a reason')}")
     try:
@@ -190,6 +258,8 @@ def ping(path: str, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """The service's ping answer (pid, partition, role); ServiceUnavailable if none answers."""
     reply, _ = _exchange(path, encode_frame(REQUEST, {"type": PING, "run_id": 0, "run_config": {}}), timeout,
                          MAX_HEADER_BYTES)
+    if reply.get("busy") is True:
+        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
     if reply.get("ok") is not True:
         raise ServiceError(f"silo service on {path}: {reply.get('error')}")
     return reply
@@ -212,15 +282,22 @@ def _listening(path: str) -> bool:
     return True
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def _log(msg: str) -> None:
-    print(f"[silo-service] {msg}", flush=True)
+    with _LOG_LOCK:
+        print(f"[silo-service] {msg}", flush=True)
 
 
 class SiloService:
-    """Serves one request at a time on a listening Unix socket with this node's config."""
+    """Serves a listening Unix socket with this node's config: one thread per connection (at
+    most ``max_connections``), whole-request deadlines, one request handled at a time."""
 
     def __init__(self, socket_path: str | Path, node_config: Mapping[str, Any],
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *,
+                 request_timeout: float = REQUEST_TIMEOUT_S, reply_timeout: float = REPLY_TIMEOUT_S,
+                 busy_timeout: float = BUSY_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> None:
         from app.privacy.policy import node_policy
 
         self.path = str(socket_path)
@@ -228,11 +305,19 @@ class SiloService:
         self.node_config.pop("silo-service", None)  # the service is the silo: it forwards nothing
         node_policy(self.node_config, deployed=True)  # a bad policy value stops the service here
         self.max_frame_bytes = int(max_frame_bytes)
+        self.request_timeout = float(request_timeout)
+        self.reply_timeout = float(reply_timeout)
+        self.busy_timeout = float(busy_timeout)
+        self.max_connections = int(max_connections)
         self.stopping = False
         self.sock: socket.socket | None = None
         self.runtime: Any = None
         self.types: frozenset[str] = frozenset({PING})
         self._ino: int | None = None
+        self._node = threading.Lock()  # held while a request is handled: the ledger, model, calibration
+        self._threads: set[threading.Thread] = set()
+        self._threads_lock = threading.Lock()
+        self._handling: str | None = None  # "run <id> <type>" of the request being handled
 
     # socket lifecycle
     def check_path(self) -> None:
@@ -277,7 +362,7 @@ class SiloService:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
         sock.listen(16)
-        sock.settimeout(0.5)  # wake up to notice SIGTERM
+        sock.settimeout(_TICK_S)  # wake up to notice SIGTERM
         self._ino = os.stat(self.path).st_ino
         self.sock = sock
 
@@ -291,19 +376,64 @@ class SiloService:
         except FileNotFoundError:
             pass
 
+    def _stopping(self) -> bool:
+        return self.stopping
+
     def serve_forever(self) -> None:
-        assert self.sock is not None
-        while not self.stopping:
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self.stopping:
-                    break
-                raise
+        """Accept until SIGTERM; then close the socket and drain the connections (see drain)."""
+        listener = self.sock
+        assert listener is not None
+        try:
+            while not self.stopping:
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    if self.stopping:
+                        break
+                    raise
+                self._start_connection(conn)
+        finally:
+            self.drain()
+
+    def _start_connection(self, conn: socket.socket) -> None:
+        with self._threads_lock:
+            self._threads = {t for t in self._threads if t.is_alive()}
+            full = len(self._threads) >= self.max_connections
+            if not full:
+                thread = threading.Thread(target=self._connection, args=(conn,), daemon=True,
+                                          name="silo-service-connection")
+                self._threads.add(thread)
+        if full:  # a clean refusal: a small frame that fits the socket's buffer, then close
             with conn:
-                self.serve_connection(conn)
+                self._refuse(conn, f"busy: {self.max_connections} connections are open; try again", busy=True)
+            _log(f"refused a connection: {self.max_connections} connections are open")
+            return
+        thread.start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            self.serve_connection(conn)
+
+    def drain(self, grace: float = 5.0) -> None:
+        """Stop: close the socket (new peers get 'connection refused'), let the connections see
+        ``stopping`` (each within a tick) and the request being handled finish, then return."""
+        self.stopping = True
+        self.close()
+        with self._threads_lock:
+            threads = list(self._threads)
+        end = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
+        while True:  # a request still being handled is finished, however long it takes
+            with self._threads_lock:
+                alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                break
+            _log(f"stopping: waiting for the request being handled ({self._handling or '?'})")
+            for thread in alive:
+                thread.join(30.0)
 
     # one connection, one request
     def _peer_allowed(self, conn: socket.socket) -> bool:
@@ -314,8 +444,9 @@ class SiloService:
         return uid in (os.getuid(), 0)
 
     def serve_connection(self, conn: socket.socket) -> None:
-        t0 = time.perf_counter()
-        conn.settimeout(IO_TIMEOUT_S)
+        """Read one request by its deadline, handle it under the node's lock, send the reply by
+        its deadline. A peer that is too slow, or a stop, cuts the connection (never the service)."""
+        t0 = time.monotonic()
         run_id: Any = "-"
         mtype = "?"
         try:
@@ -323,27 +454,63 @@ class SiloService:
                 self._send(conn, {"ok": False, "error": "peer uid not allowed"})
                 _log("refused a peer with another uid")
                 return
-            header, body = read_frame(conn, REQUEST, self.max_frame_bytes)
+            header, body = read_frame(conn, REQUEST, self.max_frame_bytes, t0 + self.request_timeout,
+                                      self._stopping)
             mtype = "".join(c if c.isprintable() else "?" for c in str(header.get("type", "?"))[:40])
-            if header.get("type") == PING:
+            if header.get("type") == PING:  # no lock: a ping is answered while a request is handled
                 self._send(conn, {"ok": True, "pid": os.getpid(), "partition-id": self.node_config.get("partition-id"),
                                   "role": self.node_config.get("role", "silo")})
                 return
             mtype, run_id, run_config, content = parse_request(header, body, self.types)
             del body
-            reply = self.handle(mtype, run_id, run_config, content)
-            self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
-            _log(f"run {run_id} {mtype} {1000 * (time.perf_counter() - t0):.1f} ms")
+            if not self._acquire_node(conn, run_id, mtype):
+                return
+            try:
+                self._handling = f"run {run_id} {mtype}"
+                reply = self.handle(mtype, run_id, run_config, content)
+            finally:
+                self._handling = None
+                self._node.release()
+            sent = self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
+            _log(f"run {run_id} {mtype} {1000 * (time.monotonic() - t0):.1f} ms" + ("" if sent else " (reply lost)"))
         except (FrameError, struct.error, UnicodeDecodeError) as exc:
             _log(f"run {run_id} {mtype} malformed request: {exc}")
             self._send(conn, {"ok": False, "error": f"malformed request: {exc}"})
+        except Cut as exc:
+            _log(f"run {run_id} {mtype} connection cut after {time.monotonic() - t0:.1f} s: {exc}")
+            self._refuse(conn, str(exc) if self.stopping else f"{exc} (request timeout {self.request_timeout:g} s)")
         except (EOFError, TimeoutError, ConnectionError, BrokenPipeError) as exc:
             _log(f"run {run_id} {mtype} connection dropped: {exc}")
         except Exception as exc:  # the handler raised: say why, keep serving
             traceback.print_exc(file=sys.stderr)
-            _log(f"run {run_id} {mtype} failed after {1000 * (time.perf_counter() - t0):.1f} ms: "
+            _log(f"run {run_id} {mtype} failed after {1000 * (time.monotonic() - t0):.1f} ms: "
                  f"{type(exc).__name__}: {exc}")
             self._send(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _acquire_node(self, conn: socket.socket, run_id: Any, mtype: str) -> bool:
+        """Wait for the node (another request may be handled) up to busy_timeout or a stop;
+        False (the peer told why) if it did not come free."""
+        end = time.monotonic() + self.busy_timeout
+        while not self._node.acquire(timeout=_TICK_S):
+            if self.stopping:
+                self._refuse(conn, "the service is stopping", busy=True)
+                return False
+            if time.monotonic() >= end:
+                _log(f"run {run_id} {mtype} refused: the node stayed busy for {self.busy_timeout:g} s "
+                     f"({self._handling or '?'})")
+                self._refuse(conn, f"busy: the node is handling another request for over {self.busy_timeout:g} s",
+                             busy=True)
+                return False
+        return True
+
+    def _refuse(self, conn: socket.socket, error: str, busy: bool = False) -> None:
+        """A small error reply, sent only if it goes at once (a refused or cut peer gets no time)."""
+        header: dict[str, Any] = {"ok": False, "error": error} | ({"busy": True} if busy else {})
+        try:
+            conn.setblocking(False)
+            conn.send(encode_frame(REPLY, header))
+        except OSError:
+            pass
 
     def handle(self, mtype: str, run_id: int, run_config: dict[str, Any], content: RecordDict) -> RecordDict:
         """The reply to one request: this node's own config, the request's run and content."""
@@ -351,12 +518,17 @@ class SiloService:
                           run_config=run_config)
         return self.runtime.handle(mtype, content, context, deployed=True)
 
-    @staticmethod
-    def _send(conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> None:
+    def _send(self, conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> bool:
+        """Whether the peer took the reply within reply_timeout (else the connection is cut)."""
         try:
-            conn.sendall(encode_frame(REPLY, header, body))
+            _send_all(conn, encode_frame(REPLY, header, body), time.monotonic() + self.reply_timeout,
+                      self._stopping)
+            return True
+        except Cut as exc:
+            _log(f"reply not delivered: {exc} (reply timeout {self.reply_timeout:g} s)")
         except OSError:
             pass  # the peer left; nothing to tell it
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,6 +538,15 @@ def main(argv: list[str] | None = None) -> int:
                     "--node-config (Flower's format: \"partition-id=0 num-partitions=2 state-dir='/state' ...\")")
     ap.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
                     help="the largest request accepted (default 1 GiB)")
+    ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
+                    help="seconds a peer has to send its whole request, from its connection "
+                    f"(default {REQUEST_TIMEOUT_S:g})")
+    ap.add_argument("--reply-timeout", type=float, default=REPLY_TIMEOUT_S, metavar="S",
+                    help=f"seconds a peer has to take the whole reply (default {REPLY_TIMEOUT_S:g})")
+    ap.add_argument("--busy-timeout", type=float, default=BUSY_TIMEOUT_S, metavar="S",
+                    help=f"seconds a request waits while another one is handled (default {BUSY_TIMEOUT_S:g})")
+    ap.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS, metavar="N",
+                    help=f"connections served at once; one more gets a 'busy' reply (default {MAX_CONNECTIONS})")
     args = ap.parse_args(argv)
     from flwr.common.config import parse_config_args
 
@@ -379,13 +560,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_frame_bytes < 1024:
         print(f"silo service: --max-frame-bytes {args.max_frame_bytes} is out of range; allowed: >= 1024", file=sys.stderr)
         return 2
+    for name in ("request_timeout", "reply_timeout", "busy_timeout"):
+        value = getattr(args, name)
+        if not 0 < value < 1e6:  # NaN too
+            print(f"silo service: --{name.replace('_', '-')} {value} is out of range; allowed: (0, 1e6) seconds",
+                  file=sys.stderr)
+            return 2
+    if not 1 <= args.max_connections <= 1024:
+        print(f"silo service: --max-connections {args.max_connections} is out of range; allowed: 1..1024",
+              file=sys.stderr)
+        return 2
     try:
-        service = SiloService(args.socket, node_config, args.max_frame_bytes)
+        service = SiloService(args.socket, node_config, args.max_frame_bytes, request_timeout=args.request_timeout,
+                              reply_timeout=args.reply_timeout, busy_timeout=args.busy_timeout,
+                              max_connections=args.max_connections)
     except PolicyError as exc:
         print(f"silo service: {exc}", file=sys.stderr)
         return 2
 
     def stop(signum: int, _frame: Any) -> None:
+        if service.stopping and service.sock is None:  # a second signal while draining: exit now
+            raise SystemExit(f"silo service: stopped by a second {signal.Signals(signum).name}")
         service.stopping = True
 
     signal.signal(signal.SIGTERM, stop)
@@ -401,7 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     who = (f"role {node_config['role']}" if node_config.get("role")
            else f"partition-id {node_config.get('partition-id', '?')}")
-    _log(f"listening on {service.path} (pid {os.getpid()}, {who}, max frame {service.max_frame_bytes} bytes)")
+    _log(f"listening on {service.path} (pid {os.getpid()}, {who}, max frame {service.max_frame_bytes} bytes, "
+         f"{service.max_connections} connections, request/reply timeout {service.request_timeout:g}/"
+         f"{service.reply_timeout:g} s)")
     try:
         service.serve_forever()
     finally:
@@ -411,4 +608,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every connection thread has ended and every ledger write is on disk (drain waited for the
+    # handler): skip the interpreter's teardown of torch and the data stack, 2-3 s on a loaded
+    # machine, so that SIGTERM stops the service in well under a second.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

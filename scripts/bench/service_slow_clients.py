@@ -1,0 +1,162 @@
+"""How long a silo service (app/silo_service.py) keeps a real request waiting next to slow peers.
+
+Starts ``python -m app.silo_service`` of the checkout it runs from (PYTHONPATH) on a temporary
+socket, warms it with one ledger query (which builds the silo), then measures, each scenario
+bounded by ``--bound`` seconds:
+
+* ``trickler``: a same-uid peer sends a valid frame prefix one byte every ``--trickle-s``
+  seconds; the latency of a ledger query sent next to it, and when the peer was cut (if within
+  15 s);
+* ``silent``:   a peer connects and sends nothing; the same latency;
+* ``sigterm``:  a trickler and a silent peer are connected; seconds from SIGTERM to the exit.
+
+    PYTHONPATH=$PWD python scripts/bench/service_slow_clients.py [--scenarios trickler,silent,sigterm]
+        [--bound 75] [--trickle-s 1] [--service-args "--request-timeout 10"]
+
+It only uses what the service has always had (``--socket``, ``--node-config``), so it measures
+any commit; ``--service-args`` adds options of the version under test. One JSON line per scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _node_config(state: Path) -> str:
+    return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
+            "epsilon-cap=3.0 ledger-scope='run'")
+
+
+class Peer:
+    """A same-uid peer that sends ``prefix`` one byte every ``every`` s (never, if None)."""
+
+    def __init__(self, path: str, prefix: bytes, every: float | None) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.t0 = time.monotonic()
+        self.cut_after: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(prefix, every), daemon=True)
+        self.thread.start()
+
+    def _run(self, prefix: bytes, every: float | None) -> None:
+        self.sock.settimeout(every if every else 0.2)
+        i = 0
+        while not self.stop.is_set():
+            try:
+                if every and i < len(prefix):
+                    self.sock.send(prefix[i:i + 1])
+                    i += 1
+                if self.sock.recv(4096) == b"":
+                    break
+                break  # the service answered (an error reply): it cut us
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        if not self.stop.is_set():
+            self.cut_after = time.monotonic() - self.t0
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default="trickler,silent,sigterm")
+    ap.add_argument("--bound", type=float, default=75.0, help="seconds a scenario may take at most")
+    ap.add_argument("--trickle-s", type=float, default=1.0)
+    ap.add_argument("--service-args", default="")
+    args = ap.parse_args()
+
+    from flwr.app import RecordDict
+
+    from app import silo_service, wire
+    from app.launch import merged_run_config
+
+    root = Path(silo_service.__file__).resolve().parents[1]  # the checkout under test (PYTHONPATH)
+    print(json.dumps({"checkout": str(root)}), flush=True)
+    run_config = merged_run_config([]) | {"num-rounds": 6, "privacy.epsilon": 3.0}
+    tmp = Path(tempfile.mkdtemp(prefix="svcbench"))
+    path = str(tmp / "svc.sock")
+    env = dict(os.environ) | {"FLWR_HOME": str(tmp), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    prefix = silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1,
+                                                              "run_config": {"pad": "x" * 64}})
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config",
+                                 _node_config(tmp / "state"), *shlex.split(args.service_args)],
+                                cwd=root, env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the service exited: {(tmp / 'service.log').read_text()[-2000:]}")
+            try:
+                silo_service.ping(path, timeout=1.0)
+                return proc
+            except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise SystemExit("the service did not come up") from None
+                time.sleep(0.1)
+
+    def query(bound: float) -> tuple[float, str]:
+        t0 = time.monotonic()
+        try:
+            silo_service.request(path, wire.LEDGER_QUERY, RecordDict(), 1, run_config, timeout=bound)
+            return time.monotonic() - t0, "answered"
+        except Exception as exc:  # noqa: BLE001  (a bench: report what happened)
+            return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:120]}"
+
+    proc = start()
+    try:
+        warm, how = query(120.0)
+        print(json.dumps({"scenario": "warm-up", "latency_s": round(warm, 3), "result": how}), flush=True)
+        for name in args.scenarios.split(","):
+            if name in ("trickler", "silent"):
+                peer = Peer(path, prefix, args.trickle_s if name == "trickler" else None)
+                time.sleep(0.5)  # the slow peer is first in line
+                latency, how = query(args.bound)
+                peer.thread.join(max(0.0, min(args.bound, 15.0) - (time.monotonic() - peer.t0)))
+                peer_cut = peer.cut_after  # None: not cut within 15 s (or the bound)
+                peer.close()
+                print(json.dumps({"scenario": name, "latency_s": round(latency, 3), "result": how,
+                                  "peer_cut_after_s": None if peer_cut is None else round(peer_cut, 2)}), flush=True)
+                time.sleep(0.5)
+            elif name == "sigterm":
+                peers = [Peer(path, prefix, args.trickle_s), Peer(path, prefix, None)]
+                time.sleep(1.0)
+                t0 = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    rc = proc.wait(timeout=args.bound)
+                    took = time.monotonic() - t0
+                except subprocess.TimeoutExpired:
+                    rc, took = None, None
+                for peer in peers:
+                    peer.close()
+                print(json.dumps({"scenario": "sigterm", "exit_s": None if took is None else round(took, 3),
+                                  "rc": rc, "bound_s": args.bound}), flush=True)
+            else:
+                raise SystemExit(f"unknown scenario {name!r}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
