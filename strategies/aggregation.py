@@ -237,8 +237,9 @@ def geometric_median(updates: np.ndarray, eps: float = 1e-8, max_iter: int = 10_
     2022, "RFA"): z <- sum_i beta_i u_i / sum_i beta_i with beta_i = 1 / max(eps, ||z - u_i||)
     (eps = the smoothing nu: no division by zero at a data point), starting at the mean; stops
     when a step moves z by at most tol * max(1, ||z||) (relative change), or after ``max_iter``
-    steps, a cap set high because far outliers make the start far: each step from there shrinks
-    the distance only by about f/(n - f) (100 steps left z 770 away with 4 of 10 rows at 2^64).
+    steps, a cap set high because far outliers make the start far: each step from there only
+    multiplies the distance by about f/(n - f) (100 steps left z 770 away on digits with 4 of 10
+    rows at 2^64; honest rows alone converge in a handful of steps).
     ``f`` is only checked (f < n/2).
     ``weights`` = beta_i / sum_j beta_j at the last step, so ``vector == weights @ updates`` (a far
     row's weight is tiny, but weight times row is not: the f far rows pull with up to f unit
