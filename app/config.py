@@ -44,6 +44,8 @@ TRUST_AGGREGATORS = ("gradbant", "fltrust")
 NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "countsketch", "randk")
 #: rules that need num-silos > 2f + 2 (= strategies.aggregation.KRUM_RULES)
 KRUM_AGGREGATORS = ("krum", "multi-krum")
+#: rules that cannot run without f, byzantine.f or an attack's (= strategies.aggregation.F_RULES)
+F_AGGREGATORS = ("krum", "multi-krum", "trimmed-mean")
 #: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS)
 TRUST_SHIFTS = ("none", "noise", "blur")
 #: which iterate the run returns: the last one, or one drawn uniformly from w_1..w_R (the paper's w_priv).
@@ -167,6 +169,9 @@ class RobustSettings:
     #: Grad-BANT when the server cannot read the partition (a deployment); () = from the partition
     gradbant_silo_records: tuple[int, ...] = ()
     cc_tau: float = 1.0
+    #: byzantine.f: the number of Byzantine silos the rule must tolerate, as the operator states
+    #: it; -1 = not stated (a simulation's attack harness then tells the rule each round's count)
+    byzantine_f: int = -1
 
 
 @dataclass(frozen=True)
@@ -423,6 +428,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
                               _int_tuple(1, '"500,6000" (smallest,largest; "": from the partition)',
                                          "two positive integers")),
     "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
+    "byzantine.f": ("robust.byzantine_f", _num(-1, 10_000, integer=True)),
     "attack.kind": ("attack.kind", _str(ATTACKS)),
     "attack.fraction": ("attack.fraction", _num(0, 0.9)),
     "attack.ipm-epsilon": ("attack.ipm_epsilon", _num(0, None, lo_open=True)),
@@ -594,6 +600,7 @@ def _check_shuffle(s: Settings) -> None:
 
 def _check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
+    _check_byzantine_f(s)
     if s.attack.kind != "none" and s.algorithm != "robust":
         raise ConfigError(f"attack.kind = {s.attack.kind!r} needs algorithm = 'robust' (the Byzantine-robust "
                           f"training loop); got algorithm = {s.algorithm!r}")
@@ -603,12 +610,13 @@ def _check_byzantine(s: Settings) -> None:
         raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {s.robust.aggregator!r}; allowed: "
                           "[1, number of records) (the server's trust set, e.g. 500)")
     byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0
-    if s.robust.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
+    stated = s.robust.byzantine_f >= 0  # then _check_byzantine_f checks the rule against the stated f
+    if not stated and s.robust.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
         raise ConfigError(
             f"aggregator = {s.robust.aggregator!r} needs an honest majority, but attack.fraction = {s.attack.fraction:g} "
             f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
             "use gradbant, fltrust or mean, or a smaller fraction")
-    if s.robust.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = strategies.aggregation.min_clients
+    if not stated and s.robust.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = min_clients
         raise ConfigError(
             f"aggregator = {s.robust.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
             f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
@@ -628,6 +636,31 @@ def _check_byzantine(s: Settings) -> None:
     if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")
+
+
+def _check_byzantine_f(s: Settings) -> None:
+    """byzantine.f: stated for a rule that needs it (F_AGGREGATORS) unless an attack is configured
+    (a simulation: its harness tells the rule each round's count), and within the rule's limit for
+    the silos-per-round replies it aggregates: n > 2f + 2 for Krum and Multi-Krum, n > 2f for the
+    other honest-majority rules; f > 0 with no rule that tolerates Byzantine silos is refused."""
+    f, rule, n = s.robust.byzantine_f, s.robust.aggregator, s.silos_per_round
+    robust = s.algorithm == "robust"
+    # the largest f the rule accepts from n replies (= strategies.aggregation.min_clients)
+    most = (n - 3) // 2 if rule in KRUM_AGGREGATORS else (n - 1) // 2
+    allowed = f"[0, {most}]" if most >= 0 else f"none (silos-per-round = {n}; {rule} needs at least 3)"
+    if f < 0:
+        if robust and rule in F_AGGREGATORS and s.attack.kind == "none":
+            raise ConfigError(f"aggregator = {rule!r} needs byzantine.f, the number of Byzantine silos it must tolerate "
+                              f"(not set; allowed: {allowed}, e.g. byzantine.f = 1)")
+        return
+    if f > 0 and (not robust or rule == "mean"):
+        what = "aggregator = 'mean'" if robust else f"algorithm = {s.algorithm!r}"
+        raise ConfigError(f"byzantine.f = {f} needs a Byzantine-robust rule, but {what} tolerates none; allowed: 0 "
+                          "(or algorithm = 'robust' with a robust aggregator)")
+    if robust and rule not in ("gradbant", "mean", "fltrust") and f > most:
+        why = "n > 2f + 2, Blanchard et al. 2017" if rule in KRUM_AGGREGATORS else "an honest majority, n > 2f"
+        raise ConfigError(f"byzantine.f = {f} is out of range for aggregator {rule!r}; allowed: {allowed} "
+                          f"({why}, of the silos-per-round = {n} replies)")
 
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:

@@ -20,8 +20,12 @@ the server uses the pseudo-gradient g = -d / gamma, computing its reference g0 t
 SGD steps of size gamma on batches of the trust set (as FLTrust does). The baselines
 (``aggregator``: mean, fltrust, krum, multi-krum, trimmed-mean, median, geometric-median,
 centered-clipping; strategies/aggregation.py) get the same lifted pseudo-gradients and step
-x_{t+1} = x_t - gamma * rule(u_1..u_m); Krum & co. are told f = the number of Byzantine silos
-among the round's replies (an oracle, as in the papers' experiments).
+x_{t+1} = x_t - gamma * rule(u_1..u_m). Krum & co. are told f = ``byzantine.f``, the number of
+Byzantine silos the operator states the rule must tolerate; when it is not stated (-1), only a
+simulation with an attack can run them: its harness tells them the number of Byzantine silos
+among the round's replies (an oracle, as in the papers' experiments) and the log says so. A rule
+that needs f refuses to start with neither (app/config.py): with f = 0 the trimmed mean and
+Multi-Krum are the plain mean, which one hostile silo ruins.
 
 Identity: p is indexed by the server's own slot for each Flower node (strategies/replies.py
 NodeRoster), never by anything a reply says. Which nodes are Byzantine is the experiment's
@@ -31,7 +35,7 @@ is configured the server asks each node once, at the start, for its partition id
 
 from __future__ import annotations
 
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -197,6 +201,11 @@ class ByzantineRobust(FederatedOptimizer):
         self.fewest_records = silo_record_bounds(s)[0] if self.sampling_aware else 0
         #: the last round's score terms (L used, noise energy c), reported in its row
         self.score_terms: dict[str, float] = {}
+        rule = RULES.get(s.robust.aggregator)
+        if rule is not None and "f" in rule.inputs and s.robust.byzantine_f < 0 and s.attack.kind != "none":
+            log(INFO, "byzantine.f is not set: the attack harness tells %s f = the number of Byzantine silos among "
+                "each round's replies (attack.kind = %s, the simulation's ground truth)", s.robust.aggregator,
+                s.attack.kind)
 
     # -- the server's reference on the trust set -------------------------------------------
     def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
@@ -302,7 +311,8 @@ class ByzantineRobust(FederatedOptimizer):
         idx = np.array([self.roster.slot(node) for node in nodes])
         if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
             self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
-        direction, weights = self.aggregate(lifted, idx, w, rnd, len(byz_nodes))
+        f = self.s.robust.byzantine_f if self.s.robust.byzantine_f >= 0 else len(byz_nodes)
+        direction, weights = self.aggregate(lifted, idx, w, rnd, f)
         row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
                "byzantine_answered": len(byz_nodes)} | self.score_terms

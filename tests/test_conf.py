@@ -36,6 +36,9 @@ def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None
         extra = ["algorithm=robust", "trust.size=50"] if group in ("attack", "+aggregator", "+rule") else []
         if group == "+aggregator" and option not in ("gradbant", "mean", "fltrust"):
             extra += ["attack.fraction=0.2", "num-silos=5"]  # Krum needs num-silos > 2f + 2
+            extra += ["silos-per-round=5", "byzantine.f=1"]  # no attack: the rule is told f
+        if group == "+rule":
+            extra += ["byzantine.f=0"]
         flat = composed(f"{group}={option}", *extra)
         assert set(flat) == set(SCHEMA), (group, option)
         s = parse_settings(flat)

@@ -525,3 +525,42 @@ def test_wbcd_is_read_without_sklearn_and_equals_sklearns_copy() -> None:
     bunch = load_breast_cancer()
     assert ours.x.dtype == np.float32 and np.array_equal(ours.x, bunch.data.astype(np.float32))
     assert np.array_equal(ours.y, bunch.target)
+
+
+def test_a_feature_constant_in_training_maps_to_zero_for_any_input() -> None:
+    """Issue 23 section 8: a feature constant in the fitted data has no scale to divide by; it
+    must map to 0 whatever a later record holds there (the 1e-8 floor made it 1e8 times larger),
+    while every other feature is (x - mean) / std, computed here independently."""
+    train = np.stack([np.full(40, 3.0), np.arange(40.0), np.zeros(40)], axis=1).astype(np.float32)
+    st = fit_standardizer(train)
+    new = np.array([[3.0, 5.0, 0.0], [4.0, -7.0, 16.0], [-1e6, 100.0, 1e30], [16.0, 0.0, -2.5]], dtype=np.float32)
+    z = st.apply(new)
+    np.testing.assert_array_equal(z[:, [0, 2]], 0.0)
+    col = np.arange(40.0)
+    np.testing.assert_allclose(z[:, 1], (new[:, 1] - col.mean()) / col.std(), rtol=1e-6)
+    np.testing.assert_array_equal(st.apply(train)[:, [0, 2]], 0.0)
+
+
+def test_digits_records_after_standardising_stay_within_what_integer_pixels_allow() -> None:
+    """Digits with 10 IID silos, seed 0: feature 24 is 0 in every silo's training record but not in
+    one test record and one trust-set record (before: both 1e8). Pixels are integers in [0, 16],
+    so a feature that varies over the N pooled training records has population variance at least
+    (N - 1)/N^2 (one record off by 1) and |x - mean| <= 16: every standardised value of any
+    record (silo train and test, trust set) is at most 16 N / sqrt(N - 1) in magnitude."""
+    from sklearn.datasets import load_digits
+
+    from app.config import parse_settings
+    from app.data.federated import build_federated_data, build_trust_set
+
+    s = parse_settings({"algorithm": "robust", "dataset": "digits", "partition": "iid", "num-silos": 10,
+                        "silos-per-round": 10, "aggregator": "fltrust", "trust.size": 100, "seed": 0})
+    fed = build_federated_data(s)
+    train = np.concatenate([d.train_x.numpy() for d in fed.silos])
+    n = len(train)
+    raw = load_digits().data
+    assert np.all(raw == np.round(raw)) and raw.min() == 0 and raw.max() == 16
+    bound = 16 * n / np.sqrt(n - 1)
+    for name, x in [("train", train), ("test", np.concatenate([d.test_x.numpy() for d in fed.silos])),
+                    ("trust", build_trust_set(s).x.numpy())]:
+        assert np.abs(x).max() <= bound, (name, float(np.abs(x).max()), bound)
+    assert np.all(train[:, 24] == 0)  # the constant-in-training feature of this split

@@ -20,7 +20,7 @@ from app.privacy.policy import NOISE_SEEDS
 from app.prox import PROX_KINDS
 from app.sketch import SKETCH_KINDS
 from strategies import STRATEGIES
-from strategies.aggregation import KRUM_RULES, RULES
+from strategies.aggregation import F_RULES, KRUM_RULES, RULES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -33,7 +33,8 @@ REGISTRIES = {
     "model": (MODELS, {}),
     "prox.kind": (PROX_KINDS, {"prox.strength": 1.0}),
     "sketch.kind": (("none", *SKETCH_KINDS), {}),
-    "aggregator": (("gradbant", *RULES), {"algorithm": "gradbant", "trust.size": 50, "num-silos": 5}),
+    "aggregator": (("gradbant", *RULES), {"algorithm": "gradbant", "trust.size": 50, "num-silos": 5,
+                                          "silos-per-round": 5, "byzantine.f": 0}),
     "trust.shift": (TRUST_SHIFTS, {}),
     "privacy.mode": (("off", *MECHANISMS), {}),
     "privacy.noise-seed": (NOISE_SEEDS, {}),
@@ -55,6 +56,7 @@ def test_every_registered_option_is_accepted_and_nothing_else(key: str) -> None:
 def test_copied_option_lists_equal_their_registries() -> None:
     assert config.AGGREGATORS == ("gradbant", *RULES)
     assert config.KRUM_AGGREGATORS == KRUM_RULES
+    assert config.F_AGGREGATORS == F_RULES and all("f" in RULES[r].inputs for r in F_RULES)
     assert config.MODELS == MODELS and config.SKETCH_KINDS == ("none", *SKETCH_KINDS)
     assert config.PRIVACY_MODES == ("off", *MECHANISMS) and config.TRUST_SHIFTS == TRUST_SHIFTS
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -12,22 +12,30 @@ STANDARDIZE_MODES: tuple[str, ...] = ("pooled", "local", "none")
 
 @dataclass(frozen=True)
 class Standardizer:
-    """x -> (x - mean) / std, per feature (mean and std have shape x.shape[1:]); std floored at 1e-8."""
+    """x -> (x - mean) / std, per feature (mean and std have shape x.shape[1:]); a feature whose
+    std is below 1e-8 (constant in the data it was fitted on) maps to 0 for every input: its
+    training data say nothing about it, and dividing by the floor made a record that differs
+    there (a test or trust-set record) 1e8 times larger (``std`` keeps the floored value)."""
 
     mean: np.ndarray
     std: np.ndarray
+    #: features constant in the fitted data, mapped to 0 by :meth:`apply`
+    constant: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         mean = np.array(self.mean, dtype=np.float64)
-        std = np.maximum(np.array(self.std, dtype=np.float64), STD_FLOOR)
+        raw = np.array(self.std, dtype=np.float64)
+        std = np.maximum(raw, STD_FLOOR)
         if mean.shape != std.shape:
             raise ValueError(f"std.shape={std.shape}; must equal mean.shape={mean.shape}")
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
             raise ValueError("mean/std contain non-finite values; must be finite")
-        mean.setflags(write=False)
-        std.setflags(write=False)
+        constant = raw < STD_FLOOR
+        for a in (mean, std, constant):
+            a.setflags(write=False)
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
+        object.__setattr__(self, "constant", constant)
 
     @classmethod
     def identity(cls, feature_shape: tuple[int, ...]) -> "Standardizer":
@@ -35,12 +43,16 @@ class Standardizer:
         return cls(np.zeros(feature_shape), np.ones(feature_shape))
 
     def apply(self, x: np.ndarray) -> np.ndarray:
-        """Standardize ``x`` [N, ...features]; returns x's float dtype (float32 for integer input)."""
+        """Standardize ``x`` [N, ...features]; returns x's float dtype (float32 for integer input).
+        Constant features (:attr:`constant`) are 0 whatever ``x`` holds there."""
         x = np.asarray(x)
         if x.shape[1:] != self.mean.shape:
             raise ValueError(f"x.shape={x.shape}; features must have shape {self.mean.shape}")
         dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.float32
-        return ((x - self.mean) / self.std).astype(dtype, copy=False)
+        z = (x - self.mean) / self.std
+        if self.constant.any():
+            z = np.where(self.constant, 0.0, z)
+        return z.astype(dtype, copy=False)
 
 
 def fit_standardizer(x: np.ndarray) -> Standardizer:

@@ -45,7 +45,8 @@ from app.results import load_rounds  # noqa: E402
 BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
         "silos-per-round": 10, "pca": 50, "model": "mlp", "mlp-hidden": "64", "privacy.mode": "off",
         "local-steps": 10, "batch-size": 64, "lr": 0.2, "trust.size": 500, "eval-every": 1}
-ATTACKS = {"none": {}, "label flip 60%": {"attack.kind": "label-flip", "attack.fraction": 0.6},
+# "none": a simulation without Byzantine silos states f = 0 (byzantine.f) for the rules that need it
+ATTACKS = {"none": {"byzantine.f": 0}, "label flip 60%": {"attack.kind": "label-flip", "attack.fraction": 0.6},
            "sign flip 60%": {"attack.kind": "sign-flip", "attack.fraction": 0.6},
            "IPM 70%": {"attack.kind": "ipm", "attack.fraction": 0.7, "attack.ipm-epsilon": 0.5},
            "ALIE 40%": {"attack.kind": "alie", "attack.fraction": 0.4}}
