@@ -205,6 +205,17 @@ def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
     return float(binomial.epsilon_from_curves(parts, delta, extra_rdp=tuple(extra)))
 
 
+def _epsilon_fast_binomial(releases: Sequence[Release], delta: float) -> float:
+    """:func:`epsilon_spent`'s number for binomial releases only, bit for bit, computing only the
+    Renyi orders that can decide it (binomial.fast_epsilon); any other mix goes to epsilon_spent."""
+    from app.privacy import binomial
+
+    live = _live(releases)
+    if not live or not all(r.binomial for r in live):
+        return epsilon_spent(releases, delta)
+    return binomial.fast_epsilon([(r.trials, r.p, r.levels, r.dim, r.count) for r in live], float(delta))
+
+
 @functools.lru_cache(maxsize=1024)
 def _epsilon(live: tuple[Release, ...], delta: float) -> float:
     """Cached: a silo asks for the same ledger state several times per round (check, record,
@@ -502,7 +513,7 @@ def _calibrate_trial_scale(plan: tuple[PlannedRelease, ...], epsilon: float, del
     from app.privacy import binomial
 
     def fits(scale: int) -> bool:
-        return epsilon_spent(binomial_releases(plan, scale, p=p, levels=levels, dim=dim), delta) <= epsilon
+        return _epsilon_fast_binomial(binomial_releases(plan, scale, p=p, levels=levels, dim=dim), delta) <= epsilon
 
     # A start that is exact when every kind has weight 1: kinds with the same trials compose like
     # one kind released sum(count) times (a disjoint kind counts once, parallel composition).
