@@ -87,6 +87,8 @@ from scipy.stats import binom
 
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from app.privacy import amplification
+
 #: Renyi orders of every curve in this module (compute_epsilon accepts non-integer orders > 1.01).
 ORDERS: tuple[float, ...] = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0,
                              20.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0)
@@ -346,6 +348,30 @@ def release_curve(trials: int, p: float, levels: int, dim: int) -> BinomialCurve
                   _int("dim", dim, 1))
 
 
+@functools.lru_cache(maxsize=4096)
+def _amplified(m: int, p: float, g: int, d: int, gamma: float) -> BinomialCurve:
+    plain = _curve(m, p, g, d)
+    if gamma >= 1.0:
+        return plain
+    res = _divergence_table(_effective_trials(m, p, g), p, g)
+    if res is None:
+        return plain
+    log_c = d * (-math.log1p(-res[1]))
+    rdp = amplification.amplified_curve(ORDERS, plain.rdp, gamma, log_c)
+    return BinomialCurve(rdp=tuple(float(v) for v in rdp), tail=plain.tail)
+
+
+def amplified_release_curve(trials: int, p: float, levels: int, dim: int, gamma: float) -> BinomialCurve:
+    """:func:`release_curve` of a release whose batch of K records is drawn without replacement
+    from the silo's n, gamma = K / n: the same tail (charged once per release), the Renyi curve
+    amplified by sampling (app/privacy/amplification.py; gamma = 1: the plain curve). Cached."""
+    gamma = float(gamma)
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    return _amplified(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1),
+                      gamma)
+
+
 # ------------------------------------------------------------- lazy curves (for calibration)
 
 #: relative margin taken off a lower bound computed from a few rows (a matrix-vector product
@@ -413,6 +439,30 @@ def lazy_curve(trials: int, p: float, levels: int) -> LazyCurve:
     return LazyCurve(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS))
 
 
+def _next_order(j: int) -> int:
+    """Index of the smallest order in ORDERS >= j (len(ORDERS) if none)."""
+    for i, a in enumerate(ORDERS):
+        if a >= j:
+            return i
+    return len(ORDERS)
+
+
+def _amplified_rho(curve: LazyCurve, o: int, dim: int, lower: bool | str, gamma: float) -> float:
+    """ORDERS[o]'s value of :func:`amplified_release_curve`, from the lazy curve's columns (the
+    same numbers when ``lower`` is False; a lower bound when True: the bound is non-decreasing in
+    every rho(j))."""
+    plain = curve.rho(o, dim, lower)
+    if gamma >= 1.0:
+        return plain
+
+    def rho_at(j: int) -> float:
+        i = _next_order(j)
+        return math.inf if i == len(ORDERS) else curve.rho(i, dim, lower)
+
+    log_c = dim * (-math.log1p(-curve.pre.q))
+    return amplification.amplified_curve([ORDERS[o]], [plain], gamma, log_c, rho_at=rho_at)[0]
+
+
 def _order_epsilon(alpha: float, r: float, delta: float) -> float:
     """dp_accounting's compute_epsilon at one order (the same cases and operations)."""
     if r < 0:
@@ -424,39 +474,40 @@ def _order_epsilon(alpha: float, r: float, delta: float) -> float:
     return math.inf
 
 
-def fast_epsilon(parts: Sequence[tuple[int, float, int, int, int]], delta: float,
-                 extra_rdp: Sequence[float] | None = None, rho_map=None, guess: bool = False) -> float:
+def fast_epsilon(parts: Sequence[tuple], delta: float, extra_rdp: Sequence[float] | None = None,
+                 guess: bool = False) -> float:
     """The number :func:`epsilon_from_curves` gives for ``count`` releases of each
-    (trials, p, levels, dim, count) in ``parts`` (curves of :func:`release_curve`), bit for bit,
+    (trials, p, levels, dim, count[, gamma]) in ``parts`` (curves of :func:`release_curve`, or of
+    :func:`amplified_release_curve` when a sampling rate gamma < 1 is given), bit for bit,
     computing as few orders as it can: branch and bound over the orders, each order's epsilon
     bounded from below by the lower-bound rows of :class:`LazyCurve` (the conversion is
     non-decreasing in the Renyi value), the exact column computed only for orders whose lower
-    bound beats the best exact epsilon so far. ``rho_map(curve, o, dim, lower)``, if given,
-    replaces ``curve.rho`` (e.g. an amplified curve built from the same columns; it must be
-    non-decreasing in every column it reads, so that lower columns give a lower bound).
+    bound beats the best exact epsilon so far (an amplified value is non-decreasing in every
+    column it reads, so lower columns bound it from below too).
     ``guess``: the epsilon of the few rows alone at every order (cheap; for a search's first
     steps only, no bound claimed)."""
     delta = _delta(delta)
     extra = _extra(extra_rdp)
     items = []
     tail = 0.0
-    for trials, p, levels, dim, count in parts:
+    for part in parts:
+        trials, p, levels, dim, count = part[:5]
+        gamma = float(part[5]) if len(part) > 5 else 1.0
         count = _int("count", count, 0)
         if count == 0:
             continue
         curve = lazy_curve(trials, p, levels)
-        items.append((curve, _int("dim", dim, 1), count))
+        items.append((curve, _int("dim", dim, 1), count, gamma))
         tail += count * curve.tail(dim)
     if tail >= delta:
         return math.inf
-    if any(c.empty for c, _, _ in items):
+    if any(c.empty for c, _, _, _ in items):
         return math.inf  # an empty window: rho = inf and tail 1 >= delta (caught above); kept for safety
-    rho = rho_map or (lambda c, o, d, lower: c.rho(o, d, lower))
 
     def rdp_at(o: int, lower: bool | str) -> float:
         r = extra[o]
-        for c, d, count in items:
-            r = r + count * np.float64(rho(c, o, d, lower))
+        for c, d, count, gamma in items:
+            r = r + count * np.float64(_amplified_rho(c, o, d, lower, gamma))
         return float(r)
 
     if not items:
@@ -542,18 +593,19 @@ def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: in
 
 
 def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
-                     extra_rdp: Sequence[float] | None = None) -> int:
+                     extra_rdp: Sequence[float] | None = None, gamma: float = 1.0) -> int:
     """The smallest number of trials m with binomial_epsilon(m, p, levels, dim, count, delta) <= epsilon
     (composed with ``extra_rdp`` if given): an integer m with eps(m) <= epsilon < eps(m - 1) (m = 1
     if eps(1) already meets it), found by bracketing from the Gaussian approximation (geometric
     steps out) and safeguarded interpolation / bisection over the integers. ValueError if no m
-    reaches epsilon (e.g. extra_rdp alone exceeds it)."""
+    reaches epsilon (e.g. extra_rdp alone exceeds it). ``gamma`` < 1: every release's batch is
+    sampled without replacement at rate gamma (:func:`amplified_release_curve`)."""
     epsilon, delta, p = _epsilon(epsilon), _delta(delta), _prob(p)
     g, d, count = _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1), _int("count", count, 0)
     extra = _extra(extra_rdp)
 
     def eps(m: int) -> float:  # epsilon_from_curves([(release_curve(m, p, g, d), count)], ...), bit for bit
-        return fast_epsilon([(m, p, g, d, count)], delta, extra_rdp=extra)
+        return fast_epsilon([(m, p, g, d, count, gamma)], delta, extra_rdp=extra)
 
     if eps(1) <= epsilon:
         return 1
@@ -562,7 +614,7 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
         raise ValueError(f"epsilon {epsilon} not reachable: extra_rdp alone gives epsilon {floor}")
     m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra))
     # the crossing of the cheap stand-in (the few shifts that decide rho), then the exact one near it
-    near = _crossing(lambda m: fast_epsilon([(m, p, g, d, count)], delta, extra_rdp=extra, guess=True),
+    near = _crossing(lambda m: fast_epsilon([(m, p, g, d, count, gamma)], delta, extra_rdp=extra, guess=True),
                      epsilon, m0, p, g)
     return _settle(eps, epsilon, near)
 
