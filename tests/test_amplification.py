@@ -199,3 +199,33 @@ def test_empirical_audit_of_the_amplified_claim():
           f"({samples} releases per side)")
     assert eps_lower <= hi <= claimed
     assert claimed < plain
+
+
+# --------------------------------------------------------------------------- the silo's record
+
+SHUFFLE = {"privacy.mode": "shuffle", "num-rounds": 2, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 2,
+           "silos-per-round": 2, "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5, "batch-size": 8}
+
+
+def test_summary_names_the_bound_and_recomputes_from_the_file(federation):
+    """summary.json says which bound each silo used; its epsilon is recomputed from the file
+    alone; the amplified run calibrates fewer trials than the unamplified one."""
+    from app.privacy.accounting import Release, epsilon_spent
+
+    trials = {}
+    for amp in ("none", "sampling"):
+        summary, rows, _ = federation(SHUFFLE | {"shuffle.amplification": amp}, sub=amp, name=amp)
+        assert summary["status"] == "completed" and len(rows) == 2
+        for silo in summary["silos"]:
+            assert silo["shuffle"]["record_amplification"].startswith(amp)
+            (release,) = silo["releases"]
+            assert release["batch"] == 8 < release["n"]
+            assert release.get("amplification", "none") == amp
+            assert ("amplified at gamma" in release["sampling"]) == (amp == "sampling")
+            r = Release(release["kind"], release["n"], release["batch"], 0.0, release["count"], False, "binomial",
+                        release["trials"], release["levels"], release["p"], release["dim"],
+                        release.get("amplification", "none"))
+            assert math.isclose(epsilon_spent([r], silo["delta"]), silo["eps_spent"], rel_tol=1e-12)
+            assert silo["eps_spent"] <= 3.0
+            trials.setdefault(amp, []).append(release["trials"])
+    assert all(a < b for a, b in zip(trials["sampling"], trials["none"]))

@@ -60,10 +60,9 @@ from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from scipy import special
 
-logger = logging.getLogger(__name__)
+from app.privacy.amplification import AMPLIFICATIONS
 
-#: record-level amplification of binomial releases: none, or by the batch's sampling (K < n)
-AMPLIFICATIONS: tuple[str, ...] = ("none", "sampling")
+logger = logging.getLogger(__name__)
 
 #: Renyi orders used for sampled releases: dense where the optimum usually lies, integers only
 #: (the without-replacement bound of WBK19 is exact at integer orders).

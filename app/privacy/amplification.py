@@ -54,8 +54,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from scipy.special import gammaln
-
+#: shuffle.amplification: none, or by the batch's sampling without replacement (K < n)
+AMPLIFICATIONS: tuple[str, ...] = ("none", "sampling")
 #: bound values for sampling rates at or above this are not amplified (gamma = 1: K = n)
 FULL = 1.0
 #: relative slack added to every amplified value (floating-point rounding of the sums)
@@ -88,7 +88,7 @@ def wor_subsampled_rdp(rho: Callable[[int], float], alpha: int, gamma: float, lo
     if gamma >= FULL:
         return plain
     lg, l1g = math.log(gamma), math.log1p(-gamma)
-    log_comb = lambda j: gammaln(alpha + 1) - gammaln(j + 1) - gammaln(alpha - j + 1)  # noqa: E731
+    log_comb = lambda j: math.lgamma(alpha + 1) - math.lgamma(j + 1) - math.lgamma(alpha - j + 1)  # noqa: E731
     r2 = rho(2)
     if math.isinf(r2):
         return plain
