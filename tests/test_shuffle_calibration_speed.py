@@ -83,3 +83,12 @@ def test_calibrated_trials_meet_the_budget_and_one_fewer_does_not():
     m = calibrate_trial_scale(plan, eps, delta, p=p, levels=g, dim=d)
     assert epsilon_spent(binomial_releases(plan, m, p=p, levels=g, dim=d), delta) <= eps
     assert epsilon_spent(binomial_releases(plan, m - 1, p=p, levels=g, dim=d), delta) > eps
+
+
+@pytest.mark.parametrize("m,g,d,gamma,count,delta", [(60, 2, 1, 0.1, 3, 1e-3), (5000, 16, 4, 0.03, 25, 1e-5),
+                                                     (716951, 16, 4, 0.1, 25, 1e-5), (40, 1, 1, 1 / 8, 1, 1e-3)])
+def test_fast_epsilon_of_amplified_releases_is_the_accountants_number(m, g, d, gamma, count, delta):
+    full = B.epsilon_from_curves([(B.amplified_release_curve(m, 0.25, g, d, gamma), count)], delta)
+    _clear()
+    B._amplified.cache_clear()
+    assert B.fast_epsilon([(m, 0.25, g, d, count, gamma)], delta) == full

@@ -455,11 +455,18 @@ def _amplified_rho(curve: LazyCurve, o: int, dim: int, lower: bool | str, gamma:
     if gamma >= 1.0:
         return plain
 
-    def rho_at(j: int) -> float:
+    def rho_at(j: int, low: bool | str = lower) -> float:
         i = _next_order(j)
-        return math.inf if i == len(ORDERS) else curve.rho(i, dim, lower)
+        return math.inf if i == len(ORDERS) else curve.rho(i, dim, low)
 
     log_c = dim * (-math.log1p(-curve.pre.q))
+    if lower is False:
+        # the amplified value from the lower-bound columns bounds it from below: when that is
+        # already >= the plain value, the answer is the plain value (no other exact column needed)
+        floor = amplification.amplified_curve([ORDERS[o]], [plain], gamma, log_c,
+                                              rho_at=lambda j: rho_at(j, True))[0]
+        if floor >= plain:
+            return plain
     return amplification.amplified_curve([ORDERS[o]], [plain], gamma, log_c, rho_at=rho_at)[0]
 
 
