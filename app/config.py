@@ -103,8 +103,9 @@ class ShuffleSettings:
     #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
     headroom: float = 0.1
     #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
-    #: records is drawn without replacement: app/privacy/amplification.py) or "none"
-    amplification: str = "sampling"
+    #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
+    #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
+    amplification: str = "none"
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
