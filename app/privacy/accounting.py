@@ -29,8 +29,10 @@ Accounting rules (all numbers come from dp-accounting):
   shuffler carry Bin(trials, p) noise on g levels in d coordinates; their Renyi curves and the
   delta of their truncated tails come from the exact numerical accountant in
   app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
-  that module's orders (Gaussian releases by their exact RDP curves); no amplification by
-  sampling is claimed for a binomial release (it is accounted as if its record were included).
+  that module's orders (Gaussian releases by their exact RDP curves). A sampled binomial
+  release (K < n) claims amplification by its batch's sampling without replacement only when it
+  says so (``amplification = "sampling"``, app/privacy/amplification.py); otherwise it is
+  accounted as if its record were included.
 
 Calibration (:func:`calibrate_noise_multiplier`) is a bisection over the noise scale. A sampled
 release's Renyi curve comes from :func:`wor_gaussian_rdp`, a vectorised copy of dp-accounting's
