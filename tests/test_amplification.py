@@ -66,12 +66,23 @@ def _mixture(records: list[tuple[int, ...]], k: int, m: int, g: int, ideal: bool
     return {t: v / n_sub for t, v in total.items()}
 
 
-def _renyi(pl: dict, ql: dict, alpha: int) -> float:
-    acc = Fraction(0)
-    for t, pv in pl.items():
-        qv = ql[t]  # the real mixture covers the ideal one's support (the window is inside [g, m - g])
-        acc += pv ** alpha / qv ** (alpha - 1)
-    return (math.log(acc.numerator) - math.log(acc.denominator)) / (alpha - 1)
+def _renyi(pl: dict, ql: dict, alpha: float) -> float:
+    """D_alpha(pl || ql): exact rationals at integer orders, mpmath (60 digits) at the others."""
+    if float(alpha).is_integer():
+        alpha = int(alpha)
+        acc = Fraction(0)
+        for t, pv in pl.items():
+            qv = ql[t]  # the real mixture covers the ideal one's support (the window is inside [g, m - g])
+            acc += pv ** alpha / qv ** (alpha - 1)
+        return (math.log(acc.numerator) - math.log(acc.denominator)) / (alpha - 1)
+    import mpmath
+
+    with mpmath.workdps(60):
+        a = mpmath.mpf(alpha)
+        acc = mpmath.fsum(mpmath.mpf(pv.numerator) / pv.denominator * (mpmath.mpf(ql[t].numerator) / ql[t].denominator
+                                                                      / (mpmath.mpf(pv.numerator) / pv.denominator))
+                          ** (1 - a) for t, pv in pl.items())
+        return float(mpmath.log(acc) / (a - 1))
 
 
 def _exact_worst(n: int, k: int, d: int, g: int, m: int, alphas: tuple[int, ...],
@@ -97,11 +108,11 @@ def _exact_worst(n: int, k: int, d: int, g: int, m: int, alphas: tuple[int, ...]
 
 # (n, K, d, g, m, record level values, orders)
 CASES = [
-    (4, 1, 1, 1, 12, (0, 1), (2, 3, 4, 8, 16, 64)),
+    (4, 1, 1, 1, 12, (0, 1), (1.5, 2, 2.5, 3, 4, 8, 16, 64)),
     (5, 1, 1, 2, 16, (0, 1, 2), (2, 3, 4, 8, 16, 64)),
     (6, 2, 1, 2, 20, (0, 1, 2), (2, 3, 4, 8, 16)),
     (5, 2, 1, 1, 24, (0, 1), (2, 3, 4, 8, 16)),
-    (8, 1, 1, 1, 40, (0, 1), (2, 3, 4, 8, 16, 64, 128)),
+    (8, 1, 1, 1, 40, (0, 1), (1.25, 1.75, 2, 2.5, 3, 4, 8, 16, 64, 128)),
     (4, 1, 2, 1, 10, (0, 1), (2, 3, 4, 8)),
     (4, 2, 2, 1, 12, (0, 1), (2, 3, 4, 8)),
 ]
@@ -118,10 +129,23 @@ def test_bound_against_brute_force(case):
           f"{'plain':>10}")
     for a in alphas:
         o = B.ORDERS.index(float(a))
-        print(f"{n:>2} {k:>2} {d:>2} {g:>2} {m:>3} {a:>5} {exact[a]:>10.5f} {curve.rdp[o]:>10.5f} "
+        print(f"{n:>2} {k:>2} {d:>2} {g:>2} {m:>3} {a:>5g} {exact[a]:>10.5f} {curve.rdp[o]:>10.5f} "
               f"{plain.rdp[o]:>10.5f}")
         assert curve.rdp[o] >= exact[a], (a, curve.rdp[o], exact[a])
         assert curve.rdp[o] <= plain.rdp[o]
+
+
+def test_formula_by_hand():
+    """wor_subsampled_rdp at alpha = 2 and 3 against the formula written out (rho constant)."""
+    r, gm, lc = 0.3, 0.05, 1e-6
+    b2 = min(4 * math.expm1(r), 2 * math.exp(r)) / (1 - gm)
+    want2 = math.log(1 + gm ** 2 * b2) + 2 * lc + lc
+    b3 = 2 * math.exp(2 * r) / (1 - gm) ** 2
+    want3 = math.log(1 + 3 * gm ** 2 * b2 + gm ** 3 * b3) / 2 + 1.5 * lc + lc
+    assert math.isclose(A.wor_subsampled_rdp(lambda j: r, 2, gm, lc), want2 * (1 + A.REL_SLACK), rel_tol=1e-12)
+    assert math.isclose(A.wor_subsampled_rdp(lambda j: r, 3, gm, lc), want3 * (1 + A.REL_SLACK), rel_tol=1e-12)
+    assert A.wor_subsampled_rdp(lambda j: r, 3, 1.0, lc) == r  # K = n: nothing to amplify
+    assert A.wor_subsampled_rdp(lambda j: 1e-3 * j, 64, 0.9, 0.0) == 1e-3 * 64  # never above the plain curve
 
 
 # ------------------------------------------------------------------------------ empirical audit
