@@ -52,6 +52,10 @@ from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_mul
 from app.privacy.contribution import Contribution
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key, seal
 from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
+
+#: the bound a sampled binomial release is accounted with under shuffle.amplification = "sampling"
+AMPLIFIED_BOUND = ("Theorem 9 form of Wang, Balle & Kasiviswanathan 2019 for the truncated ideal-vs-real pair, "
+                   "eps(inf) = inf branch (app/privacy/amplification.py)")
 from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
 from app.privacy.clipping import clip_rows
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
@@ -162,6 +166,8 @@ class Silo:
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         if self.shuffle:
             key |= {"mode": "shuffle", "levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim}
+            if self.s.shuffle.amplification != "none":
+                key["amplification"] = self.s.shuffle.amplification
         cal = self.ledger.calibration
         if cal.get("key") == key:  # a restarted silo keeps the noise (and blocks) it started with
             scale = float(cal["noise_multiplier"])
@@ -175,7 +181,7 @@ class Silo:
                     "accountant (seconds for small models; it grows with g * sqrt(trials))", self.data.index,
                     self.levels, self.dim, self.s.shuffle.p)
                 scale = calibrate_trial_scale(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
-                                         levels=self.levels, dim=self.dim)
+                                         levels=self.levels, dim=self.dim, amplification=self.s.shuffle.amplification)
             else:
                 scale = calibrate_noise_multiplier(
                     [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
@@ -378,9 +384,13 @@ class Silo:
         releases = [
             {"kind": r.kind, "count": r.count, "noise_multiplier": r.noise_multiplier, "n": r.n, "batch": r.batch,
              "sampling": ("disjoint blocks (parallel composition)" if r.disjoint else
-                          "none claimed (binomial: accounted as if the record were included)" if r.binomial and r.sampled
+                          "none claimed (binomial: accounted as if the record were included)"
+                          if r.binomial and r.sampled and r.gamma == 1.0 else
+                          f"fixed-size without replacement, amplified at gamma = K/n = {r.gamma:.6g} ({AMPLIFIED_BOUND})"
+                          if r.binomial and r.sampled
                           else "fixed-size without replacement" if r.sampled else "none (full batch)")}
             | ({"mechanism": "binomial", "trials": r.trials, "levels": r.levels, "p": r.p, "dim": r.dim}
+               | ({"amplification": r.amplification} if r.amplification != "none" else {})
                if r.binomial else {})
             for r in group_releases(self.ledger.recorded())
         ]
@@ -392,6 +402,8 @@ class Silo:
                 "mechanism": "binomial (shuffle DP)", "evaluation": self.evaluation,
                 "shuffle": {"levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim, "count_on": count_on,
                             "headroom": self.s.shuffle.headroom,
+                            "record_amplification": (f"sampling: {AMPLIFIED_BOUND}"
+                                                     if self.s.shuffle.amplification == "sampling" else "none"),
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
                                              "silo sampling is claimed",
                             "trust": shuffle_trust(count_on, self.s.num_silos)},
@@ -439,7 +451,7 @@ class Silo:
             return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
                                 f"the n={self.n} records hold {self.n // spec.batch} disjoint blocks")
         release = Release(kind, self.n, spec.batch, 0.0, 1, phase == Phase.DISJOINT, "binomial", spec.trials,
-                          self.levels, self.s.shuffle.p, self.dim)
+                          self.levels, self.s.shuffle.p, self.dim, self.s.shuffle.amplification)
         try:
             spent, seq = self.ledger.record_release([release], round_=rnd, exclusive=phase == Phase.DISJOINT,
                                                     extra={"trials_per_record": b, "count_on": count_on})

@@ -29,8 +29,10 @@ Accounting rules (all numbers come from dp-accounting):
   shuffler carry Bin(trials, p) noise on g levels in d coordinates; their Renyi curves and the
   delta of their truncated tails come from the exact numerical accountant in
   app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
-  that module's orders (Gaussian releases by their exact RDP curves); no amplification by
-  sampling is claimed for a binomial release (it is accounted as if its record were included).
+  that module's orders (Gaussian releases by their exact RDP curves). A sampled binomial
+  release (K < n) claims amplification by its batch's sampling without replacement only when it
+  says so (``amplification = "sampling"``, app/privacy/amplification.py); otherwise it is
+  accounted as if its record were included.
 
 Calibration (:func:`calibrate_noise_multiplier`) is a bisection over the noise scale. A sampled
 release's Renyi curve comes from :func:`wor_gaussian_rdp`, a vectorised copy of dp-accounting's
@@ -59,6 +61,8 @@ import numpy as np
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 from scipy import special
+
+from app.privacy.amplification import AMPLIFICATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +93,13 @@ class Release:
     levels: int = 0
     p: float = 0.0
     dim: int = 0
+    #: binomial releases: "sampling" claims amplification by the batch's sampling without
+    #: replacement (app/privacy/amplification.py) when K < n; "none" accounts as if included
+    amplification: str = "none"
 
     def __post_init__(self) -> None:
+        if self.amplification not in AMPLIFICATIONS:
+            raise ValueError(f"release amplification must be one of {AMPLIFICATIONS}, got {self.amplification!r}")
         if self.mechanism not in ("gaussian", "binomial"):
             raise ValueError(f"release mechanism must be gaussian or binomial, got {self.mechanism!r}")
         if self.mechanism == "binomial" and not (self.trials >= 1 and self.levels >= 1 and 0 < self.p < 1
@@ -110,6 +119,12 @@ class Release:
     @property
     def binomial(self) -> bool:
         return self.mechanism == "binomial"
+
+    @property
+    def gamma(self) -> float:
+        """The sampling rate amplification is claimed at: K / n for a sampled binomial release
+        with amplification "sampling", else 1 (none claimed)."""
+        return self.batch / self.n if self.binomial and self.sampled and self.amplification == "sampling" else 1.0
 
     @property
     def blocks(self) -> int:
@@ -188,7 +203,8 @@ def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
     binomial ones with their truncation tails), composed and converted by the binomial module."""
     from app.privacy import binomial
 
-    parts = [(binomial.release_curve(r.trials, r.p, r.levels, r.dim), r.count) for r in live if r.binomial]
+    parts = [(binomial.amplified_release_curve(r.trials, r.p, r.levels, r.dim, r.gamma) if r.gamma < 1
+              else binomial.release_curve(r.trials, r.p, r.levels, r.dim), r.count) for r in live if r.binomial]
     extra = np.zeros(len(binomial.ORDERS))
     for r in live:
         if r.binomial:
@@ -203,6 +219,17 @@ def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
         else:
             extra += r.count * np.asarray(binomial.gaussian_rdp(r.noise_multiplier))
     return float(binomial.epsilon_from_curves(parts, delta, extra_rdp=tuple(extra)))
+
+
+def _epsilon_fast_binomial(releases: Sequence[Release], delta: float) -> float:
+    """:func:`epsilon_spent`'s number for binomial releases only, bit for bit, computing only the
+    Renyi orders that can decide it (binomial.fast_epsilon); any other mix goes to epsilon_spent."""
+    from app.privacy import binomial
+
+    live = _live(releases)
+    if not live or not all(r.binomial for r in live):
+        return epsilon_spent(releases, delta)
+    return binomial.fast_epsilon([(r.trials, r.p, r.levels, r.dim, r.count, r.gamma) for r in live], float(delta))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -473,22 +500,27 @@ def _map(fn: Callable[[float], float], x: np.ndarray) -> np.ndarray:
 
 
 def calibrate_trial_scale(plan: Sequence[PlannedRelease], epsilon: float, delta: float, *, p: float, levels: int,
-                     dim: int) -> int:
+                     dim: int, amplification: str = "none") -> int:
     """Shuffle DP's calibration: the smallest integer scale m (noise trials) such that the
     planned binomial releases, kind i with ``ceil(m * weight_i^2)`` trials (the noise standard
     deviation in levels is sqrt(trials p (1 - p)), so a weight scales it like a noise multiplier),
-    spend at most ``epsilon`` at ``delta``. A doubling search, then bisection over integers."""
+    spend at most ``epsilon`` at ``delta`` (``amplification`` = "sampling": sampled kinds claim
+    amplification by sampling, :class:`Release`). A doubling search, then bisection over integers."""
     if not epsilon > 0 or math.isinf(epsilon):
         raise ValueError(f"shuffle calibration needs a finite epsilon > 0, got {epsilon}")
     if not plan or all(r.count == 0 for r in plan):
         raise ValueError("cannot calibrate an empty release plan")
-    return _calibrate_trial_scale(tuple(plan), float(epsilon), float(delta), float(p), int(levels), int(dim))
+    if amplification not in AMPLIFICATIONS:
+        raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
+    return _calibrate_trial_scale(tuple(plan), float(epsilon), float(delta), float(p), int(levels), int(dim),
+                                  amplification)
 
 
-def binomial_releases(plan: Sequence[PlannedRelease], scale: int, *, p: float, levels: int, dim: int) -> list[Release]:
+def binomial_releases(plan: Sequence[PlannedRelease], scale: int, *, p: float, levels: int, dim: int,
+                      amplification: str = "none") -> list[Release]:
     """The planned releases as binomial releases at trial scale ``scale``."""
     return [Release(r.kind, r.n, r.batch, 0.0, r.count, r.disjoint, "binomial", trials_for(scale, r.weight),
-                    levels, p, dim) for r in plan]
+                    levels, p, dim, amplification) for r in plan]
 
 
 def trials_for(scale: int, weight: float) -> int:
@@ -498,16 +530,21 @@ def trials_for(scale: int, weight: float) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _calibrate_trial_scale(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, p: float, levels: int,
-                      dim: int) -> int:
+                      dim: int, amplification: str = "none") -> int:
     from app.privacy import binomial
 
     def fits(scale: int) -> bool:
-        return epsilon_spent(binomial_releases(plan, scale, p=p, levels=levels, dim=dim), delta) <= epsilon
+        return _epsilon_fast_binomial(binomial_releases(plan, scale, p=p, levels=levels, dim=dim,
+                                                        amplification=amplification), delta) <= epsilon
 
     # A start that is exact when every kind has weight 1: kinds with the same trials compose like
     # one kind released sum(count) times (a disjoint kind counts once, parallel composition).
     equivalent = sum((min(r.count, 1) if r.disjoint else r.count) / (r.weight * r.weight) for r in plan if r.count)
-    guess = binomial.calibrate_trials(epsilon, delta, p, levels, dim, max(1, math.ceil(equivalent)))
+    # amplified: start from the least amplified kind's rate (the guess is then an upper-ish start)
+    rates = [r.gamma for r in binomial_releases(plan, 1, p=p, levels=levels, dim=dim, amplification=amplification)
+             if r.count]
+    guess = binomial.calibrate_trials(epsilon, delta, p, levels, dim, max(1, math.ceil(equivalent)),
+                                      gamma=max(rates, default=1.0))
     if fits(guess) and (guess <= 1 or not fits(guess - 1)):
         return int(guess)
     lo, hi = 0, max(1, guess)

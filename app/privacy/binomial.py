@@ -87,6 +87,8 @@ from scipy.stats import binom
 
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from app.privacy import amplification
+
 #: Renyi orders of every curve in this module (compute_epsilon accepts non-integer orders > 1.01).
 ORDERS: tuple[float, ...] = (1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0,
                              20.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0)
@@ -205,10 +207,26 @@ def _effective_trials(m: int, p: float, g: int) -> int:
 
 # ------------------------------------------------------------------------- divergences
 
-@functools.lru_cache(maxsize=256)
+@dataclass(frozen=True)
+class _Prelude:
+    """What every column of the divergence table of Bin(m, p) at g shares: the window's weights
+    and the log-PMF table (split into float64 high and low parts)."""
+
+    g: int
+    n_w: int
+    q: float
+    c0: float
+    w: np.ndarray
+    logw: np.ndarray
+    log_sw: float
+    hi64: np.ndarray
+    lo64: np.ndarray
+
+
+@functools.lru_cache(maxsize=8)
 @np.errstate(divide="ignore", invalid="ignore")
-def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | None:
-    """f_alpha(k) for k = 1..g (rows) at ORDERS (columns), and q; None if the window is empty."""
+def _prelude(m: int, p: float, g: int) -> _Prelude | None:
+    """The shared part of :func:`_divergence_table` (None if the window is empty)."""
     window = _window(m, p, g)
     if window is None:
         return None
@@ -228,16 +246,27 @@ def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | No
     w = np.exp(logw)
     log_sw = math.log(float(w.sum()))
     c0 = -math.log1p(-q)
+    return _Prelude(g, n_w, q, c0, w, logw, log_sw, hi64, lo64)
 
+
+@np.errstate(divide="ignore", invalid="ignore")
+def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None) -> np.ndarray:
+    """D_alpha(Z~ || Z + s k) + c0 at ORDERS[cols] for the sliding-view rows j = g - k (s = +1)
+    and g + k (s = -1), k = 1..g (``rows``: a subset of them, default all 2 g, in the order
+    0..g-1, g+1..2g): shape (len(rows), len(cols)). Every entry is computed by the same
+    operations whatever ``cols`` is (a column never depends on another), so a subset of columns
+    is bit-identical to the same columns of the whole table."""
+    g, n_w, w, logw, log_sw = pre.g, pre.n_w, pre.w, pre.logw, pre.log_sw
     # rows j = 0..2g of the sliding view are log P(t - (g - j)), t in W; j = g - k (s = +1), g + k (s = -1)
-    view_hi = np.lib.stride_tricks.sliding_window_view(hi64, n_w)
-    view_lo = np.lib.stride_tricks.sliding_window_view(lo64, n_w)
-    base_hi, base_lo = hi64[g:g + n_w], lo64[g:g + n_w]
-    rows = np.concatenate((np.arange(0, g), np.arange(g + 1, 2 * g + 1)))
-    out = np.empty((2 * g, len(ORDERS)))
+    view_hi = np.lib.stride_tricks.sliding_window_view(pre.hi64, n_w)
+    view_lo = np.lib.stride_tricks.sliding_window_view(pre.lo64, n_w)
+    base_hi, base_lo = pre.hi64[g:g + n_w], pre.lo64[g:g + n_w]
+    if rows is None:
+        rows = np.concatenate((np.arange(0, g), np.arange(g + 1, 2 * g + 1)))
+    out = np.empty((len(rows), len(cols)))
     chunk = max(1, _CHUNK_ELEMENTS // n_w)
     buf = np.empty((chunk, n_w))
-    for start in range(0, 2 * g, chunk):
+    for start in range(0, len(rows), chunk):
         sel = rows[start:start + chunk]
         r = len(sel)
         j0, j1 = sel[0], sel[-1] + 1
@@ -246,8 +275,8 @@ def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | No
         else:
             x = (base_hi - view_hi[sel]) + (base_lo - view_lo[sel])
         xmax = x.max(axis=1)
-        for o, alpha in enumerate(ORDERS):
-            a1 = alpha - 1.0
+        for c, o in enumerate(cols):
+            a1 = ORDERS[o] - 1.0
             small = a1 * xmax < _EXP_SAFE
             vals = np.empty(r)
             if small.all():
@@ -263,14 +292,24 @@ def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | No
                 y = logw + a1 * x[big]
                 ymax = y.max(axis=1)
                 vals[big] = (ymax + np.log(np.exp(y - ymax[:, None]).sum(axis=1)) - log_sw) / a1
-            out[start:start + r, o] = vals
+            out[start:start + r, c] = vals
     # A Renyi divergence is >= 0 (Hoelder: sum_W P~^a Q^(1-a) >= 1 when Q(W) <= 1); a rounding
     # artefact below 0 (log1p(-1) = -inf when every term underflows) is raised to 0: sound.
     out = np.where(np.isnan(out), np.inf, np.maximum(out, 0.0))
-    out += c0
+    out += pre.c0
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | None:
+    """f_alpha(k) for k = 1..g (rows) at ORDERS (columns), and q; None if the window is empty."""
+    pre = _prelude(m, p, g)
+    if pre is None:
+        return None
+    out = _columns(pre, range(len(ORDERS)))
     f = np.maximum(out[:g][::-1], out[g:])  # row k - 1: max(s = +1 at j = g - k, s = -1 at j = g + k)
     f.setflags(write=False)
-    return f, q
+    return f, pre.q
 
 
 def shift_divergences(trials: int, p: float, levels: int) -> np.ndarray:
@@ -307,6 +346,196 @@ def release_curve(trials: int, p: float, levels: int, dim: int) -> BinomialCurve
     each of ``dim`` coordinates, records on ``levels`` levels. Cached."""
     return _curve(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS),
                   _int("dim", dim, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _amplified(m: int, p: float, g: int, d: int, gamma: float) -> BinomialCurve:
+    plain = _curve(m, p, g, d)
+    if gamma >= 1.0:
+        return plain
+    res = _divergence_table(_effective_trials(m, p, g), p, g)
+    if res is None:
+        return plain
+    log_c = d * (-math.log1p(-res[1]))
+    rdp = amplification.amplified_curve(ORDERS, plain.rdp, gamma, log_c)
+    return BinomialCurve(rdp=tuple(float(v) for v in rdp), tail=plain.tail)
+
+
+def amplified_release_curve(trials: int, p: float, levels: int, dim: int, gamma: float) -> BinomialCurve:
+    """:func:`release_curve` of a release whose batch of K records is drawn without replacement
+    from the silo's n, gamma = K / n: the same tail (charged once per release), the Renyi curve
+    amplified by sampling (app/privacy/amplification.py; gamma = 1: the plain curve). Cached."""
+    gamma = float(gamma)
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+    return _amplified(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1),
+                      gamma)
+
+
+# ------------------------------------------------------------- lazy curves (for calibration)
+
+#: relative margin taken off a lower bound computed from a few rows (a matrix-vector product
+#: over fewer rows may round differently in the last bits)
+_LB_MARGIN = 1e-6
+
+
+class LazyCurve:
+    """:func:`release_curve` of (trials, p, levels) computed one order at a time, for searches
+    that need only a few orders: ``ratio(o)`` is max_k f_alpha(k) / k^2 at ORDERS[o], bit-identical
+    to the whole table's column (:func:`_columns`); ``ratio_lower(o)`` is a cheap lower bound of it
+    from the shifts k in {1, 2, g/2, g} only (max over fewer k; minus a relative margin)."""
+
+    def __init__(self, m: int, p: float, g: int) -> None:
+        self.m, self.p, self.g = m, p, g
+        self.pre = _prelude(_effective_trials(m, p, g), p, g)
+        self._exact: dict[int, float] = {}
+        self._lower: np.ndarray | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.pre is None
+
+    def _ratio_of(self, out: np.ndarray, ks: np.ndarray) -> np.ndarray:
+        n = len(ks)
+        f = np.maximum(out[:n], out[n:])  # s = +1 rows, then s = -1 rows, same k order
+        return (f / (ks.astype(float) ** 2)[:, None]).max(axis=0)
+
+    def ratio(self, o: int) -> float:
+        if o not in self._exact:
+            g = self.g
+            out = _columns(self.pre, (o,))
+            f = np.maximum(out[:g][::-1], out[g:])
+            k2 = np.arange(1, g + 1, dtype=float) ** 2
+            self._exact[o] = float((f / k2[:, None]).max(axis=0)[0])
+        return self._exact[o]
+
+    def ratio_lower(self, o: int) -> float:
+        if self._lower is None:
+            g = self.g
+            ks = np.array(sorted({k for k in (1, 2, g // 2, g) if 1 <= k <= g}))
+            rows = np.concatenate((g - ks, g + ks))
+            self._lower = self._ratio_of(_columns(self.pre, range(len(ORDERS)), rows), ks)
+        return float(self._lower[o]) * (1.0 - _LB_MARGIN)
+
+    def ratio_guess(self, o: int) -> float:
+        """ratio_lower without the margin (the search's cheap stand-in: no bound is claimed)."""
+        self.ratio_lower(o)
+        return float(self._lower[o])
+
+    def rho(self, o: int, dim: int, lower: bool | str = False) -> float:
+        """rho(alpha) of :func:`release_curve` at ORDERS[o] (``lower``: a lower bound of it;
+        "guess": the same from the few rows without the margin)."""
+        b = sensitivity(self.g, dim)
+        ratio = (self.ratio_guess(o) if lower == "guess" else self.ratio_lower(o) if lower else self.ratio(o))
+        return float((b * b * np.float64(ratio) + dim * (-math.log1p(-self.pre.q))) * (1.0 + REL_SLACK))
+
+    def tail(self, dim: int) -> float:
+        return 1.0 if self.pre is None else float(dim * self.pre.q)
+
+
+@functools.lru_cache(maxsize=64)
+def lazy_curve(trials: int, p: float, levels: int) -> LazyCurve:
+    """The cached :class:`LazyCurve` of Bin(trials, p) noise on ``levels`` levels."""
+    return LazyCurve(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS))
+
+
+def _next_order(j: int) -> int:
+    """Index of the smallest order in ORDERS >= j (len(ORDERS) if none)."""
+    for i, a in enumerate(ORDERS):
+        if a >= j:
+            return i
+    return len(ORDERS)
+
+
+def _amplified_rho(curve: LazyCurve, o: int, dim: int, lower: bool | str, gamma: float) -> float:
+    """ORDERS[o]'s value of :func:`amplified_release_curve`, from the lazy curve's columns (the
+    same numbers when ``lower`` is False; a lower bound when True: the bound is non-decreasing in
+    every rho(j))."""
+    plain = curve.rho(o, dim, lower)
+    if gamma >= 1.0:
+        return plain
+
+    def rho_at(j: int, low: bool | str = lower) -> float:
+        i = _next_order(j)
+        return math.inf if i == len(ORDERS) else curve.rho(i, dim, low)
+
+    log_c = dim * (-math.log1p(-curve.pre.q))
+    if lower is False:
+        # the amplified value from the lower-bound columns bounds it from below: when that is
+        # already >= the plain value, the answer is the plain value (no other exact column needed)
+        floor = amplification.amplified_curve([ORDERS[o]], [plain], gamma, log_c,
+                                              rho_at=lambda j: rho_at(j, True))[0]
+        if floor >= plain:
+            return plain
+    return amplification.amplified_curve([ORDERS[o]], [plain], gamma, log_c, rho_at=rho_at)[0]
+
+
+def _order_epsilon(alpha: float, r: float, delta: float) -> float:
+    """dp_accounting's compute_epsilon at one order (the same cases and operations)."""
+    if r < 0:
+        return 0.0
+    if delta ** 2 + math.expm1(-r) > 0:
+        return 0.0
+    if alpha > 1.01:
+        return r + math.log1p(-1 / alpha) - math.log(delta * alpha) / (alpha - 1)
+    return math.inf
+
+
+def fast_epsilon(parts: Sequence[tuple], delta: float, extra_rdp: Sequence[float] | None = None,
+                 guess: bool = False) -> float:
+    """The number :func:`epsilon_from_curves` gives for ``count`` releases of each
+    (trials, p, levels, dim, count[, gamma]) in ``parts`` (curves of :func:`release_curve`, or of
+    :func:`amplified_release_curve` when a sampling rate gamma < 1 is given), bit for bit,
+    computing as few orders as it can: branch and bound over the orders, each order's epsilon
+    bounded from below by the lower-bound rows of :class:`LazyCurve` (the conversion is
+    non-decreasing in the Renyi value), the exact column computed only for orders whose lower
+    bound beats the best exact epsilon so far (an amplified value is non-decreasing in every
+    column it reads, so lower columns bound it from below too).
+    ``guess``: the epsilon of the few rows alone at every order (cheap; for a search's first
+    steps only, no bound claimed)."""
+    delta = _delta(delta)
+    extra = _extra(extra_rdp)
+    items = []
+    tail = 0.0
+    for part in parts:
+        trials, p, levels, dim, count = part[:5]
+        gamma = float(part[5]) if len(part) > 5 else 1.0
+        count = _int("count", count, 0)
+        if count == 0:
+            continue
+        curve = lazy_curve(trials, p, levels)
+        items.append((curve, _int("dim", dim, 1), count, gamma))
+        tail += count * curve.tail(dim)
+    if tail >= delta:
+        return math.inf
+    if any(c.empty for c, _, _, _ in items):
+        return math.inf  # an empty window: rho = inf and tail 1 >= delta (caught above); kept for safety
+
+    def rdp_at(o: int, lower: bool | str) -> float:
+        r = extra[o]
+        for c, d, count, gamma in items:
+            r = r + count * np.float64(_amplified_rho(c, o, d, lower, gamma))
+        return float(r)
+
+    if not items:
+        return epsilon_from_curves([], delta, extra_rdp=extra)
+    if guess:
+        approx = [rdp_at(o, "guess") for o in range(len(ORDERS))]
+        return float(compute_epsilon(ORDERS, approx, delta - tail)[0]) if any(v > 0 for v in approx) else 0.0
+    lower = [rdp_at(o, True) for o in range(len(ORDERS))]
+    if not any(v > 0 for v in lower):
+        exact = [rdp_at(o, False) for o in range(len(ORDERS))]
+        if not any(v > 0 for v in exact):
+            return 0.0
+        return float(compute_epsilon(ORDERS, exact, delta - tail)[0])
+    d_conv = delta - tail
+    bounds = sorted((_order_epsilon(ORDERS[o], lower[o], d_conv), o) for o in range(len(ORDERS)))
+    best = math.inf
+    for lb, o in bounds:
+        if lb >= best:
+            break
+        best = min(best, _order_epsilon(ORDERS[o], rdp_at(o, False), d_conv))
+    return float(max(0, best))
 
 
 # ---------------------------------------------------------------------------- composition
@@ -371,18 +600,19 @@ def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: in
 
 
 def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
-                     extra_rdp: Sequence[float] | None = None) -> int:
+                     extra_rdp: Sequence[float] | None = None, gamma: float = 1.0) -> int:
     """The smallest number of trials m with binomial_epsilon(m, p, levels, dim, count, delta) <= epsilon
     (composed with ``extra_rdp`` if given): an integer m with eps(m) <= epsilon < eps(m - 1) (m = 1
     if eps(1) already meets it), found by bracketing from the Gaussian approximation (geometric
     steps out) and safeguarded interpolation / bisection over the integers. ValueError if no m
-    reaches epsilon (e.g. extra_rdp alone exceeds it)."""
+    reaches epsilon (e.g. extra_rdp alone exceeds it). ``gamma`` < 1: every release's batch is
+    sampled without replacement at rate gamma (:func:`amplified_release_curve`)."""
     epsilon, delta, p = _epsilon(epsilon), _delta(delta), _prob(p)
     g, d, count = _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1), _int("count", count, 0)
     extra = _extra(extra_rdp)
 
-    def eps(m: int) -> float:
-        return epsilon_from_curves([(release_curve(m, p, g, d), count)], delta, extra_rdp=extra)
+    def eps(m: int) -> float:  # epsilon_from_curves([(release_curve(m, p, g, d), count)], ...), bit for bit
+        return fast_epsilon([(m, p, g, d, count, gamma)], delta, extra_rdp=extra)
 
     if eps(1) <= epsilon:
         return 1
@@ -390,6 +620,15 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
     if count == 0 or floor >= epsilon:
         raise ValueError(f"epsilon {epsilon} not reachable: extra_rdp alone gives epsilon {floor}")
     m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra))
+    # the crossing of the cheap stand-in (the few shifts that decide rho), then the exact one near it
+    near = _crossing(lambda m: fast_epsilon([(m, p, g, d, count, gamma)], delta, extra_rdp=extra, guess=True),
+                     epsilon, m0, p, g)
+    return _settle(eps, epsilon, near)
+
+
+def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
+    """An m with eps(m) <= epsilon < eps(m - 1), by bracketing from m0 (geometric steps out) and
+    safeguarded interpolation of log eps in log m / bisection over the integers (eps(1) > epsilon)."""
     e0 = eps(m0)
     # bracket: lo fails (eps > epsilon), hi passes
     factor = 1.02
@@ -425,6 +664,33 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
         else:
             lo, e_lo = mid, e_mid
         bisect_next = (hi - lo) * 2 > width and not bisect_next
+    return hi
+
+
+def _settle(eps, epsilon: float, near: int) -> int:
+    """An m with eps(m) <= epsilon < eps(m - 1) (eps(1) > epsilon), searched from ``near`` (the
+    crossing of a close stand-in): galloping steps down or up, then bisection. Two evaluations
+    of eps when ``near`` is the crossing."""
+    if eps(near) <= epsilon:
+        hi, step = near, 1
+        lo = max(1, hi - step)
+        while lo > 1 and eps(lo) <= epsilon:
+            hi, step = lo, step * 2
+            lo = max(1, hi - step)
+    else:
+        lo, step = near, 1
+        hi = lo + step
+        while eps(hi) > epsilon:
+            if step > 1 << 40:
+                raise ValueError(f"epsilon {epsilon} not reachable near {near} trials")
+            lo, step = hi, step * 2
+            hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if eps(mid) <= epsilon:
+            hi = mid
+        else:
+            lo = mid
     return hi
 
 
