@@ -118,7 +118,7 @@ class PrivateSilo:
             policy = self.node_policy(context)
             s = self.settings(context, policy)
         except (PolicyError, ConfigError) as exc:
-            self._silos[key] = RefusingSilo(index, f"this silo cannot serve the run: {exc}")
+            self._silos[key] = _Refusing(index, f"this silo cannot serve the run: {exc}", wire.REFUSED_POLICY)
             return self._silos[key]
         data = self._data(context, index)
         where = self.state_dir or Path(str(context.node_config.get("state-dir") or _default_state_dir()))
@@ -221,7 +221,7 @@ class PrivateSilo:
         Reads the ledger; records nothing; touches no record."""
         silo = self.silo(context)
         if isinstance(silo, RefusingSilo):
-            return wire.Refusal(wire.REFUSED_LEDGER, silo.reason, math.nan)
+            return wire.Refusal(getattr(silo, "code", wire.REFUSED_LEDGER), silo.reason, math.nan)
         try:
             spent = silo.ledger.spent()
         except LedgerError as exc:
@@ -244,6 +244,19 @@ class PrivateSilo:
                                 f"at delta={ledger.delta:.3g}, spent {spent:.4f}, this request would bring it to "
                                 f"{after:.4f}; nothing was read or released", spent)
         return None
+
+
+class _Refusing(RefusingSilo):
+    """A silo that refuses everything with ``code`` (a node policy or a plan it cannot apply)."""
+
+    def __init__(self, index: int, reason: str, code: str) -> None:
+        super().__init__(index, reason)
+        self.code = code
+
+    def train(self, content: RecordDict) -> RecordDict:
+        return wire.Refusal(self.code, self.reason, math.nan).encode()
+
+    evaluate = train
 
 
 def next_releases(silo: Silo, ins: wire.Instruction) -> list[Release] | str:
