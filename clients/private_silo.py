@@ -69,7 +69,8 @@ class PrivateSilo:
     ``rounds`` releases of ``batch_size`` records each (fixed-size, without replacement),
     per-record clip ``clip``, for ``algorithm``; ``options``: further run-config keys of the plan
     (``local-steps``, ``spider.q``, ...). The server's run config fills in the rest (its seed,
-    sketch, step size); the silo's own values above always win.
+    sketch, step size); the silo's own values above always win, and its ledger holds every
+    release to (epsilon, delta) whatever the run config says.
     ``state_dir``: where the ledger lives (None: node config ``state-dir``, else
     ``$FLWR_HOME/silofl-state``). ``policy``: node-config policy keys (app/privacy/policy.py and
     ``algorithms``) over the node's own config. ``deployed``: None: a ``flwr-clientapp`` process is
@@ -86,6 +87,7 @@ class PrivateSilo:
         self.plan: dict[str, Any] = dict(options or {}) | {
             "algorithm": algorithm, "num-rounds": int(rounds), "batch-size": int(batch_size),
             "privacy.mode": "isrl", "privacy.epsilon": float(epsilon), "privacy.clip": float(clip),
+            "privacy.planned-rounds": 0,
             "privacy.delta": "auto" if delta is None else float(delta), "device": device}
         self.state_dir = None if state_dir is None else Path(state_dir)
         self.policy_keys = dict(policy or {})

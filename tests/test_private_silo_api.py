@@ -32,6 +32,14 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "private-clientapp.md"
 ORDERS = list(range(2, 65)) + [80, 96, 128, 192, 256]
 
 
+@pytest.fixture(autouse=True)
+def _task_identity() -> None:
+    """Flower messages need a task identity; the in-process grid sets one (as here)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 0, 0
+
+
 def example_module() -> types.ModuleType:
     """The complete ClientApp of docs/private-clientapp.md ("Your own ClientApp"), as a module."""
     code = re.search(r"## Your own ClientApp.*?```python\n(.*?)```", DOC.read_text(), re.S)
@@ -168,6 +176,24 @@ def test_policy_mod_applies_the_node_policy_before_the_handler(tmp_path: Path, n
     assert calls == []
     assert not list((tmp_path / "state").rglob("*.json")) or all(  # nothing was ever released
         '"release"' not in p.read_text() for p in (tmp_path / "state").rglob("*.json"))
+
+
+def test_the_run_config_cannot_weaken_the_silos_own_plan(tmp_path: Path) -> None:
+    """The server writes the run config: asking for no privacy, a huge epsilon and clip, or a
+    one-release plan changes nothing the silo calibrates; its noise is the one for its own plan."""
+    def planned(cfg: dict[str, Any], where: str) -> list[dict[str, Any]]:
+        user = example_module()
+        ctx = context(tmp_path / where, cfg)
+        assert wire.refusal_of(user.silo.release(train_msg(1, model_arrays()), ctx).content) is None
+        report = user.silo.silo(ctx).ledger_report()
+        assert (report["eps_budget"], report["delta"], report["clip"], report["batch"]) == (3.0, 1e-5, 1.0, 32)
+        return report["planned"]
+
+    honest = planned(run_config(tmp_path), "honest")
+    greedy = planned(run_config(tmp_path, **{"privacy.mode": "off", "privacy.epsilon": 1000.0, "privacy.clip": 100.0,
+                                             "privacy.delta": 0.5, "privacy.planned-rounds": 1, "batch-size": 1}),
+                     "greedy")
+    assert greedy == honest and honest[0]["count"] == 5 and honest[0]["noise_multiplier"] > 1.0
 
 
 # -- (c) the noise never repeats and is the silo's own -------------------------------------------
