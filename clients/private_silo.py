@@ -40,7 +40,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from app import wire
-from app.admission import Rejection, check_instruction, silo_terms, sketch_error
+from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms, sketch_error
 from app.algorithms import Phase
 from app.config import ConfigError, Settings, parse_settings
 from app.data.federated import SiloData
@@ -103,8 +103,7 @@ class PrivateSilo:
 
     def settings(self, context: Context, policy: NodePolicy) -> Settings:
         """The run's config with this silo's plan over it, as the silo applies it."""
-        run = {k: v for k, v in context.run_config.items() if k not in ("resume",)}
-        s = parse_settings(run | self.plan)
+        s = parse_settings(dict(context.run_config) | self.plan)
         if policy.noise_seed is not None:  # the node's choice (or its safe default, os) wins
             s = replace(s, privacy=replace(s.privacy, noise_seed=policy.noise_seed))
         return s
@@ -211,11 +210,28 @@ class PrivateSilo:
 
     # -- the policy mod ---------------------------------------------------------------------
     def policy_mod(self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-        """Flower Mod: a training request this silo would refuse never reaches the handler."""
-        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        """Flower Mod: a training (or evaluation) request this silo would refuse never reaches
+        the handler."""
+        kind = msg.metadata.message_type.split(".")[0]
+        if kind == MessageType.TRAIN:
+            refusal = self.admission(msg.content, context)
+        elif kind == MessageType.EVALUATE:
+            refusal = self.evaluation_admission(msg.content, context)
+        else:
             return call_next(msg, context)
-        refusal = self.admission(msg.content, context)
         return call_next(msg, context) if refusal is None else Message(refusal.encode(), reply_to=msg)
+
+    def evaluation_admission(self, content: RecordDict, context: Context) -> wire.Refusal | None:
+        """Why this silo refuses the evaluation request ``content`` (its evaluation policy, a
+        malformed request), or None."""
+        silo = self.silo(context)
+        if isinstance(silo, RefusingSilo):
+            return wire.Refusal(getattr(silo, "code", wire.REFUSED_LEDGER), silo.reason, math.nan)
+        refused = silo._evaluation_refusal()
+        if refused is not None:
+            return wire.Refusal.decode(refused)
+        req = check_evaluate_request(content, silo_terms(silo))
+        return wire.Refusal(req.code, req.reason, silo.ledger.spent()) if isinstance(req, Rejection) else None
 
     def admission(self, content: RecordDict, context: Context) -> wire.Refusal | None:
         """Why this silo refuses the training request ``content`` (or None): a ledger it cannot

@@ -196,6 +196,25 @@ def test_the_run_config_cannot_weaken_the_silos_own_plan(tmp_path: Path) -> None
     assert greedy == honest and honest[0]["count"] == 5 and honest[0]["noise_multiplier"] > 1.0
 
 
+def test_policy_mod_refuses_evaluations_the_node_policy_forbids(tmp_path: Path) -> None:
+    user = example_module()
+    calls: list[int] = []
+    app = ClientApp(mods=[user.silo.policy_mod])
+
+    @app.evaluate()
+    def evaluate(msg: Message, ctx: Context) -> Message:
+        calls.append(1)
+        return user.silo.evaluate(msg, ctx)
+
+    ask = wire.EvaluateRequest(1, model_arrays()).encode()
+    off = context(tmp_path, run_config(tmp_path), {"evaluation": "off"})
+    code, _ = refusal(app(Message(ask, dst_node_id=1, message_type=MessageType.EVALUATE), off))
+    assert code == wire.REFUSED_POLICY and calls == []
+    open_ = context(tmp_path / "open", run_config(tmp_path), run_id=8)  # another run, the simulation default: open
+    assert wire.refusal_of(app(Message(ask, dst_node_id=1, message_type=MessageType.EVALUATE), open_).content) is None
+    assert calls == [1]
+
+
 # -- (c) the noise never repeats and is the silo's own -------------------------------------------
 
 def test_two_releases_never_share_noise(tmp_path: Path) -> None:
