@@ -42,7 +42,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from app import wire
 from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms, sketch_error
 from app.algorithms import Phase
-from app.config import ConfigError, Settings, parse_settings
+from app.config import SCHEMA, ConfigError, Settings, parse_settings
 from app.data.federated import SiloData
 from app.privacy.accounting import Release, epsilon_spent
 from app.privacy.ledger import BUDGET_RTOL, LedgerError
@@ -93,7 +93,6 @@ class PrivateSilo:
         self.policy_keys = dict(policy or {})
         self.deployed = deployed
         self._silos: dict[tuple, Silo | RefusingSilo] = {}
-        self._violations: dict[tuple, str | None] = {}
 
     # -- the run's silo ---------------------------------------------------------------------
     def node_policy(self, context: Context) -> NodePolicy:
@@ -103,7 +102,8 @@ class PrivateSilo:
 
     def settings(self, context: Context, policy: NodePolicy) -> Settings:
         """The run's config with this silo's plan over it, as the silo applies it."""
-        s = parse_settings(dict(context.run_config) | self.plan)
+        run = {k: v for k, v in context.run_config.items() if k in SCHEMA}  # a user's own keys: not silofl's
+        s = parse_settings(run | self.plan)
         if policy.noise_seed is not None:  # the node's choice (or its safe default, os) wins
             s = replace(s, privacy=replace(s.privacy, noise_seed=policy.noise_seed))
         return s
@@ -140,6 +140,9 @@ class PrivateSilo:
                         ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             self._silos[key] = RefusingSilo(index, str(exc))
+            return self._silos[key]
+        except ValueError as exc:  # a plan that does not fit the records (e.g. K > n): say why, every time
+            self._silos[key] = _Refusing(index, f"this silo's plan does not fit its records: {exc}", wire.REFUSED_CONFIG)
             return self._silos[key]
         self._silos = {k: v for k, v in self._silos.items() if k[0] == context.run_id}  # old runs: drop
         self._silos[key] = silo
