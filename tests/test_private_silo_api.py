@@ -295,3 +295,24 @@ def test_api_release_equals_the_built_in_silo_bit_for_bit(tmp_path: Path, algori
         assert dict(mine.metric_records[wire.METRICS]) == dict(theirs.metric_records[wire.METRICS])
     # the two ledgers hold the same releases with the same noise multiplier
     assert api.silo(api_ctx).ledger.recorded() == built_in.ledger.recorded()
+
+
+@pytest.mark.parametrize("algorithm,phase", [("mbsgd", Phase.GRAD), ("localsgd", Phase.LOCAL),
+                                             ("proxsgd", Phase.DISJOINT), ("spider", Phase.ANCHOR)])
+def test_the_policy_mods_budget_check_prices_the_release_the_ledger_records(tmp_path: Path, algorithm: str,
+                                                                           phase: Phase) -> None:
+    """The mod's pre-check (clients.private_silo.next_releases) and the silo's release must price
+    the same ledger rows, or the mod would admit what the ledger refuses (or the reverse)."""
+    from clients.private_silo import PrivateSilo, next_releases
+
+    x = torch.randn(240, 30, generator=torch.Generator().manual_seed(1))
+    api = PrivateSilo(UserLogistic, (x, (x[:, 0] > 0).long()), epsilon=3.0, delta=1e-5, clip=1.0, batch_size=32,
+                      rounds=5, algorithm=algorithm, options={"local-steps": 3, "spider.anchor-batch": 64})
+    ctx = context(tmp_path, run_config(tmp_path, algorithm=algorithm))
+    steps = {"local_steps": 3, "lr": 0.1} if phase == Phase.LOCAL else {}
+    msg = train_msg(1, model_arrays(), phase, **steps)
+    silo = api.silo(ctx)
+    predicted = next_releases(silo, wire.Instruction.decode(msg.content))
+    assert api.admission(msg.content, ctx) is None
+    assert wire.refusal_of(api.release(msg, ctx).content) is None
+    assert silo.ledger.recorded() == predicted
