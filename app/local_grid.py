@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
 from app.client_app import app as client_app
@@ -23,7 +24,9 @@ class InProcessGrid:
     """Implements what FederatedOptimizer uses of flwr.serverapp.Grid."""
 
     def __init__(self, run_config: dict[str, Any], num_nodes: int, state_dir: str, run_id: int = 1,
-                 hook: ReplyHook | None = None, node_config: dict[str, Any] | None = None) -> None:
+                 hook: ReplyHook | None = None, node_config: dict[str, Any] | None = None,
+                 client: ClientApp | None = None) -> None:
+        """``client``: the ClientApp every node runs (None: silofl's, app/client_app.py)."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.node_ids = [1000 + i for i in range(num_nodes)]
         self.contexts = {
@@ -34,6 +37,7 @@ class InProcessGrid:
             for i, nid in enumerate(self.node_ids)
         }
         self.hook = hook
+        self.client = client if client is not None else client_app
         self.sent: list[Message] = []
 
     def get_node_ids(self) -> Iterable[int]:
@@ -45,7 +49,7 @@ class InProcessGrid:
             self.sent.append(msg)
             nid = msg.metadata.dst_node_id
             try:
-                reply = client_app(msg, self.contexts[nid])
+                reply = self.client(msg, self.contexts[nid])
             except Exception as exc:  # what the Flower runtime does with a crashing ClientApp
                 reply = Message(Error(code=0, reason=f"ClientApp exception: {exc!r}"), reply_to=msg)
             if self.hook is not None:
@@ -66,16 +70,17 @@ def simulation_nodes(run_config: dict[str, Any]) -> int:
 
 
 def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = None, hook: ReplyHook | None = None,
-              node_config: dict[str, Any] | None = None) -> InProcessGrid:
+              node_config: dict[str, Any] | None = None, client: ClientApp | None = None) -> InProcessGrid:
     """Run the ServerApp's main on an in-process grid with ``run_config`` (merged over the
-    defaults by the caller); outputs go where the run config says."""
+    defaults by the caller); outputs go where the run config says. ``client``: the ClientApp
+    the nodes run (None: silofl's; a user's own, e.g. with clients/private_silo.py)."""
     from flwr.app import Context
 
     import app.server_app as server_app
 
     run_id = next(_RUN_IDS) if run_id is None else run_id  # a new run id per run, as Flower gives
     grid = InProcessGrid(run_config, simulation_nodes(run_config), state_dir, run_id=run_id, hook=hook,
-                         node_config=node_config)
+                         node_config=node_config, client=client)
     try:
         server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                                       run_config=run_config))

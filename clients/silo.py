@@ -98,7 +98,7 @@ class Silo:
                  state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
                  ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
                  evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
-                 ledger_mark_dir: str | Path | None = None) -> None:
+                 ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
@@ -106,7 +106,8 @@ class Silo:
         ``shuffler_pin`` (shuffle mode): the run the contributions are bound to, and the shuffler
         public key (hex) the node's operator pinned; a silo with a pin seals to no other key.
         ``ledger_mark_dir``: where the ledger's high-water mark lives (node config
-        ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``)."""
+        ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``). ``model``: the silo's own
+        torch module (clients/private_silo.py); None: the run config's model from the zoo."""
         self.s = settings
         self.run_id = int(run_id)
         self.shuffler_pin = shuffler_pin
@@ -115,7 +116,9 @@ class Silo:
         self.evaluation_noise_ratio = evaluation_noise_ratio
         self.data = data
         self.device = torch.device(_pick_device(settings.device))
-        self.model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden).to(self.device)
+        if model is None:
+            model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden)
+        self.model = model.to(self.device)
         self.train_x = data.train_x.to(self.device)
         self.train_y = data.train_y.to(self.device)
         self.test_x = data.test_x.to(self.device)
