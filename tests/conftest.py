@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import missing_data, run
+from tests.helpers import FlowerStarted, missing_data, run
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -63,3 +63,17 @@ def federation(tmp_path: Path):
         return run(tmp_path / sub, overrides, hook, node_config, run_id=run_id, name=name)
 
     return _run
+
+
+@pytest.fixture()
+def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher may validate, but never start a SuperLink or ``flwr run``: each would raise
+    FlowerStarted."""
+    from app import launch
+
+    def refuse(*a, **k):
+        raise FlowerStarted("the launcher started Flower")
+
+    for name in ("own_local_superlink", "stage_app"):
+        monkeypatch.setattr(launch, name, refuse)
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)

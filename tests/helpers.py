@@ -91,3 +91,7 @@ def logistic_objective(settings, lam: float):
         return float(loss.detach()), t.grad.numpy()
 
     return f
+
+
+class FlowerStarted(Exception):
+    """The launcher went on to start a Flower process (raised by the ``no_flower`` fixture)."""

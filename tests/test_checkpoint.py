@@ -217,23 +217,6 @@ def test_the_checkpoint_of_a_finished_run_passes_the_checks(finished_run, tmp_pa
     assert [m for m in grid.sent if m.metadata.message_type == "train"] == []
 
 
-class FlowerStarted(Exception):
-    """The launcher went on to start a Flower process."""
-
-
-@pytest.fixture()
-def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher may validate, but never start a SuperLink or ``flwr run``."""
-    from app import launch
-
-    def refuse(*a, **k):
-        raise FlowerStarted("the launcher started Flower")
-
-    for name in ("own_local_superlink", "stage_app"):
-        monkeypatch.setattr(launch, name, refuse)
-    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
-
-
 @pytest.mark.parametrize("case", ["truncated", "round 1e9", "round -5", "NaN model", "wrong shape"])
 def test_the_launcher_exits_2_on_a_bad_checkpoint(finished_run, tmp_path: Path, case: str, no_flower,
                                                   capsys: pytest.CaptureFixture) -> None:

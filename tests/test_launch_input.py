@@ -14,22 +14,7 @@ import pytest
 
 from app import config, launch
 from app.config import ConfigError, parse_settings
-
-
-class FlowerStarted(Exception):
-    """The launcher went on to start a Flower process."""
-
-
-@pytest.fixture()
-def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher may validate, but never start a SuperLink or ``flwr run``."""
-
-    def refuse(*a, **k):
-        raise FlowerStarted("the launcher started Flower")
-
-    for name in ("own_local_superlink", "stage_app"):
-        monkeypatch.setattr(launch, name, refuse)
-    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+from tests.helpers import FlowerStarted
 
 
 def _launch(capsys: pytest.CaptureFixture, tmp_path: Path, run_config: str, *extra: str) -> tuple[int, str]:
