@@ -14,6 +14,7 @@ names, or "all"; .ci/run sets it for the data CI installs) makes such a test fai
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def no_flower(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*a, **k):
         raise FlowerStarted("the launcher started Flower")
 
+    class NoProcesses:  # the launcher's own view of subprocess; torch & co. keep the real one
+        def __getattr__(self, name: str) -> Any:
+            return getattr(subprocess, name)
+
+    for name in ("Popen", "run", "call", "check_call", "check_output"):
+        setattr(NoProcesses, name, staticmethod(refuse))
     for name in ("own_local_superlink", "stage_app"):
         monkeypatch.setattr(launch, name, refuse)
-    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launch, "subprocess", NoProcesses())
