@@ -85,8 +85,9 @@ def test_report_tables_and_plots(tmp_path: Path) -> None:
     fields.append({"job": "f", "status": "failed", "algorithm": "spider", "privacy.epsilon": 3.0, "error": "boom"})
     report.main([str(tmp_path)])
     md = (tmp_path / "results.md").read_text()
-    assert "| mbsgd | none | 15.00% ± 7.07% (n=2) | 5.00% ± 0.00% (n=1) | 2.00% ± 0.00% (n=1) |" in md
-    assert "| spider | none | 30.00% ± 0.00% (n=1) | n/a | n/a |" in md and "boom" in md
+    assert "| algorithm | ε = 1.5 | ε = 3 | ε = ∞ |" in md  # privacy off is ε = ∞
+    assert "| mbsgd | 15.00% ± 7.07% (n=2) | 5.00% (n=1) | 2.00% (n=1) |" in md
+    assert "| spider | 30.00% (n=1) | n/a | n/a |" in md and "boom" in md
     assert (tmp_path / "error_vs_epsilon.png").stat().st_size > 1000
 
 
@@ -151,5 +152,5 @@ def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tm
     assert sweep.sweep_job(job)["status"] == "skipped" and len(calls) == 1
     report.main([str(tmp_path / "outputs/sweeps/h")])
     md = (tmp_path / "outputs/sweeps/h/results.md").read_text()
-    assert "| mbsgd | none | 60.00% ± 0.00% (n=1) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
+    assert "| all | 60.00% (n=1; 1 diverged) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
     assert "- diverged job" in md and "lr=50 is too large" in md
