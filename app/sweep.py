@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -467,8 +468,95 @@ def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
         return dict(flat)
 
 
-def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
-    """Run (or skip) one job of a sweep from its composed config; returns the row written."""
+#: run-config keys that mean nothing without a sketch: setting one with sketch.kind none would
+#: run the same federation under another name (issue 27)
+SKETCH_ONLY_KEYS = ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The keys a job's Hydra overrides set (``sketch.ratio=0.1`` -> sketch.ratio, ``+a.b=1`` -> a.b)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+
+
+def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
+    """Refuse what would run a different experiment than the one asked for: a sketch setting
+    given on the command line (or swept) while the job runs without a sketch."""
+    given = [k for k in override_keys(overrides) if k in SKETCH_ONLY_KEYS]
+    if given and str(flat.get("sketch.kind", "none")) == "none":
+        key = given[0]
+        raise ConfigError(f"{key} = {flat.get(key)!r} is set but sketch.kind = 'none' (no sketch, so every value "
+                          f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
+
+
+class Progress:
+    """The sweep's progress in this process (Hydra's basic launcher runs jobs one after another in
+    it): jobs done, failed and skipped, the failed ones, and an ETA from the jobs that ran."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.t0 = time.perf_counter()
+        self.rows: list[dict[str, Any]] = []
+        self.ran_s: list[float] = []
+
+    def record(self, row: Mapping[str, Any], overrides: list[str], seconds: float) -> str:
+        """Note one finished job; returns its progress line."""
+        self.rows.append(dict(row) | {"overrides": " ".join(overrides)})
+        if row.get("status") != "skipped":
+            self.ran_s.append(seconds)
+        done = len(self.rows)
+        counts = {st: sum(r.get("status") == st for r in self.rows) for st in ("failed", "skipped")}
+        finished = done - counts["failed"] - counts["skipped"]
+        eta = ""
+        if self.total is not None and self.ran_s:
+            left = max(self.total - done, 0)
+            eta = f", ETA {_duration(left * statistics.mean(self.ran_s))}"
+        of = f"/{self.total}" if self.total is not None else ""
+        return (f"[sweep] progress {done}{of} jobs: {finished} ran to their end, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped; elapsed {_duration(time.perf_counter() - self.t0)}{eta}")
+
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("status") == "failed"]
+
+    def closing(self) -> list[str]:
+        """The sweep's last lines: counts, and one line per failed job (its overrides, its error)."""
+        failed = self.failed()
+        statuses = sorted({str(r.get("status")) for r in self.rows})
+        counts = ", ".join(f"{sum(r.get('status') == st for r in self.rows)} {st}" for st in statuses)
+        lines = [f"[sweep] done: {len(self.rows)} jobs ({counts or 'none'}) in "
+                 f"{_duration(time.perf_counter() - self.t0)}"]
+        for r in failed[:20]:
+            lines.append(f"[sweep] FAILED job {r.get('job')} ({r['overrides'] or 'no overrides'}): {r.get('error')}")
+        if len(failed) > 20:
+            lines.append(f"[sweep] ... and {len(failed) - 20} more failed jobs (status failed in results.csv)")
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+PROGRESS = Progress()
+
+
+def sweep_size(argv: list[str], params: Mapping[str, Any] | None) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of the config's ``hydra.sweeper.params`` and the
+    command line's overrides (their product); None when it cannot tell."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        args = [f"{k}={v}" for k, v in (params or {}).items()]
+        args += [a for a in argv if "=" in a and not a.startswith("-")]
+        overrides = OverridesParser.create().parse_overrides(args)
+        return len(BasicSweeper.split_arguments(overrides, None)[0])
+    except Exception:  # a sweep type only Hydra's config loader can expand: no total
+        return None
+
+
+def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run (or skip) one job of a sweep from its composed config; returns the row written.
+    ``overrides``: the job's Hydra overrides (checked by :func:`check_overrides`)."""
     sweep = dict(nested.get("sweep") or {})
     given = flatten_run_config(nested)
     flat = _resolved(given)  # the row and the job id hold the values run, not "preset"
@@ -481,28 +569,52 @@ def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = dict(flat) | {"job": job}
     t0 = time.perf_counter()
     try:
+        check_overrides(list(overrides or []), flat)
         parse_settings(given)
         row |= run_job(given, sweep, job, sweep_dir)
+    except ConfigError as exc:  # a bad value: one line (below), as app.launch says it; no traceback
+        row |= {"status": "failed", "error": f"ConfigError: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # recorded, and the sweep goes on
         traceback.print_exc()
         row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     results.append(row)
-    te = row.get("test_error")
-    print(f"[sweep] job {job}: {row['status']}, test error {'-' if te in (None, '') else f'{te:.2%}'}, "
-          f"wall {row.get('wall_s', 0):.1f}s, overhead {row.get('overhead_s', math.nan):.1f}s -> {results.path}",
-          flush=True)
+    if row["status"] == "failed":
+        what = f"config error: {row['error'].removeprefix('ConfigError: ')}" if row["error"].startswith("ConfigError") \
+            else f"failed: {row['error'][:300]}"
+        print(f"[sweep] job {job}: {what} -> {results.path}", file=sys.stderr, flush=True)
+    else:
+        te = row.get("test_error")
+        print(f"[sweep] job {job}: {row['status']}, test error {'-' if te in (None, '') else f'{te:.2%}'}, "
+              f"wall {row.get('wall_s', 0):.1f}s, overhead {row.get('overhead_s', math.nan):.1f}s -> {results.path}",
+              flush=True)
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Hydra's entry; exit code 0 when every job ran to its end (or was skipped), 1 when any job
+    failed (each listed with its overrides and error; results.csv has them all)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
+    argv = sys.argv[1:] if argv is None else argv
+
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:
-        sweep_job(OmegaConf.to_container(cfg, resolve=True))
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        if PROGRESS.total is None and not PROGRESS.rows:
+            params = OmegaConf.to_container(hc.sweeper.params, resolve=True) if hc.sweeper.get("params") else None
+            PROGRESS.total = sweep_size(argv, params) if str(hc.mode) == "RunMode.MULTIRUN" else 1
+        overrides = list(hc.overrides.task)
+        t0 = time.perf_counter()
+        row = sweep_job(OmegaConf.to_container(cfg, resolve=True), overrides)
+        print(PROGRESS.record(row, overrides, time.perf_counter() - t0), flush=True)
 
     _job()
+    for line in PROGRESS.closing():
+        print(line, file=sys.stderr if "FAILED" in line else sys.stdout, flush=True)
+    return 1 if PROGRESS.failed() else 0
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def test_hydra_multirun_on_the_simulation_engine(tmp_path: Path) -> None:
     for r in rows:
         assert max(json.loads(r["eps_per_silo"])) <= float(r["privacy.epsilon"]) and float(r["test_error"]) < 0.4
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert again.stdout.count("skipped") == 2
+    assert again.stdout.count("already has a result") == 2 and again.returncode == 0
 
 
 def test_the_simulation_client_app_answers_every_query_the_server_sends(tmp_path: Path) -> None:
@@ -154,3 +154,59 @@ def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tm
     md = (tmp_path / "outputs/sweeps/h/results.md").read_text()
     assert "| all | 60.00% (n=1; 1 diverged) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
     assert "- diverged job" in md and "lr=50 is too large" in md
+
+
+def run_sweep_main(args: list[str], tmp_path: Path, fake: bool = True) -> subprocess.CompletedProcess:
+    """``python -m app.sweep ARGS`` in a child process (Hydra's basic launcher); ``fake``: the
+    engine stood in for by fake_federation."""
+    code = ("import sys, app.sweep as s, tests.test_sweep as t\n"
+            + ("s.run_federation = t.fake_federation([])\n" if fake else "") + "sys.exit(s.main())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code, *args, "sweep.name=t"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sketch_ratio_without_a_sketch_is_refused_in_one_line_and_the_sweep_exits_1(tmp_path: Path) -> None:
+    """Before: two identical federations (kind none) under two k/n values, exit 0."""
+    proc = run_sweep_main(["-m", "sketch.ratio=0.1,0.5"], tmp_path)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 1
+    assert err.count("config error: sketch.ratio = 0.1 is set but sketch.kind = 'none'") == 1
+    assert "Traceback" not in out + err and "nan" not in out
+    assert "[sweep] done: 2 jobs (2 failed)" in out
+    assert err.count("[sweep] FAILED job") == 2 and "(sketch.ratio=0.5 sweep.name=t):" in err
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/t/results.csv").open()))
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+
+
+def test_a_sweep_with_a_sketch_reports_progress_and_exits_0(tmp_path: Path) -> None:
+    proc = run_sweep_main(["-m", "sketch=srht", "sketch.ratio=0.1,0.5", "seed=0,1"], tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[sweep] progress 1/4 jobs: 1 ran to their end, 0 failed, 0 skipped" in out and "ETA" in out
+    assert "[sweep] progress 4/4 jobs" in out and "[sweep] done: 4 jobs (4 completed)" in out
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/t/results.csv").open()))
+    assert sorted(float(r["sketch.ratio"]) for r in rows) == [0.1, 0.1, 0.5, 0.5]
+
+
+def test_a_bad_value_inside_a_sweep_is_the_one_line_config_error(tmp_path: Path) -> None:
+    """Before: a traceback for the bad job, and the sweep exited 0."""
+    proc = run_sweep_main(["-m", "privacy.epsilon=1,-3"], tmp_path)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out + err
+    assert "config error: privacy.epsilon = -3" in err
+    assert "[sweep] done: 2 jobs (1 completed, 1 failed)" in out
+    assert "FAILED job" in err and "(privacy.epsilon=-3 sweep.name=t):" in err
+
+
+def test_every_run_config_dataset_name_is_a_hydra_dataset_option() -> None:
+    """Hydra's `dataset=NAME` takes the run config's names (fashion-mnist, ...); fmnist-iid and
+    fmnist-pairs stay as named setups of fashion-mnist."""
+    from app.config import DATASETS
+
+    for name in DATASETS:
+        assert nested(dataset=name)["dataset"] == name
+    flat = sweep.flatten_run_config
+    assert flat(nested(dataset="fmnist-iid")) == flat(nested(dataset="fashion-mnist"))
+    pairs = flat(nested(dataset="fmnist-pairs"))
+    assert (pairs["dataset"], pairs["partition"], pairs["num-silos"]) == ("fashion-mnist", "even-odd-pairs", 25)
