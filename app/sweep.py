@@ -372,12 +372,35 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     return server, client
 
 
-def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None) -> dict[str, Any]:
+#: environment variable naming an existing Ray cluster (Ray's own): ``auto`` or ``HOST:PORT``
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def engine_backend_config(num_silos: int, sweep: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Flower's simulation backend config for one federation. Each virtual silo's ClientApp runs
+    in a Ray actor holding ``sweep.client-cpus`` CPUs and ``sweep.client-gpus`` GPUs (1 and 0 by
+    default); Flower sizes its actor pool from the resources Ray reports for the cluster
+    (``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``). On an existing Ray
+    cluster (``sweep.ray-address``, else the ``RAY_ADDRESS`` environment variable: ``auto`` or
+    ``HOST:PORT`` of a ``ray start --head``) Ray is joined, not started, and every node's CPUs
+    count; otherwise a local Ray starts with min(CPUs of this machine, silos) CPUs."""
+    sweep = sweep or {}
+    address = str(sweep.get("ray-address") or os.environ.get(RAY_ADDRESS_ENV, "")).strip()
+    cpus, gpus = float(sweep.get("client-cpus") or 1), float(sweep.get("client-gpus") or 0.0)
+    if cpus <= 0 or gpus < 0:
+        raise ConfigError(f"sweep.client-cpus = {cpus:g} / sweep.client-gpus = {gpus:g}; allowed: cpus > 0, gpus >= 0")
+    init: dict[str, Any] = {"address": address} if address else {"num_cpus": min(os.cpu_count() or 1, num_silos)}
+    return {"client_resources": {"num_cpus": cpus, "num_gpus": gpus}, "init_args": init}
+
+
+def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None,
+                   backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run one federation on the simulation engine; returns its summary.json plus wall time and
     engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
     ``warm``: reuse the engine's actors across the federations of this process (and end each
     federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
-    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset)."""
+    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset). ``backend``:
+    the sweep's Ray settings (:func:`engine_backend_config`)."""
     from flwr.simulation import run_simulation
 
     engine_env()
@@ -392,8 +415,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     server, client = simulation_apps(run_config)
     t0 = time.perf_counter()
     run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": min(os.cpu_count() or 1, s.num_silos)}})
+                   backend_config=engine_backend_config(s.num_silos, backend))
     wall = time.perf_counter() - t0
     if not (out / "summary.json").exists():
         raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
@@ -432,7 +454,10 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         # each point's own presets: a point that sets the model or the algorithm gets their values
         cfg = resolve_presets(base | point) | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         parse_settings(cfg)
-        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"))
+        ray = {k: sweep[k] for k, default in (("ray-address", None), ("client-cpus", 1), ("client-gpus", 0.0))
+               if sweep.get(k) is not None and sweep[k] != default}  # passed only when not the default
+        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"),
+                                **({"backend": ray} if ray else {}))
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
@@ -486,6 +511,23 @@ def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
         key = given[0]
         raise ConfigError(f"{key} = {flat.get(key)!r} is set but sketch.kind = 'none' (no sketch, so every value "
                           f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
+
+
+def track(row: Mapping[str, Any], sweep: Mapping[str, Any]) -> None:
+    """``sweep.tracking=mlflow``: log the job's run (from its files, app/tracking.py) to the
+    experiment ``silofl/<sweep.name>``; a tracker that fails is a warning line, not a failed job."""
+    kind = str(sweep.get("tracking") or "none")
+    if kind == "none" or row.get("status") not in FINISHED or not row.get("run_dir"):
+        return
+    from app import tracking
+
+    try:
+        if kind not in tracking.TRACKERS:
+            raise tracking.TrackingError(f"sweep.tracking = {kind!r}; allowed: {', '.join(tracking.TRACKERS)}")
+        tracking.log_run(row["run_dir"], experiment=f"{tracking.DEFAULT_EXPERIMENT}/{sweep.get('name', 'default')}",
+                         uri=sweep.get("tracking-uri"), tags={"silofl.job": str(row.get("job", ""))})
+    except Exception as exc:  # the job's result stands in results.csv
+        print(f"[sweep] job {row.get('job')}: not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 class Progress:
@@ -578,6 +620,7 @@ def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> 
         traceback.print_exc()
         row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     results.append(row)
+    track(row, sweep)
     if row["status"] == "failed":
         what = f"config error: {row['error'].removeprefix('ConfigError: ')}" if row["error"].startswith("ConfigError") \
             else f"failed: {row['error'][:300]}"

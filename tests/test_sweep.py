@@ -210,3 +210,19 @@ def test_every_run_config_dataset_name_is_a_hydra_dataset_option() -> None:
     assert flat(nested(dataset="fmnist-iid")) == flat(nested(dataset="fashion-mnist"))
     pairs = flat(nested(dataset="fmnist-pairs"))
     assert (pairs["dataset"], pairs["partition"], pairs["num-silos"]) == ("fashion-mnist", "even-odd-pairs", 25)
+
+
+def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local: Ray starts with min(CPUs, silos) CPUs. With a cluster address (sweep.ray-address or
+    RAY_ADDRESS) Ray is joined with no CPU count of ours (ray.init refuses num_cpus then, and Flower
+    sizes its actor pool from every node's CPUs); per-actor resources come from the sweep."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = sweep.engine_backend_config(3)
+    assert local["init_args"] == {"num_cpus": min(os.cpu_count() or 1, 3)}
+    assert local["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert sweep.engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
+    cfg = sweep.engine_backend_config(3, {"ray-address": "auto", "client-cpus": 2, "client-gpus": 0.5})
+    assert cfg == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.5}, "init_args": {"address": "auto"}}
+    with pytest.raises(sweep.ConfigError, match="client-cpus"):
+        sweep.engine_backend_config(3, {"client-cpus": -1})
