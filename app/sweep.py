@@ -248,8 +248,8 @@ def lean_ray_start() -> bool:
     have it already; the runtime environment only makes Ray set up its runtime-env agent before
     the first actor (about 1.2 s of every simulation's round 1 on a 2-core machine). This
     replaces ``init_ray`` with the same code minus that argument; when the init args name an
-    ``address`` (a Ray cluster started elsewhere, which does not inherit this environment) it
-    calls Flower's own. On by default (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a
+    ``address`` or ``RAY_ADDRESS`` is set (a Ray cluster started elsewhere, which does not inherit
+    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a
     warning on a Flower release other than 1.42 or when ``init_ray`` is not the code it was
     checked against. Returns whether the patch is in place."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
@@ -269,8 +269,8 @@ def lean_ray_start() -> bool:
         if ray.is_initialized():
             return
         ray_init_args: dict[str, Any] = dict(backend_config.get(self.init_args_key) or {})
-        if "address" in ray_init_args:  # a cluster started elsewhere: Flower's way
-            original(self, backend_config)
+        if "address" in ray_init_args or os.environ.get(RAY_ADDRESS_ENV):  # a cluster started elsewhere,
+            original(self, backend_config)  # whose workers do not inherit this environment: Flower's way
             return
         ray_init_args.setdefault("include_dashboard", False)
         pythonpath = os.pathsep.join(sys.path)
