@@ -429,6 +429,11 @@ class GridReport:
         lines.append("Axes (the settings that vary): " + (", ".join(axes) or "none") + ".")
         if lay.dependent:
             lines.append("Also varying, set by the axes: " + ", ".join(lay.dependent) + ".")
+        fixed = [f"{label(k)} = {value_text(df[k].iloc[0])}" for k in AXIS_ORDER
+                 if k in df and k not in lay.axes and k not in lay.dependent and df[k].nunique() == 1 and df[k].iloc[0] != ""
+                 and not (k == "aggregator" and "robust" not in set(df.get("algorithm", [])))]
+        if fixed:
+            lines.append("Fixed: " + ", ".join(fixed) + ".")
         lines.append("")
         lines += grid_table(self.cells, lay, lambda c: stats_text(c, self.pct))
         lines.append("Cells: mean ± sample std over seeds, n = seeds; 95% t-interval when n ≥ 3; "
