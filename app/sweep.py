@@ -14,6 +14,13 @@ the sweep goes on; rerunning the sweep skips every job that already has a finish
 status ``completed``, or ``diverged`` / ``no-progress``, whose ``error`` holds the hint of
 app/run_health.py; rerunning the same seeds would diverge again) and runs failed ones again.
 
+After each job the sweep prints a progress line (jobs done of the sweep's total, failed,
+skipped, ETA); at its end one line per failed job (its overrides and error), and it exits 1 when
+any job failed, else 0. A bad value is one line (the config check's), never a traceback; a
+``sketch.*`` key given while the job has no sketch is refused (:func:`check_overrides`).
+``sweep.tracking=mlflow`` logs each finished job (app/tracking.py); ``sweep.ray-address`` (or
+``RAY_ADDRESS``) runs the engine on an existing Ray cluster (:func:`engine_backend_config`).
+
 Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
 ``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
 selects the point with the lowest validation error, and reports the test metrics of that point
