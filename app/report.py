@@ -299,14 +299,14 @@ def context_line(df: Any, cells: Any) -> str:
     """"digits · δ = 1/n² per silo · 5 rounds · 3 seeds": what a figure's title says."""
     parts = []
     data = _constant(df, "dataset")
-    if data:
+    if data and data != "–":
         part = _constant(df, "partition")
         parts.append(data + (f" ({part})" if part and part not in ("preset", "–") else ""))
     delta = _constant(df[df.get("privacy.mode", "") != "off"], "privacy.delta") if "privacy.delta" in df else None
-    if delta:
+    if delta and delta != "–":
         parts.append("δ = 1/n² per silo" if delta == "auto" else f"δ = {delta}")
     rounds = _constant(df, "num-rounds")
-    if rounds:
+    if rounds and rounds != "–":
         parts.append(f"{rounds} rounds")
     ns = sorted({int(n) for n in cells["n"]}) if len(cells) else []
     if ns:
@@ -424,7 +424,8 @@ class GridReport:
     def markdown(self) -> str:
         lay, df = self.lay, self.df
         what = f"Final {label(self.metric)}" if self.metric in ("test_error", "test_accuracy") else label(self.metric)
-        lines = [f"### {what}: {context_line(df, self.cells)}", ""]
+        ctx = context_line(df, self.cells)
+        lines = [f"### {what}" + (f": {ctx}" if ctx else ""), ""]
         axes = [f"{k} (x)" for k in [lay.x] if k] + [f"{k} (rows)" for k in lay.series] + [f"{k} (tables)" for k in lay.facets]
         lines.append("Axes (the settings that vary): " + (", ".join(axes) or "none") + ".")
         if lay.dependent:
@@ -435,6 +436,8 @@ class GridReport:
         if fixed:
             lines.append("Fixed: " + ", ".join(fixed) + ".")
         lines.append("")
+        if not len(self.cells):
+            return "\n".join(lines + ["No job ran to its end: nothing to tabulate.", "", self.jobs_line()])
         lines += grid_table(self.cells, lay, lambda c: stats_text(c, self.pct))
         lines.append("Cells: mean ± sample std over seeds, n = seeds; 95% t-interval when n ≥ 3; "
                      "no ± with one seed. Other settings are the same in every job.")
@@ -472,6 +475,8 @@ class GridReport:
         (d / "results.md").write_text(self.markdown() + "\n")
         self.cells.to_csv(d / "summary.csv", index=False)
         made = ["results.md", "summary.csv"]
+        if not len(self.cells):
+            return made
         name = f"{'error' if 'error' in self.metric else self.metric.replace('test_', '')}_vs_" \
                f"{(self.lay.x or 'jobs').split('.')[-1]}"
         made += plot_metric(self, d / name)

@@ -177,3 +177,12 @@ def test_rounds_and_uploads_to_a_target_accuracy_and_the_figures(tmp_path: Path,
     assert sum(len(c.lines[2][0].get_segments()) for c in bars) == 2
     traffic = names["accuracy_vs_uploads"]
     assert [a.get_title() for a in traffic.axes if a.get_visible()] == ["k/n = 0.1", "k/n = 1"]
+
+
+def test_a_sweep_whose_every_job_failed_lists_them_and_draws_nothing(tmp_path: Path) -> None:
+    write_sweep(tmp_path, [{"status": "failed", "privacy.epsilon": e, "error": f"ConfigError: eps {e}"}
+                           for e in (-1, -3)])
+    report.main([str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    assert "No job ran to its end" in md and "Jobs: 2 (2 failed)" in md and "ConfigError: eps -3" in md
+    assert "nan" not in md and not list(tmp_path.glob("*.png"))
