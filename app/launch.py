@@ -514,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     status = f"finished:{summary.get('status')}"
     print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary_path}", flush=True)
     code, line = summary_verdict(summary, run_id, summary_path)
+    from app.tracking import track_from_env  # SILOFL_TRACKING=mlflow: the run's files to MLflow
+
+    track_from_env(summary_path.parent)
     if line:
         print(line, file=sys.stderr, flush=True)
     return code

@@ -523,7 +523,7 @@ def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
 def track(row: Mapping[str, Any], sweep: Mapping[str, Any]) -> None:
     """``sweep.tracking=mlflow``: log the job's run (from its files, app/tracking.py) to the
     experiment ``silofl/<sweep.name>``; a tracker that fails is a warning line, not a failed job."""
-    kind = str(sweep.get("tracking") or "none")
+    kind = str(sweep.get("tracking") or os.environ.get("SILOFL_TRACKING") or "none")
     if kind == "none" or row.get("status") not in FINISHED or not row.get("run_dir"):
         return
     from app import tracking

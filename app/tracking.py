@@ -3,6 +3,7 @@
     python -m app.tracking outputs/<run>                # one run (a folder with summary.json)
     python -m app.tracking outputs/sweeps/<name>        # every job of a sweep + the report's files
     python -m app.sweep -m ... sweep.tracking=mlflow     # each job as it finishes
+    SILOFL_TRACKING=mlflow python -m app.launch ...      # a run when it has ended (and sweeps)
 
 MLflow rather than W&B, because its store is embedded: a local folder (``./mlruns``, or
 ``MLFLOW_TRACKING_URI`` / ``--uri``, e.g. ``sqlite:///mlflow.db``) with no server, account or
@@ -136,6 +137,29 @@ def log_run(run_dir: str | Path, *, experiment: str = DEFAULT_EXPERIMENT, uri: s
             client.log_artifact(rid, str(path))
     client.set_terminated(rid, status="FINISHED" if status == "completed" else "FAILED")
     return rid
+
+
+#: environment variable that turns tracking on for `python -m app.launch` runs and sweeps: "mlflow"
+TRACKING_ENV = "SILOFL_TRACKING"
+
+
+def track_from_env(run_dir: str | Path, tags: Mapping[str, str] | None = None) -> str | None:
+    """Log ``run_dir`` when ``SILOFL_TRACKING=mlflow`` (store: ``MLFLOW_TRACKING_URI``, else
+    ./mlruns); a tracker that fails is one warning line on stderr, never the run's failure."""
+    import sys
+
+    kind = os.environ.get(TRACKING_ENV, "none").strip().lower() or "none"
+    if kind == "none":
+        return None
+    try:
+        if kind not in TRACKERS:
+            raise TrackingError(f"{TRACKING_ENV} = {kind!r}; allowed: {', '.join(TRACKERS)}")
+        rid = log_run(run_dir, tags=tags)
+        print(f"[tracking] {Path(run_dir).name} -> MLflow {tracking_uri()} (run {rid or 'already logged'})", flush=True)
+        return rid
+    except Exception as exc:
+        print(f"[tracking] not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 def log_sweep(sweep_dir: str | Path, *, experiment: str | None = None, uri: str | None = None) -> list[str]:

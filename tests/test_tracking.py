@@ -66,3 +66,17 @@ def test_a_sweep_logs_each_job_and_the_report(tmp_path: Path) -> None:
     assert set(runs) == {"j1", "j2", "s/report"}
     assert runs["j2"].info.status == "FAILED" and runs["j1"].data.tags["silofl.job"] == "j1"
     assert [a.path for a in client.list_artifacts(runs["s/report"].info.run_id)] == ["results.md"]
+
+
+def test_the_environment_key_turns_tracking_on_and_a_broken_tracker_is_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = make_run(tmp_path / "r1")
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    assert tracking.track_from_env(run_dir) is None  # off by default
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv(tracking.TRACKING_ENV, "mlflow")
+    rid = tracking.track_from_env(run_dir)
+    assert mlflow.tracking.MlflowClient((tmp_path / "mlruns").as_uri()).get_run(rid).data.params["algorithm"] == "mbsgd"
+    monkeypatch.setenv(tracking.TRACKING_ENV, "wandb")
+    assert tracking.track_from_env(run_dir) is None
+    assert "not tracked: TrackingError: SILOFL_TRACKING = 'wandb'; allowed: none, mlflow" in capsys.readouterr().err
