@@ -402,7 +402,10 @@ class GridReport:
     @classmethod
     def build(cls, rows: list[dict[str, str]], sweep_dir: Path, x: str | None = None, series: list[str] | None = None,
               facets: list[str] | None = None, metric: str = "test_error", target: float | None = None) -> "GridReport":
-        import pandas as pd
+        try:
+            import pandas as pd
+        except ImportError:
+            raise SystemExit("report: needs pandas (a dependency in pyproject.toml): pip install 'pandas>=2.1'") from None
 
         df = effective_settings(pd.DataFrame(latest_per_job(rows)).fillna(""))
         if metric not in df.columns:
