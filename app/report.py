@@ -156,7 +156,7 @@ def choose_axes(df: Any, first: list[str]) -> tuple[list[str], list[str]]:
     first, then in :data:`AXIS_ORDER`, then by name; a varying setting that the axes before it
     determine (one value for each of their combinations) is dependent, not an axis."""
     settings = [c for c in df.columns if c not in RESULT_COLUMNS and c not in NOT_AXES and not c.startswith("_")]
-    varying = {c for c in settings if df[c].nunique(dropna=False) > 1}
+    varying = {c for c in settings if df.loc[df[c] != "", c].nunique() > 1}  # "": did not act
     order = list(dict.fromkeys(first + [k for k in AXIS_ORDER if k in varying] + sorted(varying)))
     axes: list[str] = []
     dependent: list[str] = []
@@ -274,13 +274,14 @@ def grid_table(cells: Any, lay: Layout, text: Any) -> list[str]:
     for fvals, sub in _groups(cells, lay.facets):
         if lay.facets:
             lines += [f"#### {_combo_label(lay.facets, fvals)}", ""]
+        cols = [v for v in xs if v is None or (sub[lay.x] == v).any()]  # the x values this table has
         head = [label(k) for k in lay.series] or ["jobs"]
-        head += [f"{label(lay.x)} = {value_text(v)}" for v in xs] if lay.x else ["result"]
+        head += [f"{label(lay.x)} = {value_text(v)}" for v in cols] if lay.x else ["result"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for svals, row in _groups(sub, lay.series):
             first = [value_text(v) for v in svals] or ["all"]
             out = []
-            for xv in xs:
+            for xv in cols:
                 hit = row if xv is None else row[row[lay.x] == xv]
                 out.append(text(hit.iloc[0]) if len(hit) else "n/a")
             lines.append("| " + " | ".join(first + out) + " |")
@@ -560,6 +561,7 @@ def plot_metric(rep: GridReport, stem: Path) -> list[str]:
                             fmt="none", ecolor=style["color"], capsize=3, lw=1)
         if log:
             ax.set_xscale("log")
+        ax.margins(x=0.08)
         ax.set_xticks([pos[v] for v in xs], [value_text(v) for v in xs])
         _style(ax, rep.pct)
         ax.set_xlabel(label(lay.x) if lay.x else "")
