@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -151,11 +152,25 @@ def effective_settings(df: Any) -> Any:
     return df
 
 
+def tuned_keys(df: Any) -> list[str]:
+    """The settings each job chose on validation data (``sweep.tuning=grid``: results.csv's
+    ``selected``): outcomes of the job, never axes."""
+    keys: set[str] = set()
+    for text in df.get("selected", []):
+        try:
+            keys |= set(json.loads(text)) if text else set()
+        except (ValueError, TypeError):
+            continue
+    return sorted(keys)
+
+
 def choose_axes(df: Any, first: list[str]) -> tuple[list[str], list[str]]:
     """(axes, dependent): the settings that vary across ``df``'s rows, ``first`` (asked for)
     first, then in :data:`AXIS_ORDER`, then by name; a varying setting that the axes before it
     determine (one value for each of their combinations) is dependent, not an axis."""
-    settings = [c for c in df.columns if c not in RESULT_COLUMNS and c not in NOT_AXES and not c.startswith("_")]
+    tuned = set(tuned_keys(df)) - set(first)
+    settings = [c for c in df.columns
+                if c not in RESULT_COLUMNS and c not in NOT_AXES and c not in tuned and not c.startswith("_")]
     varying = {c for c in settings if df.loc[df[c] != "", c].nunique() > 1}  # "": did not act
     order = list(dict.fromkeys(first + [k for k in AXIS_ORDER if k in varying] + sorted(varying)))
     axes: list[str] = []
@@ -434,6 +449,9 @@ class GridReport:
         lines.append("Axes (the settings that vary): " + (", ".join(axes) or "none") + ".")
         if lay.dependent:
             lines.append("Also varying, set by the axes: " + ", ".join(lay.dependent) + ".")
+        if tuned_keys(df):
+            lines.append("Chosen by each job on validation data (sweep.tuning=grid), not axes: "
+                         + ", ".join(tuned_keys(df)) + ".")
         fixed = [f"{label(k)} = {value_text(df[k].iloc[0])}" for k in AXIS_ORDER
                  if k in df and k not in lay.axes and k not in lay.dependent and df[k].nunique() == 1 and df[k].iloc[0] != ""
                  and not (k == "aggregator" and "robust" not in set(df.get("algorithm", [])))]

@@ -186,3 +186,16 @@ def test_a_sweep_whose_every_job_failed_lists_them_and_draws_nothing(tmp_path: P
     md = (tmp_path / "results.md").read_text()
     assert "No job ran to its end" in md and "Jobs: 2 (2 failed)" in md and "ConfigError: eps -3" in md
     assert "nan" not in md and not list(tmp_path.glob("*.png"))
+
+
+def test_settings_a_job_chose_on_validation_data_are_not_axes(tmp_path: Path) -> None:
+    """sweep.tuning=grid: each seed may pick another lr; its row holds that lr, but the cell is
+    still (ε), aggregated over seeds."""
+    rows = [row(**{"privacy.epsilon": 1.0, "seed": s, "lr": lr, "selected": json.dumps({"lr": lr}),
+                   "test_error": e}) for s, (lr, e) in enumerate([(0.1, 0.2), (0.3, 0.25), (0.1, 0.3)])]
+    rows += [row(**{"privacy.epsilon": 3.0, "seed": 0, "lr": 0.3, "selected": json.dumps({"lr": 0.3}),
+                    "test_error": 0.1})]
+    write_sweep(tmp_path, rows)
+    md = report.GridReport.build(report.load_rows(tmp_path), tmp_path).markdown()
+    assert "| jobs | ε = 1 | ε = 3 |" in md and f"| all | {cell_text([0.2, 0.25, 0.3])} | 10.00% (n=1) |" in md
+    assert "Chosen by each job on validation data (sweep.tuning=grid), not axes: lr." in md
