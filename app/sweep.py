@@ -662,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         print(PROGRESS.record(row, overrides, time.perf_counter() - t0), flush=True)
 
     _job()
-    for line in PROGRESS.closing():
+    for line in PROGRESS.closing() if PROGRESS.rows else []:  # nothing ran: --help, --cfg
         print(line, file=sys.stderr if "FAILED" in line else sys.stdout, flush=True)
     return 1 if PROGRESS.failed() else 0
 
