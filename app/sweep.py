@@ -256,9 +256,10 @@ def lean_ray_start() -> bool:
     the first actor (about 1.2 s of every simulation's round 1 on a 2-core machine). This
     replaces ``init_ray`` with the same code minus that argument; when the init args name an
     ``address`` or ``RAY_ADDRESS`` is set (a Ray cluster started elsewhere, which does not inherit
-    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a
-    warning on a Flower release other than 1.42 or when ``init_ray`` is not the code it was
-    checked against. Returns whether the patch is in place."""
+    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default
+    (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a warning on a Flower release other than
+    1.42 or when ``init_ray`` is not the code it was checked against. Returns whether the patch
+    is in place."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if os.environ.get(LEAN_RAY_ENV, "").strip().lower() in ("0", "false", "no", "off"):
