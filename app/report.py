@@ -98,7 +98,8 @@ PERCENT_METRICS = frozenset({"test_error", "test_accuracy", "best_test_error", "
 #: settings drawn on a log axis when every value is positive
 LOG_KEYS = frozenset({"privacy.epsilon", "sketch.ratio", "lr", "num-silos", "privacy.clip", "privacy.delta"})
 #: settings that mean nothing unless another one has a value: (switch, values that turn them off, keys)
-IRRELEVANT = (("sketch.kind", ("none", ""), ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")),
+IRRELEVANT = (("sketch.kind", ("none", ""),
+               ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")),
               ("privacy.mode", ("off",), ("privacy.delta", "privacy.clip", "privacy.planned-rounds",
                                           "privacy.noise-seed", "privacy.anchor-noise-ratio")),
               ("attack.kind", ("none", ""), ("attack.fraction", "attack.ipm-epsilon", "attack.alie-z",
@@ -445,7 +446,8 @@ class GridReport:
         what = f"Final {label(self.metric)}" if self.metric in ("test_error", "test_accuracy") else label(self.metric)
         ctx = context_line(df, self.cells)
         lines = [f"### {what}" + (f": {ctx}" if ctx else ""), ""]
-        axes = [f"{k} (x)" for k in [lay.x] if k] + [f"{k} (rows)" for k in lay.series] + [f"{k} (tables)" for k in lay.facets]
+        axes = ([f"{k} (x)" for k in [lay.x] if k] + [f"{k} (rows)" for k in lay.series]
+                + [f"{k} (tables)" for k in lay.facets])
         lines.append("Axes (the settings that vary): " + (", ".join(axes) or "none") + ".")
         if lay.dependent:
             lines.append("Also varying, set by the axes: " + ", ".join(lay.dependent) + ".")
@@ -533,7 +535,8 @@ def x_positions(values: list[Any], key: str | None) -> tuple[dict[Any, float], b
         log = key in LOG_KEYS and bool(finite) and finite[0] > 0
         if finite:
             step = (finite[-1] / finite[0]) ** (1 / max(len(finite) - 1, 1)) if log and len(finite) > 1 else 2.0
-            inf_at = finite[-1] * max(step, 1.5) if log else finite[-1] + (finite[-1] - finite[0]) / max(len(finite) - 1, 1) or 1.0
+            gap = (finite[-1] - finite[0]) / max(len(finite) - 1, 1) or 1.0
+            inf_at = finite[-1] * max(step, 1.5) if log else finite[-1] + gap
         else:
             inf_at = 1.0
         return {v: (inf_at if math.isinf(n) else n) for v, n in nums.items()}, log
