@@ -101,9 +101,7 @@ LOG_KEYS = frozenset({"privacy.epsilon", "sketch.ratio", "lr", "num-silos", "pri
 IRRELEVANT = (("sketch.kind", ("none", ""),
                ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")),
               ("privacy.mode", ("off",), ("privacy.delta", "privacy.clip", "privacy.planned-rounds",
-                                          "privacy.noise-seed", "privacy.anchor-noise-ratio")),
-              ("attack.kind", ("none", ""), ("attack.fraction", "attack.ipm-epsilon", "attack.alie-z",
-                                             "attack.noise-std")))
+                                          "privacy.noise-seed", "privacy.anchor-noise-ratio")))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 

@@ -521,6 +521,34 @@ def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
                           f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
 
 
+#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
+INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
+
+
+def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
+    """The settings as results.csv holds them (strings), less those that do not act: the other
+    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
+    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
+    run the same federation."""
+    out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
+    for switch, off, prefix in INERT_UNLESS:
+        if out.get(switch) == off:
+            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
+    return out
+
+
+def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:
+    """A finished row of this sweep whose federation is this job's (:func:`acting_settings`
+    equal; fixed tuning only), e.g. privacy=off jobs of a sweep over ε: it need not run again."""
+    if str(sweep.get("tuning", "fixed")) != "fixed":
+        return None
+    mine = acting_settings(flat)
+    for r in results.rows():
+        if r["status"] in FINISHED and r.get("grid_points") in ("", "1") and acting_settings(r) == mine:
+            return r
+    return None
+
+
 def track(row: Mapping[str, Any], sweep: Mapping[str, Any]) -> None:
     """``sweep.tracking=mlflow``: log the job's run (from its files, app/tracking.py) to the
     experiment ``silofl/<sweep.name>``; a tracker that fails is a warning line, not a failed job."""
@@ -620,6 +648,14 @@ def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> 
     t0 = time.perf_counter()
     try:
         check_overrides(list(overrides or []), flat)
+        twin = same_federation(results, flat, sweep)
+        if twin is not None:  # its result is the twin's: one row that says so, nothing runs
+            print(f"[sweep] job {job} runs the same federation as job {twin['job']} (settings that do not act "
+                  "differ, e.g. privacy.epsilon with privacy.mode off); its row repeats that result", flush=True)
+            row |= {k: twin.get(k) for k in RESULT_FIELDS if k not in ("job", "error")}
+            row["error"] = f"same federation as job {twin['job']}"
+            results.append(row)
+            return row
         parse_settings(given)
         row |= run_job(given, sweep, job, sweep_dir)
     except ConfigError as exc:  # a bad value: one line (below), as app.launch says it; no traceback

@@ -226,3 +226,22 @@ def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkey
     assert cfg == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.5}, "init_args": {"address": "auto"}}
     with pytest.raises(sweep.ConfigError, match="client-cpus"):
         sweep.engine_backend_config(3, {"client-cpus": -1})
+
+
+def test_jobs_that_differ_only_in_settings_that_do_not_act_run_once(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """privacy=off with ε = 1, 3: one federation; the second job's row repeats it and says so.
+    The report then counts that seed once, at ε = ∞."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    rows = [sweep.sweep_job(nested(**{"privacy": "off", "privacy.epsilon": e, "sweep.name": "d"})) for e in (1, 3)]
+    rows.append(sweep.sweep_job(nested(**{"privacy.epsilon": 3, "sweep.name": "d"})))  # private: runs
+    assert len(calls) == 2 and [r["status"] for r in rows] == ["completed"] * 3
+    assert rows[1]["error"] == f"same federation as job {rows[0]['job']}"
+    assert float(rows[1]["test_error"]) == rows[0]["test_error"]
+    assert sweep.sweep_job(nested(**{"privacy": "off", "privacy.epsilon": 3, "sweep.name": "d"}))["status"] == "skipped"
+    pytest.importorskip("pandas")
+    md = report.GridReport.build(report.load_rows(tmp_path / "outputs/sweeps/d"), tmp_path).markdown()
+    assert "| ε = 3 | ε = ∞ |" in md and "| all | 15.00% (n=1) | 15.00% (n=1) |" in md
+    assert "1 job(s) repeat another's settings" in md
