@@ -12,7 +12,7 @@ network, which suits machines that cannot reach the internet; ``mlflow ui --back
 ``pip install 'silofl[tracking]'`` (mlflow-skinny, enough to log).
 
 What is logged, from the files alone (never from memory, so a finished run or a whole sweep can
-be logged afterwards): every setting of summary.json's ``config`` as a param; per round (step =
+be logged afterwards): every run-config setting of summary.json (``config.run_config``) as a param; per round (step =
 round) the numbers of its rounds.jsonl row (train loss, test error, max ε spent, uploads G(t),
 wall time, ...); the final test error / accuracy, max ε spent, each silo's ε spent and wall time
 as metrics; the status as a tag (an MLflow run ``FAILED`` unless the run completed);
@@ -97,9 +97,20 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def params_of(summary: Mapping[str, Any]) -> dict[str, str]:
-    """Every setting of the run (summary.json's ``config``), as MLflow params."""
+    """Every setting of the run as MLflow params, under the run-config names users type
+    (summary.json's ``config.run_config``; else its ``config``, nested keys joined with dots)."""
     config = summary.get("config") or {}
-    return {str(k): (v if isinstance(v, str) else json.dumps(v))[:PARAM_MAX] for k, v in sorted(config.items())}
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Mapping[str, Any]) -> None:
+        for k, v in node.items():
+            if isinstance(v, Mapping):
+                walk(f"{prefix}{k}.", v)
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk("", config.get("run_config") or config)
+    return {k: (v if isinstance(v, str) else json.dumps(v))[:PARAM_MAX] for k, v in sorted(flat.items())}
 
 
 def log_run(run_dir: str | Path, *, experiment: str = DEFAULT_EXPERIMENT, uri: str | None = None,

@@ -20,8 +20,9 @@ ROUNDS = [{"round": 1, "train_loss": 0.7, "test_error": 0.5, "eps_max": 0.5, "up
 def make_run(d: Path, name: str = "r1", status: str = "completed") -> Path:
     d.mkdir(parents=True)
     summary = {"run_name": name, "status": status, "test_error": 0.2, "test_accuracy": 0.8, "eps_max_spent": 1.5,
-               "wall_s": 3.0, "config": {"algorithm": "mbsgd", "privacy.epsilon": 1.5, "sketch.ratio": 0.25,
-                                         "mlp-hidden": "64"},
+               "wall_s": 3.0, "config": {"algorithm": "mbsgd", "sketch": {"kind": "srht", "ratio": 0.25},
+                                         "run_config": {"algorithm": "mbsgd", "privacy.epsilon": 1.5,
+                                                        "sketch.ratio": 0.25, "mlp-hidden": "64"}},
                "silos": [{"silo": 0, "eps_spent": 1.5}, {"silo": 1, "eps_spent": "inf"}]}
     (d / "summary.json").write_text(json.dumps(summary))
     (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROUNDS))
@@ -36,7 +37,8 @@ def test_a_run_is_logged_with_its_settings_metrics_per_round_and_files(tmp_path:
     client = mlflow.tracking.MlflowClient(uri)
     run = client.get_run(rid)
     assert run.data.params == {"algorithm": "mbsgd", "privacy.epsilon": "1.5", "sketch.ratio": "0.25",
-                               "mlp-hidden": "64"}
+                               "mlp-hidden": "64"}  # the run-config names
+    assert tracking.params_of({"config": {"a": 1, "sketch": {"kind": "srht"}}}) == {"a": "1", "sketch.kind": "srht"}
     hist = client.get_metric_history(rid, "test_error")
     assert [(m.step, m.value) for m in hist] == [(1, 0.5), (3, 0.2)]  # the rounds that evaluated
     assert [m.value for m in client.get_metric_history(rid, "eps_max")] == [0.5, 1.0, 1.5]
