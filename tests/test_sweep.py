@@ -75,6 +75,7 @@ def test_failed_job_is_recorded_and_resume_skips_completed_jobs(tmp_path: Path, 
 
 
 def test_report_tables_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("pandas", reason="app.report needs pandas (pyproject dependency; pip install pandas)")
     fields = sweep.ResultsFile(tmp_path / "results.csv")
     for algo, eps, seed, err in [("mbsgd", 1.5, 0, 0.10), ("mbsgd", 1.5, 1, 0.20), ("spider", 1.5, 0, 0.30),
                                  ("mbsgd", 3.0, 0, 0.05)]:
@@ -145,6 +146,7 @@ def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tm
                 "test_error": 0.6, "test_accuracy": 0.4, "rounds_rows": rows, "wall_s": 1.0, "overhead_s": 0.5,
                 "run_dir": "x", "client_errors": [], "silos": []}
 
+    pytest.importorskip("pandas", reason="app.report needs pandas (pyproject dependency; pip install pandas)")
     monkeypatch.setattr(sweep, "run_federation", diverging)
     job = nested(lr=50.0, **{"sweep.name": "h"})
     row = sweep.sweep_job(job)
