@@ -15,13 +15,19 @@ export OMP_NUM_THREADS := 1
 # is re-resolved; the build backend (hatchling) is fetched by pip's build isolation. `flwr run`
 # still ships the sources to the SuperLink as an app bundle (app.launch stages them).
 $(BIN)/.installed: pyproject.toml
+	@echo "[setup] 1/5 virtual environment $(VENV)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "[setup] 2/5 pip"
 	$(BIN)/pip install -q --upgrade pip
+	@echo "[setup] 3/5 torch and torchvision (the largest download: a few minutes on a first install)"
 	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	@echo "[setup] 4/5 the other dependencies of pyproject.toml (Flower, Ray, ...)"
 	$(BIN)/python scripts/print_requirements.py --dev > $(VENV)/requirements.txt
 	$(BIN)/pip install -q -r $(VENV)/requirements.txt
+	@echo "[setup] 5/5 silofl itself (editable)"
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
+	@echo "[setup] done"
 
 setup: $(BIN)/.installed
 

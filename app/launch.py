@@ -390,6 +390,7 @@ class _Stream:
         import threading
 
         self.proc, self.name, self.run_id = proc, name, None
+        self.t0, self.server_started = time.monotonic(), False
         self.last_line = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -403,8 +404,18 @@ class _Stream:
             sys.stdout.flush()
             if self.run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
                 self.run_id = m.group(1)
+                self._stage(f"run {self.run_id} accepted by the SuperLink; starting the simulation engine "
+                            "(Ray) and the ServerApp")
+            elif not self.server_started and f"[silofl] run {self.name}:" in line:
+                self.server_started = True
+                self._stage("ServerApp running; the engine starts the silos' ClientApps for round 1")
             if any(f"silofl run {self.name} {st}" in line for st in FINISHED) or "[silofl] run FAILED" in line:
                 self.last_line.set()
+
+    def _stage(self, what: str) -> None:
+        """A start-up stage line (the seconds before round 1 are otherwise silent)."""
+        sys.stdout.write(f"[silofl] stage +{time.monotonic() - self.t0:.1f}s: {what}\n")
+        sys.stdout.flush()
 
 
 def follow_run(proc: subprocess.Popen, name: str, summary_path: Path, poll_s: float = 0.1,
@@ -497,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.superlink:
         cmd += ["--federation-config", " ".join(fed_cfg)]
     summary_path = outputs / name / "summary.json"
+    where = f"SuperLink {args.superlink}" if args.superlink else f"{settings.simulation_nodes()} virtual SuperNodes"
+    print(f"[silofl] stage: flwr run {name} ({where}); start-up lines follow until round 1", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rc, run_id, summary = follow_run(proc, name, summary_path)
@@ -513,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     status = f"finished:{summary.get('status')}"
     print(f"[silofl] run {run_id}: status {status}, {wall:.1f}s wall, summary {summary_path}", flush=True)
     code, line = summary_verdict(summary, run_id, summary_path)
+    from app.tracking import track_from_env  # SILOFL_TRACKING=mlflow: the run's files to MLflow
+
+    track_from_env(summary_path.parent)
     if line:
         print(line, file=sys.stderr, flush=True)
     return code

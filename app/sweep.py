@@ -14,6 +14,13 @@ the sweep goes on; rerunning the sweep skips every job that already has a finish
 status ``completed``, or ``diverged`` / ``no-progress``, whose ``error`` holds the hint of
 app/run_health.py; rerunning the same seeds would diverge again) and runs failed ones again.
 
+After each job the sweep prints a progress line (jobs done of the sweep's total, failed,
+skipped, ETA); at its end one line per failed job (its overrides and error), and it exits 1 when
+any job failed, else 0. A bad value is one line (the config check's), never a traceback; a
+``sketch.*`` key given while the job has no sketch is refused (:func:`check_overrides`).
+``sweep.tracking=mlflow`` logs each finished job (app/tracking.py); ``sweep.ray-address`` (or
+``RAY_ADDRESS``) runs the engine on an existing Ray cluster (:func:`engine_backend_config`).
+
 Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
 ``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
 selects the point with the lowest validation error, and reports the test metrics of that point
@@ -29,6 +36,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -247,10 +255,11 @@ def lean_ray_start() -> bool:
     have it already; the runtime environment only makes Ray set up its runtime-env agent before
     the first actor (about 1.2 s of every simulation's round 1 on a 2-core machine). This
     replaces ``init_ray`` with the same code minus that argument; when the init args name an
-    ``address`` (a Ray cluster started elsewhere, which does not inherit this environment) it
-    calls Flower's own. On by default (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a
-    warning on a Flower release other than 1.42 or when ``init_ray`` is not the code it was
-    checked against. Returns whether the patch is in place."""
+    ``address`` or ``RAY_ADDRESS`` is set (a Ray cluster started elsewhere, which does not inherit
+    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default
+    (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a warning on a Flower release other than
+    1.42 or when ``init_ray`` is not the code it was checked against. Returns whether the patch
+    is in place."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if os.environ.get(LEAN_RAY_ENV, "").strip().lower() in ("0", "false", "no", "off"):
@@ -268,8 +277,8 @@ def lean_ray_start() -> bool:
         if ray.is_initialized():
             return
         ray_init_args: dict[str, Any] = dict(backend_config.get(self.init_args_key) or {})
-        if "address" in ray_init_args:  # a cluster started elsewhere: Flower's way
-            original(self, backend_config)
+        if "address" in ray_init_args or os.environ.get(RAY_ADDRESS_ENV):  # a cluster started elsewhere,
+            original(self, backend_config)  # whose workers do not inherit this environment: Flower's way
             return
         ray_init_args.setdefault("include_dashboard", False)
         pythonpath = os.pathsep.join(sys.path)
@@ -371,12 +380,35 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     return server, client
 
 
-def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None) -> dict[str, Any]:
+#: environment variable naming an existing Ray cluster (Ray's own): ``auto`` or ``HOST:PORT``
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def engine_backend_config(num_silos: int, sweep: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Flower's simulation backend config for one federation. Each virtual silo's ClientApp runs
+    in a Ray actor holding ``sweep.client-cpus`` CPUs and ``sweep.client-gpus`` GPUs (1 and 0 by
+    default); Flower sizes its actor pool from the resources Ray reports for the cluster
+    (``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``). On an existing Ray
+    cluster (``sweep.ray-address``, else the ``RAY_ADDRESS`` environment variable: ``auto`` or
+    ``HOST:PORT`` of a ``ray start --head``) Ray is joined, not started, and every node's CPUs
+    count; otherwise a local Ray starts with min(CPUs of this machine, silos) CPUs."""
+    sweep = sweep or {}
+    address = str(sweep.get("ray-address") or os.environ.get(RAY_ADDRESS_ENV, "")).strip()
+    cpus, gpus = float(sweep.get("client-cpus") or 1), float(sweep.get("client-gpus") or 0.0)
+    if cpus <= 0 or gpus < 0:
+        raise ConfigError(f"sweep.client-cpus = {cpus:g} / sweep.client-gpus = {gpus:g}; allowed: cpus > 0, gpus >= 0")
+    init: dict[str, Any] = {"address": address} if address else {"num_cpus": min(os.cpu_count() or 1, num_silos)}
+    return {"client_resources": {"num_cpus": cpus, "num_gpus": gpus}, "init_args": init}
+
+
+def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None,
+                   backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run one federation on the simulation engine; returns its summary.json plus wall time and
     engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
     ``warm``: reuse the engine's actors across the federations of this process (and end each
     federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
-    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset)."""
+    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset). ``backend``:
+    the sweep's Ray settings (:func:`engine_backend_config`)."""
     from flwr.simulation import run_simulation
 
     engine_env()
@@ -391,8 +423,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     server, client = simulation_apps(run_config)
     t0 = time.perf_counter()
     run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": min(os.cpu_count() or 1, s.num_silos)}})
+                   backend_config=engine_backend_config(s.num_silos, backend))
     wall = time.perf_counter() - t0
     if not (out / "summary.json").exists():
         raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
@@ -431,7 +462,10 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         # each point's own presets: a point that sets the model or the algorithm gets their values
         cfg = resolve_presets(base | point) | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         parse_settings(cfg)
-        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"))
+        ray = {k: sweep[k] for k, default in (("ray-address", None), ("client-cpus", 1), ("client-gpus", 0.0))
+               if sweep.get(k) is not None and sweep[k] != default}  # passed only when not the default
+        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"),
+                                **({"backend": ray} if ray else {}))
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
@@ -467,8 +501,140 @@ def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
         return dict(flat)
 
 
-def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
-    """Run (or skip) one job of a sweep from its composed config; returns the row written."""
+#: run-config keys that mean nothing without a sketch: setting one with sketch.kind none would
+#: run the same federation under another name (issue 27)
+SKETCH_ONLY_KEYS = ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The keys a job's Hydra overrides set (``sketch.ratio=0.1`` -> sketch.ratio, ``+a.b=1`` -> a.b)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+
+
+def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
+    """Refuse what would run a different experiment than the one asked for: a sketch setting
+    given on the command line (or swept) while the job runs without a sketch."""
+    given = [k for k in override_keys(overrides) if k in SKETCH_ONLY_KEYS]
+    if given and str(flat.get("sketch.kind", "none")) == "none":
+        key = given[0]
+        raise ConfigError(f"{key} = {flat.get(key)!r} is set but sketch.kind = 'none' (no sketch, so every value "
+                          f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
+
+
+#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
+INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
+
+
+def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
+    """The settings as results.csv holds them (strings), less those that do not act: the other
+    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
+    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
+    run the same federation."""
+    out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
+    for switch, off, prefix in INERT_UNLESS:
+        if out.get(switch) == off:
+            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
+    return out
+
+
+def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:
+    """A finished row of this sweep whose federation is this job's (:func:`acting_settings`
+    equal; fixed tuning only), e.g. privacy=off jobs of a sweep over ε: it need not run again."""
+    if str(sweep.get("tuning", "fixed")) != "fixed":
+        return None
+    mine = acting_settings(flat)
+    for r in results.rows():
+        if r["status"] in FINISHED and r.get("grid_points") in ("", "1") and acting_settings(r) == mine:
+            return r
+    return None
+
+
+def track(row: Mapping[str, Any], sweep: Mapping[str, Any]) -> None:
+    """``sweep.tracking=mlflow``: log the job's run (from its files, app/tracking.py) to the
+    experiment ``silofl/<sweep.name>``; a tracker that fails is a warning line, not a failed job."""
+    kind = str(sweep.get("tracking") or os.environ.get("SILOFL_TRACKING") or "none")
+    if kind == "none" or row.get("status") not in FINISHED or not row.get("run_dir"):
+        return
+    from app import tracking
+
+    try:
+        if kind not in tracking.TRACKERS:
+            raise tracking.TrackingError(f"sweep.tracking = {kind!r}; allowed: {', '.join(tracking.TRACKERS)}")
+        tracking.log_run(row["run_dir"], experiment=f"{tracking.DEFAULT_EXPERIMENT}/{sweep.get('name', 'default')}",
+                         uri=sweep.get("tracking-uri"), tags={"silofl.job": str(row.get("job", ""))})
+    except Exception as exc:  # the job's result stands in results.csv
+        print(f"[sweep] job {row.get('job')}: not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """The sweep's progress in this process (Hydra's basic launcher runs jobs one after another in
+    it): jobs done, failed and skipped, the failed ones, and an ETA from the jobs that ran."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.t0 = time.perf_counter()
+        self.rows: list[dict[str, Any]] = []
+        self.ran_s: list[float] = []
+
+    def record(self, row: Mapping[str, Any], overrides: list[str], seconds: float) -> str:
+        """Note one finished job; returns its progress line."""
+        self.rows.append(dict(row) | {"overrides": " ".join(overrides)})
+        if row.get("status") != "skipped":
+            self.ran_s.append(seconds)
+        done = len(self.rows)
+        counts = {st: sum(r.get("status") == st for r in self.rows) for st in ("failed", "skipped")}
+        finished = done - counts["failed"] - counts["skipped"]
+        eta = ""
+        if self.total is not None and self.ran_s:
+            left = max(self.total - done, 0)
+            eta = f", ETA {_duration(left * statistics.mean(self.ran_s))}"
+        of = f"/{self.total}" if self.total is not None else ""
+        return (f"[sweep] progress {done}{of} jobs: {finished} ran to their end, {counts['failed']} failed, "
+                f"{counts['skipped']} skipped; elapsed {_duration(time.perf_counter() - self.t0)}{eta}")
+
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("status") == "failed"]
+
+    def closing(self) -> list[str]:
+        """The sweep's last lines: counts, and one line per failed job (its overrides, its error)."""
+        failed = self.failed()
+        statuses = sorted({str(r.get("status")) for r in self.rows})
+        counts = ", ".join(f"{sum(r.get('status') == st for r in self.rows)} {st}" for st in statuses)
+        lines = [f"[sweep] done: {len(self.rows)} jobs ({counts or 'none'}) in "
+                 f"{_duration(time.perf_counter() - self.t0)}"]
+        for r in failed[:20]:
+            lines.append(f"[sweep] FAILED job {r.get('job')} ({r['overrides'] or 'no overrides'}): {r.get('error')}")
+        if len(failed) > 20:
+            lines.append(f"[sweep] ... and {len(failed) - 20} more failed jobs (status failed in results.csv)")
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+PROGRESS = Progress()
+
+
+def sweep_size(argv: list[str], params: Mapping[str, Any] | None) -> int | None:
+    """How many jobs Hydra's basic sweeper makes of the config's ``hydra.sweeper.params`` and the
+    command line's overrides (their product); None when it cannot tell."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        args = [f"{k}={v}" for k, v in (params or {}).items()]
+        args += [a for a in argv if "=" in a and not a.startswith("-")]
+        overrides = OverridesParser.create().parse_overrides(args)
+        return len(BasicSweeper.split_arguments(overrides, None)[0])
+    except Exception:  # a sweep type only Hydra's config loader can expand: no total
+        return None
+
+
+def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run (or skip) one job of a sweep from its composed config; returns the row written.
+    ``overrides``: the job's Hydra overrides (checked by :func:`check_overrides`)."""
     sweep = dict(nested.get("sweep") or {})
     given = flatten_run_config(nested)
     flat = _resolved(given)  # the row and the job id hold the values run, not "preset"
@@ -481,28 +647,61 @@ def sweep_job(nested: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = dict(flat) | {"job": job}
     t0 = time.perf_counter()
     try:
+        check_overrides(list(overrides or []), flat)
+        twin = same_federation(results, flat, sweep)
+        if twin is not None:  # its result is the twin's: one row that says so, nothing runs
+            print(f"[sweep] job {job} runs the same federation as job {twin['job']} (settings that do not act "
+                  "differ, e.g. privacy.epsilon with privacy.mode off); its row repeats that result", flush=True)
+            row |= {k: twin.get(k) for k in RESULT_FIELDS if k not in ("job", "error")}
+            row["error"] = f"same federation as job {twin['job']}"
+            results.append(row)
+            return row
         parse_settings(given)
         row |= run_job(given, sweep, job, sweep_dir)
+    except ConfigError as exc:  # a bad value: one line (below), as app.launch says it; no traceback
+        row |= {"status": "failed", "error": f"ConfigError: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # recorded, and the sweep goes on
         traceback.print_exc()
         row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     results.append(row)
-    te = row.get("test_error")
-    print(f"[sweep] job {job}: {row['status']}, test error {'-' if te in (None, '') else f'{te:.2%}'}, "
-          f"wall {row.get('wall_s', 0):.1f}s, overhead {row.get('overhead_s', math.nan):.1f}s -> {results.path}",
-          flush=True)
+    track(row, sweep)
+    if row["status"] == "failed":
+        what = f"config error: {row['error'].removeprefix('ConfigError: ')}" if row["error"].startswith("ConfigError") \
+            else f"failed: {row['error'][:300]}"
+        print(f"[sweep] job {job}: {what} -> {results.path}", file=sys.stderr, flush=True)
+    else:
+        te = row.get("test_error")
+        print(f"[sweep] job {job}: {row['status']}, test error {'-' if te in (None, '') else f'{te:.2%}'}, "
+              f"wall {row.get('wall_s', 0):.1f}s, overhead {row.get('overhead_s', math.nan):.1f}s -> {results.path}",
+              flush=True)
     return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Hydra's entry; exit code 0 when every job ran to its end (or was skipped), 1 when any job
+    failed (each listed with its overrides and error; results.csv has them all)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
+    argv = sys.argv[1:] if argv is None else argv
+
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:
-        sweep_job(OmegaConf.to_container(cfg, resolve=True))
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        if PROGRESS.total is None and not PROGRESS.rows:
+            params = OmegaConf.to_container(hc.sweeper.params, resolve=True) if hc.sweeper.get("params") else None
+            PROGRESS.total = sweep_size(argv, params) if str(hc.mode) == "RunMode.MULTIRUN" else 1
+        overrides = list(hc.overrides.task)
+        t0 = time.perf_counter()
+        row = sweep_job(OmegaConf.to_container(cfg, resolve=True), overrides)
+        print(PROGRESS.record(row, overrides, time.perf_counter() - t0), flush=True)
 
     _job()
+    for line in PROGRESS.closing() if PROGRESS.rows else []:  # nothing ran: --help, --cfg
+        print(line, file=sys.stderr if "FAILED" in line else sys.stdout, flush=True)
+    return 1 if PROGRESS.failed() else 0
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ def test_failed_job_is_recorded_and_resume_skips_completed_jobs(tmp_path: Path, 
 
 
 def test_report_tables_and_plots(tmp_path: Path) -> None:
+    pytest.importorskip("pandas", reason="app.report needs pandas (pyproject dependency; pip install pandas)")
     fields = sweep.ResultsFile(tmp_path / "results.csv")
     for algo, eps, seed, err in [("mbsgd", 1.5, 0, 0.10), ("mbsgd", 1.5, 1, 0.20), ("spider", 1.5, 0, 0.30),
                                  ("mbsgd", 3.0, 0, 0.05)]:
@@ -85,8 +86,9 @@ def test_report_tables_and_plots(tmp_path: Path) -> None:
     fields.append({"job": "f", "status": "failed", "algorithm": "spider", "privacy.epsilon": 3.0, "error": "boom"})
     report.main([str(tmp_path)])
     md = (tmp_path / "results.md").read_text()
-    assert "| mbsgd | none | 15.00% ± 7.07% (n=2) | 5.00% ± 0.00% (n=1) | 2.00% ± 0.00% (n=1) |" in md
-    assert "| spider | none | 30.00% ± 0.00% (n=1) | n/a | n/a |" in md and "boom" in md
+    assert "| algorithm | ε = 1.5 | ε = 3 | ε = ∞ |" in md  # privacy off is ε = ∞
+    assert "| mbsgd | 15.00% ± 7.07% (n=2) | 5.00% (n=1) | 2.00% (n=1) |" in md
+    assert "| spider | 30.00% (n=1) | n/a | n/a |" in md and "boom" in md
     assert (tmp_path / "error_vs_epsilon.png").stat().st_size > 1000
 
 
@@ -104,7 +106,7 @@ def test_hydra_multirun_on_the_simulation_engine(tmp_path: Path) -> None:
     for r in rows:
         assert max(json.loads(r["eps_per_silo"])) <= float(r["privacy.epsilon"]) and float(r["test_error"]) < 0.4
     again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert again.stdout.count("skipped") == 2
+    assert again.stdout.count("already has a result") == 2 and again.returncode == 0
 
 
 def test_the_simulation_client_app_answers_every_query_the_server_sends(tmp_path: Path) -> None:
@@ -144,6 +146,7 @@ def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tm
                 "test_error": 0.6, "test_accuracy": 0.4, "rounds_rows": rows, "wall_s": 1.0, "overhead_s": 0.5,
                 "run_dir": "x", "client_errors": [], "silos": []}
 
+    pytest.importorskip("pandas", reason="app.report needs pandas (pyproject dependency; pip install pandas)")
     monkeypatch.setattr(sweep, "run_federation", diverging)
     job = nested(lr=50.0, **{"sweep.name": "h"})
     row = sweep.sweep_job(job)
@@ -151,5 +154,96 @@ def test_an_unhealthy_job_is_a_result_kept_on_resume_and_listed_in_the_report(tm
     assert sweep.sweep_job(job)["status"] == "skipped" and len(calls) == 1
     report.main([str(tmp_path / "outputs/sweeps/h")])
     md = (tmp_path / "outputs/sweeps/h/results.md").read_text()
-    assert "| mbsgd | none | 60.00% ± 0.00% (n=1) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
+    assert "| all | 60.00% (n=1; 1 diverged) |" in md and "Jobs: 1 (0 failed, 1 diverged)" in md
     assert "- diverged job" in md and "lr=50 is too large" in md
+
+
+def run_sweep_main(args: list[str], tmp_path: Path, fake: bool = True) -> subprocess.CompletedProcess:
+    """``python -m app.sweep ARGS`` in a child process (Hydra's basic launcher); ``fake``: the
+    engine stood in for by fake_federation."""
+    code = ("import sys, app.sweep as s, tests.test_sweep as t\n"
+            + ("s.run_federation = t.fake_federation([])\n" if fake else "") + "sys.exit(s.main())")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code, *args, "sweep.name=t"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_sketch_ratio_without_a_sketch_is_refused_in_one_line_and_the_sweep_exits_1(tmp_path: Path) -> None:
+    """Before: two identical federations (kind none) under two k/n values, exit 0."""
+    proc = run_sweep_main(["-m", "sketch.ratio=0.1,0.5"], tmp_path)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 1
+    assert err.count("config error: sketch.ratio = 0.1 is set but sketch.kind = 'none'") == 1
+    assert "Traceback" not in out + err and "nan" not in out
+    assert "[sweep] done: 2 jobs (2 failed)" in out
+    assert err.count("[sweep] FAILED job") == 2 and "(sketch.ratio=0.5 sweep.name=t):" in err
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/t/results.csv").open()))
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+
+
+def test_a_sweep_with_a_sketch_reports_progress_and_exits_0(tmp_path: Path) -> None:
+    proc = run_sweep_main(["-m", "sketch=srht", "sketch.ratio=0.1,0.5", "seed=0,1"], tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[sweep] progress 1/4 jobs: 1 ran to their end, 0 failed, 0 skipped" in out and "ETA" in out
+    assert "[sweep] progress 4/4 jobs" in out and "[sweep] done: 4 jobs (4 completed)" in out
+    rows = list(csv.DictReader((tmp_path / "outputs/sweeps/t/results.csv").open()))
+    assert sorted(float(r["sketch.ratio"]) for r in rows) == [0.1, 0.1, 0.5, 0.5]
+
+
+def test_a_bad_value_inside_a_sweep_is_the_one_line_config_error(tmp_path: Path) -> None:
+    """Before: a traceback for the bad job, and the sweep exited 0."""
+    proc = run_sweep_main(["-m", "privacy.epsilon=1,-3"], tmp_path)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out + err
+    assert "config error: privacy.epsilon = -3" in err
+    assert "[sweep] done: 2 jobs (1 completed, 1 failed)" in out
+    assert "FAILED job" in err and "(privacy.epsilon=-3 sweep.name=t):" in err
+
+
+def test_every_run_config_dataset_name_is_a_hydra_dataset_option() -> None:
+    """Hydra's `dataset=NAME` takes the run config's names (fashion-mnist, ...); fmnist-iid and
+    fmnist-pairs stay as named setups of fashion-mnist."""
+    from app.config import DATASETS
+
+    for name in DATASETS:
+        assert nested(dataset=name)["dataset"] == name
+    flat = sweep.flatten_run_config
+    assert flat(nested(dataset="fmnist-iid")) == flat(nested(dataset="fashion-mnist"))
+    pairs = flat(nested(dataset="fmnist-pairs"))
+    assert (pairs["dataset"], pairs["partition"], pairs["num-silos"]) == ("fashion-mnist", "even-odd-pairs", 25)
+
+
+def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local: Ray starts with min(CPUs, silos) CPUs. With a cluster address (sweep.ray-address or
+    RAY_ADDRESS) Ray is joined with no CPU count of ours (ray.init refuses num_cpus then, and Flower
+    sizes its actor pool from every node's CPUs); per-actor resources come from the sweep."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    local = sweep.engine_backend_config(3)
+    assert local["init_args"] == {"num_cpus": min(os.cpu_count() or 1, 3)}
+    assert local["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert sweep.engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
+    cfg = sweep.engine_backend_config(3, {"ray-address": "auto", "client-cpus": 2, "client-gpus": 0.5})
+    assert cfg == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.5}, "init_args": {"address": "auto"}}
+    with pytest.raises(sweep.ConfigError, match="client-cpus"):
+        sweep.engine_backend_config(3, {"client-cpus": -1})
+
+
+def test_jobs_that_differ_only_in_settings_that_do_not_act_run_once(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """privacy=off with ε = 1, 3: one federation; the second job's row repeats it and says so.
+    The report then counts that seed once, at ε = ∞."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    rows = [sweep.sweep_job(nested(**{"privacy": "off", "privacy.epsilon": e, "sweep.name": "d"})) for e in (1, 3)]
+    rows.append(sweep.sweep_job(nested(**{"privacy.epsilon": 3, "sweep.name": "d"})))  # private: runs
+    assert len(calls) == 2 and [r["status"] for r in rows] == ["completed"] * 3
+    assert rows[1]["error"] == f"same federation as job {rows[0]['job']}"
+    assert float(rows[1]["test_error"]) == rows[0]["test_error"]
+    assert sweep.sweep_job(nested(**{"privacy": "off", "privacy.epsilon": 3, "sweep.name": "d"}))["status"] == "skipped"
+    pytest.importorskip("pandas")
+    md = report.GridReport.build(report.load_rows(tmp_path / "outputs/sweeps/d"), tmp_path).markdown()
+    assert "| ε = 3 | ε = ∞ |" in md and "| all | 15.00% (n=1) | 15.00% (n=1) |" in md
+    assert "1 job(s) repeat another's settings" in md

@@ -1,0 +1,233 @@
+"""Experiment tracking: a run's files (summary.json, rounds.jsonl) logged to MLflow.
+
+    python -m app.tracking outputs/<run>                # one run (a folder with summary.json)
+    python -m app.tracking outputs/sweeps/<name>        # every job of a sweep + the report's files
+    python -m app.sweep -m ... sweep.tracking=mlflow     # each job as it finishes
+    SILOFL_TRACKING=mlflow python -m app.launch ...      # a run when it has ended (and sweeps)
+
+MLflow rather than W&B, because its store is embedded: a local folder (``./mlruns``, or
+``MLFLOW_TRACKING_URI`` / ``--uri``, e.g. ``sqlite:///mlflow.db``) with no server, account or
+network, which suits machines that cannot reach the internet; ``mlflow ui --backend-store-uri
+./mlruns --host 127.0.0.1`` (the full ``mlflow`` package) browses it on loopback. It is optional:
+``pip install 'silofl[tracking]'`` (mlflow-skinny, enough to log).
+
+What is logged, from the files alone (never from memory, so a finished run or a whole sweep can
+be logged afterwards): every run-config setting of summary.json (``config.run_config``) as a param; per round (step =
+round) the numbers of its rounds.jsonl row (train loss, test error, max ε spent, uploads G(t),
+wall time, ...); the final test error / accuracy, max ε spent, each silo's ε spent and wall time
+as metrics; the status as a tag (an MLflow run ``FAILED`` unless the run completed);
+summary.json, rounds.jsonl and any figures as artifacts. The MLflow run is tagged with the
+silofl run name (and the sweep's job id), so logging the same run again is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from app.results import load_rounds
+
+TRACKERS = ("none", "mlflow")
+#: the experiment runs go to when none is named
+DEFAULT_EXPERIMENT = "silofl"
+#: the tag that names the silofl run an MLflow run holds
+RUN_TAG = "silofl.run"
+#: MLflow's limit on a param value's length (characters)
+PARAM_MAX = 6000
+
+
+class TrackingError(RuntimeError):
+    """The tracker cannot be used (not installed, bad URI)."""
+
+
+def _mlflow() -> Any:
+    try:
+        import mlflow
+    except ImportError:
+        raise TrackingError("tracking = mlflow needs MLflow: pip install 'silofl[tracking]' (or mlflow-skinny)") from None
+    return mlflow
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """``uri``, else ``MLFLOW_TRACKING_URI``, else the local file store ``./mlruns``. MLflow 3
+    keeps its file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE`` is
+    true: set here (when not set) for a file store, the embedded default that needs neither a
+    server nor a database package; ``sqlite:///mlflow.db`` is the alternative with the full mlflow."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path.cwd() / "mlruns").as_uri()
+    if uri.startswith("file:") or "://" not in uri:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return uri
+
+
+def _finite(value: Any) -> float | None:
+    """A metric value: a finite number (bools and "inf" / "nan" strings are not), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def round_metrics(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, float, int]]:
+    """(key, value, step = round) for every finite number of every rounds.jsonl row."""
+    out = []
+    for r in rows:
+        step = int(r.get("round", 0))
+        for k, v in r.items():
+            if k != "round" and (x := _finite(v)) is not None:
+                out.append((k, x, step))
+    return out
+
+
+def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The run's end: test error / accuracy, train loss, max ε spent, each silo's ε, wall time."""
+    out = {f"final_{k}": x for k in ("test_error", "test_accuracy", "train_loss", "val_error")
+           if (x := _finite(summary.get(k))) is not None}
+    for k in ("eps_max_spent", "wall_s"):
+        if (x := _finite(summary.get(k))) is not None:
+            out[k] = x
+    for i, silo in enumerate(summary.get("silos") or []):
+        if (x := _finite(silo.get("eps_spent"))) is not None:
+            out[f"eps_spent_silo{silo.get('silo', i)}"] = x
+    return out
+
+
+def params_of(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Every setting of the run as MLflow params, under the run-config names users type
+    (summary.json's ``config.run_config``; else its ``config``, nested keys joined with dots)."""
+    config = summary.get("config") or {}
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Mapping[str, Any]) -> None:
+        for k, v in node.items():
+            if isinstance(v, Mapping):
+                walk(f"{prefix}{k}.", v)
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    walk("", config.get("run_config") or config)
+    return {k: (v if isinstance(v, str) else json.dumps(v))[:PARAM_MAX] for k, v in sorted(flat.items())}
+
+
+def log_run(run_dir: str | Path, *, experiment: str = DEFAULT_EXPERIMENT, uri: str | None = None,
+            tags: Mapping[str, str] | None = None, artifacts: Iterable[str | Path] = ()) -> str | None:
+    """Log one finished run (its summary.json and rounds.jsonl) as an MLflow run; returns its
+    MLflow run id, or None when a run with this silofl run name is already in the experiment."""
+    _mlflow()
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    run_dir = Path(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rounds = load_rounds(run_dir / "rounds.jsonl") if (run_dir / "rounds.jsonl").exists() else []
+    name = str(summary.get("run_name") or run_dir.name)
+    client = MlflowClient(tracking_uri(uri))
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    if client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{name}'", max_results=1):
+        return None
+    status = str(summary.get("status", "unknown"))
+    run = client.create_run(exp_id, run_name=name, tags={RUN_TAG: name, "silofl.status": status, **(tags or {})})
+    rid = run.info.run_id
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, step) for k, v, step in round_metrics(rounds)]
+    last = int(rounds[-1]["round"]) if rounds else 0
+    metrics += [Metric(k, v, now, last) for k, v in final_metrics(summary).items()]
+    params = [Param(k, v) for k, v in params_of(summary).items()]
+    for j in range(0, len(params), 100):  # MLflow's batch limits: 100 params, 1000 metrics
+        client.log_batch(rid, params=params[j:j + 100])
+    for j in range(0, len(metrics), 1000):
+        client.log_batch(rid, metrics=metrics[j:j + 1000])
+    client.set_tag(rid, "silofl.rounds", str(len(rounds)))
+    for path in [run_dir / "summary.json", run_dir / "rounds.jsonl", *map(Path, artifacts)]:
+        if path.exists():
+            client.log_artifact(rid, str(path))
+    client.set_terminated(rid, status="FINISHED" if status == "completed" else "FAILED")
+    return rid
+
+
+#: environment variable that turns tracking on for `python -m app.launch` runs and sweeps: "mlflow"
+TRACKING_ENV = "SILOFL_TRACKING"
+
+
+def track_from_env(run_dir: str | Path, tags: Mapping[str, str] | None = None) -> str | None:
+    """Log ``run_dir`` when ``SILOFL_TRACKING=mlflow`` (store: ``MLFLOW_TRACKING_URI``, else
+    ./mlruns); a tracker that fails is one warning line on stderr, never the run's failure."""
+    import sys
+
+    kind = os.environ.get(TRACKING_ENV, "none").strip().lower() or "none"
+    if kind == "none":
+        return None
+    try:
+        if kind not in TRACKERS:
+            raise TrackingError(f"{TRACKING_ENV} = {kind!r}; allowed: {', '.join(TRACKERS)}")
+        rid = log_run(run_dir, tags=tags)
+        print(f"[tracking] {Path(run_dir).name} -> MLflow {tracking_uri()} (run {rid or 'already logged'})", flush=True)
+        return rid
+    except Exception as exc:
+        print(f"[tracking] not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def log_sweep(sweep_dir: str | Path, *, experiment: str | None = None, uri: str | None = None) -> list[str]:
+    """Log every finished job of a sweep that has its run folder (skipping those logged before),
+    and a run ``<name>/report`` with the report's files (results.md, summary.csv, figures) as
+    artifacts when app.report has written them. Returns the MLflow run ids logged now."""
+    import csv
+
+    sweep_dir = Path(sweep_dir)
+    experiment = experiment or f"{DEFAULT_EXPERIMENT}/{sweep_dir.name}"
+    with (sweep_dir / "results.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    logged = []
+    for r in rows:
+        recorded = Path(r.get("run_dir") or "")
+        for d in (recorded, sweep_dir / "runs" / recorded.name):
+            if str(recorded) and (d / "summary.json").exists():
+                rid = log_run(d, experiment=experiment, uri=uri, tags={"silofl.job": r.get("job", "")})
+                logged += [rid] if rid else []
+                break
+    files = [p for p in sorted(sweep_dir.iterdir()) if p.suffix in (".md", ".png", ".pdf") or p.name == "summary.csv"]
+    if files:
+        _mlflow()
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri(uri))
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        run = client.create_run(exp_id, run_name=f"{sweep_dir.name}/report", tags={"silofl.sweep": sweep_dir.name})
+        for p in files:
+            client.log_artifact(run.info.run_id, str(p))
+        client.set_terminated(run.info.run_id)
+        logged.append(run.info.run_id)
+    return logged
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", type=Path, help="a run folder (summary.json) or a sweep folder (results.csv)")
+    ap.add_argument("--uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlruns)")
+    ap.add_argument("--experiment", default=None, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT}, "
+                    f"or {DEFAULT_EXPERIMENT}/<sweep name>)")
+    args = ap.parse_args(argv)
+    try:
+        if (args.path / "results.csv").exists():
+            ids = log_sweep(args.path, experiment=args.experiment, uri=args.uri)
+        elif (args.path / "summary.json").exists():
+            ids = [i for i in [log_run(args.path, experiment=args.experiment or DEFAULT_EXPERIMENT, uri=args.uri)] if i]
+        else:
+            print(f"tracking: {args.path} has neither summary.json nor results.csv")
+            return 2
+    except TrackingError as exc:
+        print(f"tracking: {exc}")
+        return 2
+    print(f"[tracking] logged {len(ids)} MLflow run(s) to {tracking_uri(args.uri)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
