@@ -53,7 +53,8 @@ from app.models.losses import cross_entropy
 from app.seeding import np_rng
 from app.attacks import MODEL_ATTACKS, byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
-from strategies.loop import Ask, FederatedOptimizer, StepResult
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer
 from strategies.replies import Params, flatten
 from strategies.byzantine_harness import attack_messages
 
@@ -294,8 +295,8 @@ class ByzantineRobust(FederatedOptimizer):
         counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
         self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(self.phase, w)
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        updates = yield Exchange(self.phase, w)
         if not updates:
             return StepResult(None)
         nodes = updates.nodes

@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer
 from strategies.replies import Params
 
 
 class LocalSGD(FederatedOptimizer):
     algorithms = ("localsgd",)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(Phase.LOCAL, w)
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        updates = yield Exchange(Phase.LOCAL, w)
         if not updates:
             return StepResult(None)
         delta = updates.mean()

@@ -1,14 +1,15 @@
 """The server's round loop, shared by every optimiser.
 
 Each round the loop samples M of the N silo nodes uniformly at random (the paper's Assumption 3)
-and calls the optimiser's one hook,
+and runs the optimiser's one hook, a generator of exchanges (strategies/exchange.py),
 
-    step(rnd, w, ask) -> StepResult(new model or None, extra row entries)
+    exchanges(rnd, w): updates = yield Exchange(phase, at, prev); ...; return StepResult(model, row)
 
-where ``ask(phase, at, prev=None)`` sends the sampled silos an :class:`~app.wire.Instruction`
-for one release and returns their valid decoded replies (:class:`~strategies.replies.Updates`;
-an invalid, refused or failed reply counts as a dropped silo). A round may hold several
-exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step that would leave it
+each yielded exchange sends the sampled silos an :class:`~app.wire.Instruction` for one release
+and gets back their valid decoded replies (:class:`~strategies.replies.Updates`; an invalid,
+refused or failed reply counts as a dropped silo). A round may hold several exchanges
+(Fed-SPIDER's two uploads) under :meth:`FederatedOptimizer.run`, silofl's driver; a round of one
+exchange also runs under Flower's own ``Strategy.start`` (strategies/flower_rounds.py). The loop then guards the model (a step that would leave it
 non-finite or outside float32's range is skipped and logged, and the row says ``step_skipped``),
 evaluates, and records the round (``non_finite_updates``: silos that refused because their update
 came out non-finite; both keys only when it happened, for app/run_health.py).
@@ -54,6 +55,8 @@ from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
+from strategies.exchange import Exchange, Round, RoundContext, StepResult
+from strategies.flower_rounds import FlowerRounds
 from strategies.messaging import is_unavailable
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
@@ -72,14 +75,6 @@ class ClientAppsFailed(RuntimeError):
     """With fail-on-client-error, a round in which a ClientApp failed ends the run: the run is
     failed anyway, and the failure (a node without the device asked for, data it cannot read)
     would repeat every round while the other silos spend their privacy budgets."""
-
-
-@dataclass
-class StepResult:
-    """What a step returns: the next model (None: unchanged) and extra entries for the round's row."""
-
-    model: Params | None
-    row: dict[str, Any] = field(default_factory=dict)
 
 
 class IterateSampler:
@@ -108,9 +103,12 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class FederatedOptimizer:
-    """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers.
-    Subclasses name the algorithms they serve and implement :meth:`step`."""
+class FederatedOptimizer(FlowerRounds):
+    """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers: a
+    ``flwr.serverapp.strategy.Strategy``. Subclasses name the algorithms they serve and implement
+    :meth:`exchanges`. Flower's own ``start`` runs a one-exchange optimiser
+    (strategies/flower_rounds.py); :meth:`run` is silofl's driver of the same class (node
+    waiting, checkpoints, folded evaluation, the shuffler relay, several exchanges a round)."""
 
     #: the algorithm names (app/algorithms/) this optimiser is the server step of
     algorithms: ClassVar[tuple[str, ...]] = ()
@@ -119,6 +117,8 @@ class FederatedOptimizer:
     state_attrs: ClassVar[tuple[str, ...]] = ()
     #: carry each round's evaluation in the next round's first exchange (False: an exchange of its own)
     fold_evaluation: ClassVar[bool] = True
+    #: the most exchanges one round asks (1: the optimiser also runs under Flower's own start)
+    exchanges_per_round: ClassVar[int] = 1
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
                  node_wait_s: float | None = None) -> None:
@@ -151,9 +151,21 @@ class FederatedOptimizer:
         self.pending: dict[str, Any] | None = None
 
     # -- the optimiser's hooks ----------------------------------------------------------------
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        """One round from model ``w``: ask the silos for releases, return the next model."""
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        """One round from model ``w``: yield an :class:`Exchange` per release asked of the
+        sampled silos (receiving their valid replies), return the :class:`StepResult`."""
         raise NotImplementedError
+        yield  # pragma: no cover (a generator)
+
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        """Run :meth:`exchanges` with ``ask(phase, at, prev)`` answering each exchange."""
+        gen = self.exchanges(rnd, w)
+        try:
+            ex = next(gen)
+            while True:
+                ex = gen.send(ask(ex.phase, ex.at, ex.prev))
+        except StopIteration as stop:
+            return stop.value if stop.value is not None else StepResult(None)
 
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Once, after the nodes have connected and before round 1."""
@@ -163,6 +175,18 @@ class FederatedOptimizer:
         return self.algorithm.round_phases(self.s, rnd)[0]
 
     # -- the state a checkpoint holds -------------------------------------------------------------
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimiser's own state (its ``state_attrs``), what it carries from round to round."""
+        return {name: getattr(self, name) for name in self.state_attrs}
+
+    def restore_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`optimizer_state`'s output."""
+        missing = [name for name in self.state_attrs if name not in state]
+        if missing:
+            raise KeyError(f"{type(self).__name__}: the checkpoint has no {', '.join(missing)}")
+        for name in self.state_attrs:
+            setattr(self, name, state[name])
+
     def state(self, rnd: int, w: Params) -> dict[str, Any]:
         """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
         return {
@@ -173,7 +197,7 @@ class FederatedOptimizer:
                         "rng": self.sampler.rng},
             "relay_exchanges": self.relay.exchanges if self.relay is not None else 0,
             "pending": self.pending,
-            "optimizer": {name: getattr(self, name) for name in self.state_attrs},
+            "optimizer": self.optimizer_state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> tuple[int, Params]:
@@ -189,15 +213,14 @@ class FederatedOptimizer:
         if self.relay is not None:
             self.relay.exchanges = int(state["relay_exchanges"])
         self.pending = state.get("pending")
-        for name in self.state_attrs:
-            setattr(self, name, state["optimizer"][name])
+        self.restore_optimizer_state(state["optimizer"])
         w = {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
         return int(state["round"]), w
 
     # -- the loop -------------------------------------------------------------------------------
-    def start(self, grid: Grid, initial: Params, num_rounds: int, timeout: float,
-              checkpoint: Checkpointer | None = None, resume: dict[str, Any] | None = None) -> RunResult:
-        """Run rounds 1..``num_rounds`` from ``initial`` (or, with ``resume``, a checkpoint's
+    def run(self, grid: Grid, initial: Params, num_rounds: int, timeout: float,
+            checkpoint: Checkpointer | None = None, resume: dict[str, Any] | None = None) -> RunResult:
+        """silofl's driver (Flower's ``start`` is the other). Run rounds 1..``num_rounds`` from ``initial`` (or, with ``resume``, a checkpoint's
         state, the rounds after its round); ``checkpoint`` is called after every round.
         Returns the output iterate."""
         self.summary()
@@ -258,19 +281,42 @@ class FederatedOptimizer:
         assert self.pending is not None
         self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
 
-    def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
-        """One round: the optimiser's step through the round's exchanges, the model guard, the row.
-        A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
+    def open_round(self, grid: Grid, rnd: int) -> RoundContext:
+        """Round ``rnd``'s sampled silos, sketch and reply reader."""
         nodes = self.sample_nodes(grid, rnd)
         spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
                             self.s.seed, rnd, self.s.sketch.error_feedback)
         reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self._client_error,
                              self.decode)
-        exchanges: list[Updates] = []
-        counts = {"sent": 0, "floats": 0}
+        return RoundContext(rnd, nodes, spec, reader)
+
+    def train_messages(self, ctx: RoundContext, ex: Exchange, ticket: Any = None,
+                       evaluate_round: int | None = None) -> list[Message]:
+        """The instruction of exchange ``ex`` to each sampled silo."""
+        local = ex.phase == Phase.LOCAL
+        content = wire.Instruction(ctx.rnd, ex.phase, ex.at, ex.prev, ctx.spec, self.s.local_steps if local else None,
+                                   self.s.lr if local else None, ticket, evaluate_round=evaluate_round,
+                                   train_gradient=evaluate_round is not None).encode()
+        messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in ctx.nodes]
+        ctx.sent += len(messages)
+        return messages
+
+    def received(self, ctx: RoundContext, updates: Updates) -> Updates:
+        """Count an exchange's uplink (floats, uploads G) and keep its updates for the row."""
+        floats = updates.uplink_floats if updates.uplink_floats is not None else \
+            len(updates.updates) * (ctx.reader.sketch.payload_size if ctx.reader.sketch is not None else self.n_params)
+        ctx.floats += floats
+        self.uploads += floats / self.n_params
+        ctx.exchanges.append(updates)
+        return updates
+
+    def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
+        """One round: the optimiser's step through the round's exchanges, the model guard, the row.
+        A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
+        ctx = self.open_round(grid, rnd)
+        nodes = ctx.nodes
 
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
-            local = phase == Phase.LOCAL
             ticket = self.relay.ticket() if self.relay is not None else None
             tally = None
             if self.pending is not None:  # the evaluation of w waits for this exchange
@@ -278,12 +324,8 @@ class FederatedOptimizer:
                     tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self._client_error)
                 else:
                     self._evaluate_pending(grid, w, timeout)
-            content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
-                                       self.s.lr if local else None, ticket,
-                                       evaluate_round=None if tally is None else tally.rnd,
-                                       train_gradient=tally is not None).encode()
-            messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
-            counts["sent"] += len(messages)
+            messages = self.train_messages(ctx, Exchange(phase, at, prev), ticket,
+                                           None if tally is None else tally.rnd)
             if tally is None:
                 replies = grid.send_and_receive(messages, timeout=timeout)
             else:  # the silos not sampled get the evaluation request alone, in the same send
@@ -297,17 +339,18 @@ class FederatedOptimizer:
                 updates = self.relay.exchange(grid, rnd, str(phase), ticket, self.run_id, bound, replies, nodes,
                                               timeout)
             else:
-                updates = reader.classify(rnd, replies, nodes)
-            floats = updates.uplink_floats if updates.uplink_floats is not None else \
-                len(updates.updates) * (reader.sketch.payload_size if reader.sketch is not None else self.n_params)
-            counts["floats"] += floats
-            self.uploads += floats / self.n_params
-            exchanges.append(updates)
-            return updates
+                updates = ctx.reader.classify(rnd, replies, nodes)
+            return self.received(ctx, updates)
 
         result = self.step(rnd, w, ask)
         if self.pending is not None:  # the step asked nothing: w's evaluation gets its own exchange
             self._evaluate_pending(grid, w, timeout)
+        return self.close_round(ctx, w, result)
+
+    def close_round(self, ctx: RoundContext, w: Params, result: StepResult) -> tuple[Params, dict[str, Any]]:
+        """The model guard and the round's row, after the step returned ``result``."""
+        rnd = ctx.rnd
+        exchanges = ctx.exchanges
         tally = exchanges[0] if exchanges else Updates()
         for more in exchanges[1:]:
             tally = tally.merge(more)
@@ -332,11 +375,11 @@ class FederatedOptimizer:
         if skipped:
             extra_row["step_skipped"] = True
         row: dict[str, Any] = {
-            "round": rnd, "sampled": counts["sent"], "answered": tally.answered, "refused": len(tally.refused),
+            "round": rnd, "sampled": ctx.sent, "answered": tally.answered, "refused": len(tally.refused),
             "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,
             "eps_max": tally.eps_max(),
             "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
-            "uplink_floats": counts["floats"], "uploads_G": self.uploads,
+            "uplink_floats": ctx.floats, "uploads_G": self.uploads,
         }
         return w, row | extra_row | result.row
 

@@ -15,15 +15,16 @@ f1 the composite loss's regulariser or constraint (``prox.kind``; the identity f
 
 from __future__ import annotations
 
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params
 
 
 class ProxGradient(FederatedOptimizer):
     algorithms = ("mbsgd", "proxsgd")
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(self.scheduled_phase(rnd), w)
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        updates = yield Exchange(self.scheduled_phase(rnd), w)
         if not updates:
             return StepResult(None)
         return StepResult(prox_step(self.prox, w, updates.mean(), self.s.lr))

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params
 
 
@@ -41,9 +42,9 @@ class FedProxSPIDER(FederatedOptimizer):
         """The schedule's phase, or an anchor while h is unknown."""
         return Phase.ANCHOR if self.h is None else self.scheduled_phase(rnd)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         phase = self.phase_for(rnd)
-        updates = ask(phase, w, self.h_at if phase == Phase.DIFF else None)
+        updates = yield Exchange(phase, w, self.h_at if phase == Phase.DIFF else None)
         if not updates:
             return StepResult(None)
         mean = updates.mean()

@@ -26,28 +26,30 @@ import numpy as np
 from flwr.common import log
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params, model_in_range
 
 
 class FedSPIDERAlt(FederatedOptimizer):
     algorithms = ("spider-alt",)
+    exchanges_per_round = 2  # the difference, then fresh gradients: silofl's driver only
     state_attrs = ("g",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.g: Params | None = None  # the last fresh gradient estimate
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         eta = self.s.lr
         if self.g is None:  # round 1 (or every silo dropped so far): fresh gradients only
-            fresh = ask(Phase.GRAD, w)
+            fresh = yield Exchange(Phase.GRAD, w)
             self.g = fresh.mean() if fresh else None
             return StepResult(None)
         w1 = prox_step(self.prox, w, self.g, eta)
         if not model_in_range(w1):
             return StepResult(w1)  # the loop's guard skips the step and logs it
-        diff = ask(Phase.DIFF, w1, w)
+        diff = yield Exchange(Phase.DIFF, w1, w)
         if not diff:
             log(WARNING, "round %d: no silo answered the difference upload; no second step", rnd)
             v, w2 = self.g, w1
@@ -58,6 +60,6 @@ class FedSPIDERAlt(FederatedOptimizer):
             if not model_in_range(w2):
                 log(WARNING, "round %d: the second step would leave float32's range; it is skipped", rnd)
                 v, w2 = self.g, w1
-        fresh = ask(Phase.GRAD, w2)
+        fresh = yield Exchange(Phase.GRAD, w2)
         self.g = fresh.mean() if fresh else v
         return StepResult(w2)
