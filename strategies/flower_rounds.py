@@ -145,3 +145,16 @@ class FlowerRounds(Strategy):
         row["wall_s"] = time.perf_counter() - op.t0
         self._flower_open = None
         self._record(row)
+
+
+def initial_model(s: Any, seed_name: str = "init") -> tuple[dict[str, tuple[int, ...]], ArrayRecord]:
+    """The run's model at its seeded initialisation: (layout, arrays), as silofl's ServerApp
+    starts it (app/server_app.py)."""
+    from app.data.federated import dataset_meta
+    from app.models import build_model
+    from app.seeding import torch_gen
+
+    shape, classes = dataset_meta(s)
+    model = build_model(s.model, shape, classes, hidden=s.model_hidden, generator=torch_gen(s.seed, seed_name))
+    w = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    return {k: tuple(v.shape) for k, v in w.items()}, record_of(w)

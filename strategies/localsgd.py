@@ -20,8 +20,9 @@ class LocalSGD(FederatedOptimizer):
     algorithms = ("localsgd",)
 
     def exchanges(self, rnd: int, w: Params) -> Round:
-        updates = yield Exchange(Phase.LOCAL, w)
-        if not updates:
+        ex = Exchange(Phase.LOCAL, w)
+        updates = yield ex
+        delta = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if delta is None:
             return StepResult(None)
-        delta = updates.mean()
         return StepResult({k: (w[k] + delta[k]).astype(np.float32) for k in w})

@@ -55,6 +55,7 @@ from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
+from strategies.aggregators import Aggregator, Mean, make_aggregator
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.messaging import is_unavailable
@@ -121,7 +122,10 @@ class FederatedOptimizer(FlowerRounds):
     exchanges_per_round: ClassVar[int] = 1
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
-                 node_wait_s: float | None = None) -> None:
+                 node_wait_s: float | None = None, *, aggregator: Aggregator | None = None) -> None:
+        """``settings``: the run's (app.config.parse_settings); ``layout``: the model's parameter
+        shapes; ``aggregator``: how each exchange's updates are combined (default: the run
+        config's ``aggregator``, strategies/aggregators.py)."""
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.layout = layout
@@ -149,6 +153,11 @@ class FederatedOptimizer(FlowerRounds):
         self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
         #: the last round's row while its evaluation travels with the next round's first exchange
         self.pending: dict[str, Any] | None = None
+        #: how each exchange's updates are combined (the mean, Grad-BANT, Krum, ...)
+        self.aggregator: Aggregator = aggregator if aggregator is not None else make_aggregator(settings)
+        self.aggregator.bind(self)
+        #: the aggregator's entries for the round's row (each silo's weight, ...)
+        self.aggregate_row: dict[str, Any] = {}
 
     # -- the optimiser's hooks ----------------------------------------------------------------
     def exchanges(self, rnd: int, w: Params) -> Round:
@@ -169,6 +178,15 @@ class FederatedOptimizer(FlowerRounds):
 
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Once, after the nodes have connected and before round 1."""
+        self.aggregator.prepare(grid, timeout)
+
+    def combine(self, rnd: int, ex: Exchange, updates: Updates) -> Params | None:
+        """The aggregator's combination of one exchange's updates (None: it kept nothing)."""
+        if type(self.aggregator) is Mean:
+            return updates.mean()
+        out, row = self.aggregator.combine(rnd, ex, updates)
+        self.aggregate_row |= row
+        return out
 
     def scheduled_phase(self, rnd: int) -> Phase:
         """The (first) phase round ``rnd`` asks for in the algorithm's schedule."""
@@ -176,8 +194,10 @@ class FederatedOptimizer(FlowerRounds):
 
     # -- the state a checkpoint holds -------------------------------------------------------------
     def optimizer_state(self) -> dict[str, Any]:
-        """The optimiser's own state (its ``state_attrs``), what it carries from round to round."""
-        return {name: getattr(self, name) for name in self.state_attrs}
+        """The optimiser's own state (its ``state_attrs`` and its aggregator's), what it carries
+        from round to round."""
+        agg = self.aggregator.state()
+        return {name: getattr(self, name) for name in self.state_attrs} | ({"aggregator": agg} if agg else {})
 
     def restore_optimizer_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`optimizer_state`'s output."""
@@ -186,6 +206,8 @@ class FederatedOptimizer(FlowerRounds):
             raise KeyError(f"{type(self).__name__}: the checkpoint has no {', '.join(missing)}")
         for name in self.state_attrs:
             setattr(self, name, state[name])
+        if "aggregator" in state:
+            self.aggregator.restore(state["aggregator"])
 
     def state(self, rnd: int, w: Params) -> dict[str, Any]:
         """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
@@ -381,7 +403,8 @@ class FederatedOptimizer(FlowerRounds):
             "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
             "uplink_floats": ctx.floats, "uploads_G": self.uploads,
         }
-        return w, row | extra_row | result.row
+        agg_row, self.aggregate_row = self.aggregate_row, {}
+        return w, row | extra_row | agg_row | result.row
 
     @staticmethod
     def _fold_evaluation(tally: EvaluationTally, replies: Any, trained: set[int]) -> list[Message]:

@@ -24,7 +24,9 @@ class ProxGradient(FederatedOptimizer):
     algorithms = ("mbsgd", "proxsgd")
 
     def exchanges(self, rnd: int, w: Params) -> Round:
-        updates = yield Exchange(self.scheduled_phase(rnd), w)
-        if not updates:
+        ex = Exchange(self.scheduled_phase(rnd), w)
+        updates = yield ex
+        g = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if g is None:
             return StepResult(None)
-        return StepResult(prox_step(self.prox, w, updates.mean(), self.s.lr))
+        return StepResult(prox_step(self.prox, w, g, self.s.lr))

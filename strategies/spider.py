@@ -44,10 +44,11 @@ class FedProxSPIDER(FederatedOptimizer):
 
     def exchanges(self, rnd: int, w: Params) -> Round:
         phase = self.phase_for(rnd)
-        updates = yield Exchange(phase, w, self.h_at if phase == Phase.DIFF else None)
-        if not updates:
+        ex = Exchange(phase, w, self.h_at if phase == Phase.DIFF else None)
+        updates = yield ex
+        mean = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if mean is None:
             return StepResult(None)
-        mean = updates.mean()
         if phase == Phase.ANCHOR or self.h is None:
             self.h = mean
         else:

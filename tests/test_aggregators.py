@@ -1,0 +1,97 @@
+"""Aggregation is a component of every optimiser: a rule set in the run config applies to every
+algorithm (it was silently the mean outside algorithm=robust), the default is unchanged (the
+mean; Grad-BANT for robust), and a combination that cannot work is refused with one line.
+Expected values are computed by hand here (the coordinate median, the mean)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import wire
+from app.algorithms import Phase
+from app.config import ConfigError, parse_settings
+from strategies import STRATEGIES
+from strategies.aggregators import GradBANT, Mean, Rule
+from strategies.replies import Updates, flatten
+
+LAYOUT = {"w": (3,)}
+W0 = {"w": np.array([1.0, -2.0, 0.5], dtype=np.float32)}
+#: two honest silos and one far away: the median ignores it, the mean does not
+VECTORS = [[1.0, 1.0, 1.0], [1.0, 2.0, 1.0], [100.0, 100.0, 100.0]]
+
+
+def _updates(vectors: list[list[float]]) -> Updates:
+    ups = [{"w": np.asarray(v, dtype=np.float32)} for v in vectors]
+    nodes = [1000 + i for i in range(len(ups))]
+    return Updates(nodes=nodes, updates=ups, metrics=[wire.TrainReply(u, 0.0) for u in ups],
+                   messages={n: flatten(u) for n, u in zip(nodes, ups)}, lift=lambda m: wire.unflatten(m, LAYOUT))
+
+
+def _step(algorithm: str, **cfg) -> tuple[object, dict]:
+    s = parse_settings({"algorithm": algorithm, "lr": 0.5, "privacy.mode": "off", "num-silos": 5,
+                        "silos-per-round": 3} | cfg)
+    opt = STRATEGIES[s.algorithm](s, LAYOUT)
+    asked = []
+
+    def ask(phase, at, prev=None):
+        asked.append(phase)
+        return _updates(VECTORS)
+    return opt, opt.step(1, W0, ask).model
+
+
+@pytest.mark.parametrize("algorithm", ["mbsgd", "spider", "svrg", "proxsgd"])
+def test_an_explicit_rule_applies_to_every_algorithm(algorithm: str) -> None:
+    median = np.median(np.array(VECTORS), axis=0)  # (1, 2, 1)
+    opt, w1 = _step(algorithm, aggregator="median", **{"byzantine.f": 1})
+    assert isinstance(opt.aggregator, Rule) and opt.aggregator.name == "median"
+    np.testing.assert_allclose(w1["w"], W0["w"] - 0.5 * median, rtol=1e-6)
+    _, w_mean = _step(algorithm)  # the default: the mean, as before
+    np.testing.assert_allclose(w_mean["w"], W0["w"] - 0.5 * np.mean(VECTORS, axis=0), rtol=1e-6)
+
+
+def test_local_sgd_takes_the_rule_over_model_changes() -> None:
+    opt, w1 = _step("localsgd", aggregator="median", **{"byzantine.f": 1, "local-steps": 2})
+    np.testing.assert_allclose(w1["w"], W0["w"] + np.median(np.array(VECTORS), axis=0), rtol=1e-6)
+
+
+def test_the_defaults_are_unchanged() -> None:
+    for name, cls in STRATEGIES.items():
+        s = parse_settings({"algorithm": name, "privacy.mode": "off", "trust.size": 40})
+        agg = cls(s, LAYOUT).aggregator
+        assert (agg.name == "gradbant") if name == "robust" else isinstance(agg, Mean), name
+
+
+def test_combinations_that_cannot_work_are_refused_with_one_line() -> None:
+    with pytest.raises(ConfigError, match="needs byzantine.f"):  # was: silently SPIDER's mean
+        parse_settings({"algorithm": "spider", "aggregator": "krum"})
+    with pytest.raises(ConfigError, match="shuffle") as exc:
+        parse_settings({"algorithm": "mbsgd", "aggregator": "median", "byzantine.f": 1, "privacy.mode": "shuffle",
+                        "num-silos": 5, "silos-per-round": 5})
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ConfigError, match="noise-aware"):
+        parse_settings({"algorithm": "spider", "aggregator": "gradbant", "trust.size": 40,
+                        "gradbant.noise-aware": True})
+    with pytest.raises(ValueError, match="unknown knob"):
+        GradBANT(betta=0.3)
+
+
+def test_gradbant_as_a_constructor_argument_overrides_the_run_config() -> None:
+    s = parse_settings({"algorithm": "spider", "privacy.mode": "off"})
+    opt = STRATEGIES["spider"](s, LAYOUT, aggregator=GradBANT(beta=0.25, trust_size=40))
+    assert opt.aggregator.impl.s.robust.gradbant_beta == 0.25 and len(opt.aggregator.impl.trust.y) == 40
+    assert opt.optimizer_state()["aggregator"]["p"].shape == (s.num_silos,)
+
+
+def test_spider_with_gradbant_under_attack_gives_the_sign_flippers_no_weight(tmp_path: Path) -> None:
+    from tests.helpers import run
+
+    cfg = {"algorithm": "spider", "spider.q": 2, "batch-size": 64, "aggregator": "gradbant", "trust.size": 60,
+           "partition": "iid", "num-silos": 4, "silos-per-round": 4, "privacy.mode": "off",
+           "attack.kind": "sign-flip", "attack.fraction": 0.25, "num-rounds": 4}
+    summary, rows, _ = run(tmp_path, cfg)
+    assert summary["status"] == "completed" and len(rows) == 4
+    anchors = [r for r in rows if r["round"] % 2 == 1]  # q = 2: rounds 1 and 3 are anchor rounds
+    assert all(r["byzantine_answered"] == 1 and r["byzantine_weight"] == 0.0 for r in anchors)
