@@ -95,3 +95,18 @@ def test_spider_with_gradbant_under_attack_gives_the_sign_flippers_no_weight(tmp
     assert summary["status"] == "completed" and len(rows) == 4
     anchors = [r for r in rows if r["round"] % 2 == 1]  # q = 2: rounds 1 and 3 are anchor rounds
     assert all(r["byzantine_answered"] == 1 and r["byzantine_weight"] == 0.0 for r in anchors)
+
+
+def test_the_rules_load_no_torch() -> None:
+    """Importing the rules (and the aggregator components) loads numpy, not torch or Flower's
+    server: the strategy registry is built on first use."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys; import strategies.aggregation, strategies.aggregators; "
+            "print(sorted(m for m in ('torch', 'scipy', 'flwr', 'app.config') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                         env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
