@@ -122,10 +122,13 @@ class FederatedOptimizer(FlowerRounds):
     exchanges_per_round: ClassVar[int] = 1
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
-                 node_wait_s: float | None = None, *, aggregator: Aggregator | None = None) -> None:
+                 node_wait_s: float | None = None, *, aggregator: Aggregator | None = None, **knobs: Any) -> None:
         """``settings``: the run's (app.config.parse_settings); ``layout``: the model's parameter
         shapes; ``aggregator``: how each exchange's updates are combined (default: the run
-        config's ``aggregator``, strategies/aggregators.py)."""
+        config's ``aggregator``, strategies/aggregators.py); ``knobs``: run-config keys with
+        ``.``/``-`` written ``_`` (``lr=0.1``, ``spider_q=5``, ``local_steps=2``), checked as the
+        run config is, over ``settings``."""
+        settings = with_knobs(settings, knobs) if knobs else settings
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.layout = layout
@@ -508,6 +511,25 @@ class FederatedOptimizer(FlowerRounds):
         self.client_errors.append(text)
         log(WARNING, "ClientApp failure: %s", text)
         return text
+
+
+def with_knobs(s: Settings, knobs: dict[str, Any]) -> Settings:
+    """``s`` with run-config keys (``spider.q`` given as ``spider_q``) set to ``knobs``' values,
+    each parsed and the whole checked as parse_settings does (ConfigError, one line)."""
+    from dataclasses import replace
+
+    from app.config import SCHEMA, ConfigError, _check_relations
+
+    names = {key.replace(".", "_").replace("-", "_"): key for key in SCHEMA}
+    for name, value in knobs.items():
+        if name not in names:
+            raise ConfigError(f"unknown knob {name!r}: a run-config key with '.' and '-' written '_' (e.g. spider_q)")
+        attr, parser = SCHEMA[names[name]]
+        parsed = parser(names[name], value)
+        group, _, field_name = attr.rpartition(".")
+        s = replace(s, **({group: replace(getattr(s, group), **{field_name: parsed})} if group else {field_name: parsed}))
+    _check_relations(s)
+    return s
 
 
 def same_point(a: Params, b: Params) -> bool:

@@ -110,3 +110,13 @@ def test_the_rules_load_no_torch() -> None:
                          env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_knobs_are_constructor_arguments_checked_as_the_run_config() -> None:
+    s = parse_settings({"algorithm": "spider", "privacy.mode": "off"})
+    opt = STRATEGIES["spider"](s, LAYOUT, lr=0.1, spider_q=5)
+    assert (opt.s.lr, opt.s.spider.q, s.spider.q) == (0.1, 5, parse_settings({}).spider.q)
+    with pytest.raises(ConfigError, match="spider.q"):
+        STRATEGIES["spider"](s, LAYOUT, spider_q=0)
+    with pytest.raises(ConfigError, match="unknown knob"):
+        STRATEGIES["spider"](s, LAYOUT, q=2)
