@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -51,14 +50,15 @@ from app.algorithms import Algorithm, Phase, get_algorithm
 from app.config import Settings
 from app.privacy.mechanism import server_decoder
 from app.privacy.shuffle import row_bound
-from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
 from strategies.aggregators import Aggregator, Mean, make_aggregator
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
-from strategies.messaging import is_unavailable
+from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
+from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
+                              same_point, with_knobs)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 
@@ -68,43 +68,7 @@ Ask = Callable[..., Updates]
 Checkpointer = Callable[[int, Params], None]
 
 
-class TooFewSilos(RuntimeError):
-    """Fewer than min-silos silo nodes are connected, after waiting node-wait seconds."""
-
-
-class ClientAppsFailed(RuntimeError):
-    """With fail-on-client-error, a round in which a ClientApp failed ends the run: the run is
-    failed anyway, and the failure (a node without the device asked for, data it cannot read)
-    would repeat every round while the other silos spend their privacy budgets."""
-
-
-class IterateSampler:
-    """One iterate drawn uniformly from all those offered so far (reservoir sampling: the t-th
-    offer replaces the kept one with probability 1/t), in O(1) memory. This is how the paper's
-    output w_priv ~ Unif{w_1, ..., w_R} is drawn without storing R models."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.seen = 0
-        self.round: int | None = None
-        self.value: dict[str, np.ndarray] | None = None
-
-    def offer(self, rnd: int, w: dict[str, np.ndarray]) -> None:
-        self.seen += 1
-        if self.rng.random() < 1.0 / self.seen:
-            self.round, self.value = rnd, {k: np.array(v, copy=True) for k, v in w.items()}
-
-
-@dataclass
-class RunResult:
-    """The run's output iterate, the round it comes from, and its evaluation (output = random)."""
-
-    model: Params
-    round: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class FederatedOptimizer(FlowerRounds):
+class FederatedOptimizer(SiloNodes, FlowerRounds):
     """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers: a
     ``flwr.serverapp.strategy.Strategy``. Subclasses name the algorithms they serve and implement
     :meth:`exchanges`. Flower's own ``start`` runs a one-exchange optimiser
@@ -441,115 +405,7 @@ class FederatedOptimizer(FlowerRounds):
         return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error,
                               nodes=self.silo_nodes(grid))
 
-    def silo_nodes(self, grid: Grid) -> list[int]:
-        """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
-        nodes = sorted(grid.get_node_ids())
-        return self.relay.silo_nodes(nodes) if self.relay is not None else nodes
-
     def summary(self) -> None:
         log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
             type(self).__name__, self.s.num_rounds, self.s.silos_per_round, self.s.num_silos, self.s.lr,
             self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
-
-    def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
-        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
-        nodes = sorted(self.wait_for_nodes(grid))
-        if self.relay is not None:
-            nodes = self.relay.silo_nodes(nodes)
-        m = min(self.s.silos_per_round, len(nodes))
-        if m < self.s.silos_per_round:
-            log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
-                server_round, len(nodes), m, self.s.silos_per_round)
-        rng = np_rng(self.s.seed, "server-sampling", server_round)
-        chosen = rng.choice(len(nodes), size=m, replace=False)
-        return [nodes[i] for i in sorted(chosen)]
-
-    def _connected(self, grid: Grid) -> tuple[list[int], int]:
-        """(the connected nodes, how many of them are silos)."""
-        nodes = list(grid.get_node_ids())
-        if self.relay is None:
-            return nodes, len(nodes)
-        return nodes, len(self.relay.silo_nodes(nodes)) if self.relay.shuffler is not None else max(len(nodes) - 1, 0)
-
-    def wait_for_nodes(self, grid: Grid, at_start: bool = False) -> list[int]:
-        """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
-        for all num-silos silo nodes (and the shuffler in shuffle mode), then go on with those
-        present if they are at least min-silos. In a round: wait only while fewer than
-        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
-        deadline = time.monotonic() + self.node_wait_s
-        want = self.s.num_silos if at_start else self.s.min_silos
-        shuffler = 1 if self.relay is not None else 0  # shuffle DP: and the shuffler
-        while True:
-            nodes, silos = self._connected(grid)
-            if silos >= want and len(nodes) >= silos + shuffler:
-                break
-            if time.monotonic() > deadline:
-                if silos >= self.s.min_silos and len(nodes) >= silos + shuffler:
-                    log(WARNING, "%d of %d silo nodes connected after %.0f s; going on with them (min-silos = %d)",
-                        silos, self.s.num_silos, self.node_wait_s, self.s.min_silos)
-                    break
-                raise TooFewSilos(
-                    f"only {silos} silo node(s){' and no shuffler' if shuffler and len(nodes) <= silos else ''} "
-                    f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
-                    f"min-silos = {self.s.min_silos} of num-silos = {self.s.num_silos}")
-            time.sleep(0.2)
-        self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None and self.relay.shuffler is not None
-                        else nodes)
-        return nodes
-
-    def _client_error(self, msg: Message, what: str) -> str:
-        """Record an error reply: a node that is gone is a dropped silo (logged), anything
-        else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
-        reason = (msg.error.reason or "").strip().splitlines()
-        short = reason[-1] if reason else f"error code {msg.error.code}"
-        text = f"node {msg.metadata.src_node_id} ({what}): {short}"
-        if is_unavailable(msg):
-            self.unavailable += 1
-            log(WARNING, "node unavailable, counted as a dropped silo: %s", text)
-            return text
-        self.client_errors.append(text)
-        log(WARNING, "ClientApp failure: %s", text)
-        return text
-
-
-def with_knobs(s: Settings, knobs: dict[str, Any]) -> Settings:
-    """``s`` with run-config keys (``spider.q`` given as ``spider_q``) set to ``knobs``' values,
-    each parsed and the whole checked as parse_settings does (ConfigError, one line)."""
-    from dataclasses import replace
-
-    from app.config import SCHEMA, ConfigError, _check_relations
-
-    names = {key.replace(".", "_").replace("-", "_"): key for key in SCHEMA}
-    for name, value in knobs.items():
-        if name not in names:
-            raise ConfigError(f"unknown knob {name!r}: a run-config key with '.' and '-' written '_' (e.g. spider_q)")
-        attr, parser = SCHEMA[names[name]]
-        parsed = parser(names[name], value)
-        group, _, field_name = attr.rpartition(".")
-        s = replace(s, **({group: replace(getattr(s, group), **{field_name: parsed})} if group else {field_name: parsed}))
-    _check_relations(s)
-    return s
-
-
-def same_point(a: Params, b: Params) -> bool:
-    """Whether two models are the same point (the same arrays, or equal ones)."""
-    if a is b:
-        return True
-    return a.keys() == b.keys() and all(a[k] is b[k] or np.array_equal(a[k], b[k]) for k in a)
-
-
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return float(np.mean(finite)) if finite else math.nan
-
-
-def composite_prox(s: Settings) -> Prox:
-    """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
-    extra = {"l2": s.prox.l2} if s.prox.kind == "elastic-net" else {}
-    return make_prox(s.prox.kind, s.prox.strength, **extra)
-
-
-def prox_step(prox: Prox, w: Params, direction: Params, lr: float) -> Params:
-    """prox_{eta f1}(w - eta * direction)."""
-    return prox({k: w[k] - lr * direction[k] for k in w}, lr)
