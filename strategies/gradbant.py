@@ -36,7 +36,7 @@ is configured the server asks each node once, at the start, for its partition id
 from __future__ import annotations
 
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -173,14 +173,22 @@ def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
     return var * lift_noise_factor(block_shaped_sketch(s, layout), n)
 
 
+class RobustState(TypedDict):
+    """What a robust rule carries across rounds: Grad-BANT's trust weights p, centered
+    clipping's last aggregate, the harness's Byzantine nodes (the simulation's ground truth)."""
+
+    p: np.ndarray
+    center: np.ndarray | None
+    byzantine_nodes: set[int]
+
+
 class RobustAggregator:
     """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages: the
     aggregation component (strategies/aggregators.py) of any optimiser. ``phase``: the phase of
     the run's messages when it is one for the whole run (algorithm robust: grad, or local with
     Q > 1), for noise-aware Grad-BANT's sampling noise."""
 
-    #: the trust weights p, centered clipping's last aggregate, the harness's Byzantine nodes
-    state_attrs = ("p", "center", "byzantine_nodes")
+    state_attrs = tuple(RobustState.__annotations__)
 
     def __init__(self, s: Settings, layout: dict[str, tuple[int, ...]], roster: NodeRoster,
                  phase: Phase | None = None) -> None:
@@ -331,8 +339,8 @@ class RobustAggregator:
             direction = -self.s.lr * direction
         return wire.unflatten(direction, self.layout, dtype=np.float32), row
 
-    def state(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.state_attrs}
+    def state(self) -> RobustState:
+        return RobustState(p=self.p, center=self.center, byzantine_nodes=self.byzantine_nodes)
 
     def restore(self, state: dict[str, Any]) -> None:
         for name in self.state_attrs:

@@ -78,7 +78,9 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
     #: the algorithm names (app/algorithms/) this optimiser is the server step of
     algorithms: ClassVar[tuple[str, ...]] = ()
     #: the instance attributes, besides the loop's own, that make up the optimiser's state
-    #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one)
+    #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one):
+    #: the keys of the optimiser's state TypedDict (spider.SpiderState, spider_alt.SpiderAltState;
+    #: the aggregator's, gradbant.RobustState, rides under "aggregator")
     state_attrs: ClassVar[tuple[str, ...]] = ()
     #: carry each round's evaluation in the next round's first exchange (False: an exchange of its own)
     fold_evaluation: ClassVar[bool] = True

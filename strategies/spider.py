@@ -18,7 +18,7 @@ The output is the last iterate, or with ``output`` = random one drawn uniformly 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -28,10 +28,16 @@ from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params
 
 
+class SpiderState(TypedDict):
+    """What SPIDER (and SVRG) carry across rounds: the gradient estimate and its point."""
+
+    h: Params | None
+    h_at: Params | None
+
+
 class FedProxSPIDER(FederatedOptimizer):
     algorithms = ("spider",)
-
-    state_attrs = ("h", "h_at")
+    state_attrs = tuple(SpiderState.__annotations__)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

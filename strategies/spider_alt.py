@@ -20,7 +20,7 @@ without a refresh). While no gradient has ever been received, each round asks fo
 from __future__ import annotations
 
 from logging import WARNING
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from flwr.common import log
@@ -31,10 +31,16 @@ from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params, model_in_range
 
 
+class SpiderAltState(TypedDict):
+    """What SPIDER-alt carries across rounds: the last fresh gradient estimate."""
+
+    g: Params | None
+
+
 class FedSPIDERAlt(FederatedOptimizer):
     algorithms = ("spider-alt",)
     exchanges_per_round = 2  # the difference, then fresh gradients: silofl's driver only
-    state_attrs = ("g",)
+    state_attrs = tuple(SpiderAltState.__annotations__)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
