@@ -10,7 +10,8 @@ with any aggregation rule) runs under Flower's own ``Strategy.start``:
   ``num-rounds``), evaluate the new model on every silo node in an exchange of its own, which is
   what silofl's driver (strategies/loop.py ``run``) gives with folded evaluation: the same rows.
 
-Flower's ``start`` returns the last iterate (``output`` = random is silofl's driver's). What only
+Flower's ``start`` returns the last iterate (``output`` = random is silofl's driver's); a round
+with a ClientApp failure stops it as it stops silofl's driver (``fail-on-client-error``). What only
 silofl's driver does: waiting for nodes with ``node-wait``, checkpoints and resume, evaluation
 folded into the next exchange, the shuffler relay (shuffle DP) and rounds of several exchanges
 (Fed-SPIDER-alt): those are refused here with one line.
@@ -57,6 +58,7 @@ class _OpenRound:
     w: Params
     gen: Round
     t0: float
+    failures_before: int
     result: StepResult | None = None
     row: dict[str, Any] | None = None
     tally: EvaluationTally | None = None
@@ -81,7 +83,7 @@ class FlowerRounds(Strategy):
         w = params_of(arrays)
         ctx = self.open_round(grid, server_round)
         gen = self.exchanges(server_round, w)
-        self._flower_open = op = _OpenRound(ctx, w, gen, time.perf_counter())
+        self._flower_open = op = _OpenRound(ctx, w, gen, time.perf_counter(), len(self.client_errors))
         try:
             ex = next(gen)
         except StopIteration as stop:  # a round that asks nothing
@@ -145,6 +147,12 @@ class FlowerRounds(Strategy):
         row["wall_s"] = time.perf_counter() - op.t0
         self._flower_open = None
         self._record(row)
+        new = self.client_errors[op.failures_before:]
+        if self.s.fail_on_client_error and new:
+            from strategies.nodes import ClientAppsFailed
+
+            raise ClientAppsFailed(f"round {row['round']}: {len(new)} ClientApp failure(s), the run is stopped "
+                                   f"(fail-on-client-error = true); first: {new[0]}")
 
 
 def initial_model(s: Any, seed_name: str = "init") -> tuple[dict[str, tuple[int, ...]], ArrayRecord]:

@@ -104,3 +104,20 @@ def test_the_documented_serverapp_runs(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(lines) == 4 and all("answered 4" in line for line in lines)
     assert "Byzantine weight 0.00" in lines[0]  # round 1 (an anchor): the sign-flipper gets no weight
     assert "final model:" in out
+
+
+def test_a_clientapp_failure_stops_flowers_start_as_it_stops_silofls(tmp_path: Path) -> None:
+    from flwr.app import Error, Message
+
+    from strategies.loop import ClientAppsFailed
+
+    s, strategy, initial, grid = _setup(tmp_path, "mbsgd", "fail")
+
+    def crash(node: int, msg: Message, reply: Message) -> Message:
+        if node == grid.node_ids[0] and msg.metadata.message_type == "train":
+            return Message(Error(code=0, reason="ClientApp exception: disk on fire"), reply_to=msg)
+        return reply
+    grid.hook = crash
+    with pytest.raises(ClientAppsFailed, match="round 1: 1 ClientApp failure"):
+        strategy.start(grid=grid, initial_arrays=record_of(initial), num_rounds=3)
+    assert [r["round"] for r in strategy.rows] == [1] and strategy.rows[0]["failed"] == 1
