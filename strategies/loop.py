@@ -177,6 +177,9 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             setattr(self, name, state[name])
         if "aggregator" in state:
             self.aggregator.restore(state["aggregator"])
+        elif self.aggregator.state():  # a rule with state (Grad-BANT's p) must not restart silently
+            raise KeyError(f"{type(self).__name__}: the checkpoint has no state for aggregator "
+                           f"{self.aggregator.name!r}")
 
     def state(self, rnd: int, w: Params) -> dict[str, Any]:
         """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
