@@ -255,20 +255,23 @@ KNOBS = {
     "robust": {"privacy.mode": "off", "trust.size": 40, "attack.kind": "sign-flip", "attack.fraction": 0.25,
                "aggregator": "gradbant"},
 }
+#: a rule with state (Grad-BANT's p) as the component of another optimiser
+COMPOSED = {"spider+gradbant": {"algorithm": "spider", "spider.q": 2, "privacy.mode": "off", "trust.size": 40,
+                                "aggregator": "gradbant", "attack.kind": "sign-flip", "attack.fraction": 0.25}}
 
 
 def _registered() -> list[str]:
     from strategies import STRATEGIES
 
     assert set(KNOBS) <= set(STRATEGIES), sorted(set(KNOBS) - set(STRATEGIES))
-    return sorted(STRATEGIES)
+    return sorted(STRATEGIES) + sorted(COMPOSED)
 
 
 @pytest.mark.parametrize("algorithm", _registered())
 def test_every_registered_strategy_resumes_where_it_would_have_gone(tmp_path: Path, algorithm: str) -> None:
     """Each strategy of the registry, checkpointed after round 2 and resumed from it, ends with
     the rows, model and ledgers of the run that never stopped."""
-    cfg = {"algorithm": algorithm, "num-rounds": 5, "eval-every": 1} | KNOBS.get(algorithm, {})
+    cfg = {"algorithm": algorithm, "num-rounds": 5, "eval-every": 1} | KNOBS.get(algorithm, {}) | COMPOSED.get(algorithm, {})
     ref_summary, ref_rows, _ = run(tmp_path / "ref", cfg, run_id=1, name="r")
     with pytest.raises(ServerCrash):
         run(tmp_path / "cut", cfg, hook=_crash_in(3), run_id=1, name="r")
