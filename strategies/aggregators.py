@@ -11,8 +11,8 @@ algorithm). A rule sees each message in the space it was sent in, lifted: a grad
 disjoint), a model change (local: as the pseudo-gradient -d / gamma) or a gradient difference
 (SPIDER's and SVRG's difference rounds: Grad-BANT and FLTrust then score against the trust set's
 own difference grad f0(at) - grad f0(prev)). The simulation's attack harness
-(strategies/byzantine_harness.py) replaces the Byzantine silos' messages before any rule, the
-mean included. A combination that cannot work is refused with one line (:func:`refuse_combination`).
+(strategies/byzantine_harness.py ``Attacked``, a wrapper) replaces the Byzantine silos' messages
+before any rule, the mean included. A combination that cannot work is refused with one line (:func:`refuse_combination`).
 
 This module is light (no torch): a robust rule's machinery (strategies/gradbant.py) is imported
 when a strategy is built with it.
@@ -84,11 +84,12 @@ class Rule(Aggregator):
         phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
         self.impl = RobustAggregator(s, owner.layout, owner.roster, phase)
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
-        self.impl.prepare(grid, timeout)
-
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
         return self.impl.combine(rnd, ex, updates)
+
+    def combine_flat(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Any, dict[str, Any]]:
+        """The rule's direction as a flat float64 gradient (algorithm robust's step)."""
+        return self.impl.combine_flat(rnd, ex, updates)
 
     def state(self) -> dict[str, Any]:
         return self.impl.state()
@@ -111,11 +112,19 @@ def resolved_rule(s: Settings) -> str:
 
 
 def make_aggregator(s: Settings) -> Aggregator:
-    """The run config's aggregator: the mean (no attack), else :class:`Rule` (with the harness)."""
+    """The run config's aggregator: the mean, or :class:`Rule` (algorithm robust: always a Rule)."""
     rule = resolved_rule(s)
-    if rule == "mean" and s.attack.kind == "none" and s.algorithm != "robust":
-        return Mean()
-    return Rule(rule)
+    return Mean() if rule == "mean" and s.algorithm != "robust" else Rule(rule)
+
+
+def with_harness(agg: Aggregator, s: Settings) -> Aggregator:
+    """``agg`` inside the simulation's attack harness when ``attack.kind`` is set
+    (strategies/byzantine_harness.py ``Attacked``), else ``agg``."""
+    if s.attack.kind == "none" or hasattr(agg, "inner"):
+        return agg
+    from strategies.byzantine_harness import Attacked
+
+    return Attacked(agg)  # type: ignore[return-value]
 
 
 def refuse_combination(s: Settings) -> None:

@@ -40,9 +40,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
 from flwr.common import log
-from flwr.serverapp import Grid
 
 from app import wire
 from app.algorithms import Phase
@@ -51,11 +49,9 @@ from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
-from app.attacks import MODEL_ATTACKS, byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
 from strategies.exchange import Exchange
 from strategies.replies import NodeRoster, Params, Updates, flatten
-from strategies.byzantine_harness import attack_messages
 
 
 def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.ndarray, beta: float,
@@ -174,12 +170,11 @@ def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
 
 
 class RobustState(TypedDict):
-    """What a robust rule carries across rounds: Grad-BANT's trust weights p, centered
-    clipping's last aggregate, the harness's Byzantine nodes (the simulation's ground truth)."""
+    """What a robust rule carries across rounds: Grad-BANT's trust weights p and centered
+    clipping's last aggregate."""
 
     p: np.ndarray
     center: np.ndarray | None
-    byzantine_nodes: set[int]
 
 
 class RobustAggregator:
@@ -194,9 +189,10 @@ class RobustAggregator:
                  phase: Phase | None = None) -> None:
         self.s, self.layout, self.roster = s, layout, roster
         self.phase = phase
-        self.byzantine = byzantine_indices(s)
         self.p = np.full(s.num_silos, 1.0 / s.num_silos)
-        self.byzantine_nodes: set[int] = set()  # the experiment's ground truth, learnt in prepare()
+        #: the Byzantine nodes the simulation's attack harness names (strategies/byzantine_harness.py
+        #: sets it): the reported Byzantine weight, and f when byzantine.f is not stated
+        self.oracle: set[int] = set()
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
         self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
         shape, classes = dataset_meta(s)
@@ -290,34 +286,13 @@ class RobustAggregator:
         return g0, float(smooth), c
 
     # -- one round -------------------------------------------------------------------------
-    def prepare(self, grid: Grid, timeout: float) -> None:
-        """Learn which nodes are Byzantine (the experiment's ground truth; only with an attack):
-        every node is asked once for its partition id; an answer that is not a valid, unique
-        partition id marks nobody. The server never weights a silo by it."""
-        if self.s.attack.kind == "none" or not self.byzantine:
-            return
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.IDENTITY_QUERY) for n in sorted(grid.get_node_ids())]
-        claims: dict[int, int] = {}
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            try:
-                claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
-            except wire.ReplyError as exc:
-                log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
-        counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
-        self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
-
     def combine_flat(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The rule's direction over one exchange's (attacked, lifted) messages as a flat float64
+        """The rule's direction over one exchange's (lifted; in a simulation, attacked) messages as a flat float64
         gradient (a local phase's model changes d as pseudo-gradients -d / gamma), or None (the
         rule kept nothing), and the row's entries (each silo's weight, the Byzantine weight)."""
         nodes = updates.nodes
-        byz_nodes = self.byzantine_nodes & set(nodes)
-        messages = attack_messages(self.s, rnd, updates.messages, byz_nodes)
-        # the replies were lifted (and bounded) once when they were validated; only the messages
-        # the harness replaced (the Byzantine nodes' under a model attack) are lifted here
-        replaced = byz_nodes if self.s.attack.kind in MODEL_ATTACKS else set()
-        lifted = np.stack([flatten(updates.lift(messages[node])) if node in replaced else flatten(u)
-                           for node, u in zip(nodes, updates.updates, strict=True)]).astype(np.float64)
+        byz_nodes = self.oracle & set(nodes)
+        lifted = np.stack([flatten(u) for u in updates.updates]).astype(np.float64)
         if ex.phase == Phase.LOCAL:
             lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
         idx = np.array([self.roster.slot(node) for node in nodes])
@@ -340,7 +315,7 @@ class RobustAggregator:
         return wire.unflatten(direction, self.layout, dtype=np.float32), row
 
     def state(self) -> RobustState:
-        return RobustState(p=self.p, center=self.center, byzantine_nodes=self.byzantine_nodes)
+        return RobustState(p=self.p, center=self.center)
 
     def restore(self, state: dict[str, Any]) -> None:
         for name in self.state_attrs:

@@ -53,7 +53,7 @@ from app.privacy.shuffle import row_bound
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
-from strategies.aggregators import Aggregator, Mean, make_aggregator
+from strategies.aggregators import Aggregator, Mean, make_aggregator, with_harness
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
@@ -123,7 +123,8 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         #: the last round's row while its evaluation travels with the next round's first exchange
         self.pending: dict[str, Any] | None = None
         #: how each exchange's updates are combined (the mean, Grad-BANT, Krum, ...)
-        self.aggregator: Aggregator = aggregator if aggregator is not None else make_aggregator(settings)
+        self.aggregator: Aggregator = with_harness(aggregator if aggregator is not None else make_aggregator(settings),
+                                                   settings)
         self.aggregator.bind(self)
         #: the aggregator's entries for the round's row (each silo's weight, ...)
         self.aggregate_row: dict[str, Any] = {}

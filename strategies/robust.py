@@ -27,7 +27,7 @@ class ByzantineRobust(FederatedOptimizer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(self.aggregator, Rule):
+        if not isinstance(getattr(self.aggregator, "inner", self.aggregator), Rule):
             raise ValueError("algorithm robust needs a robust rule (aggregators.Rule or GradBANT), not the mean")
         self.phase = self.scheduled_phase(1)  # the same every round: grad, or local with Q > 1
 
@@ -36,7 +36,7 @@ class ByzantineRobust(FederatedOptimizer):
         updates = yield ex
         if not updates:
             return StepResult(None)
-        direction, row = self.aggregator.impl.combine_flat(rnd, ex, updates)
+        direction, row = self.aggregator.combine_flat(rnd, ex, updates)  # type: ignore[attr-defined]
         if direction is None:
             return StepResult(None, row)
         flat = flatten(w).astype(np.float64) - self.s.lr * direction

@@ -120,3 +120,19 @@ def test_knobs_are_constructor_arguments_checked_as_the_run_config() -> None:
         STRATEGIES["spider"](s, LAYOUT, spider_q=0)
     with pytest.raises(ConfigError, match="unknown knob"):
         STRATEGIES["spider"](s, LAYOUT, q=2)
+
+
+def test_the_attack_harness_wraps_the_mean_too() -> None:
+    """mbsgd + the mean under a sign-flip attack: the Byzantine silo's message is negated before
+    the mean (w1 = w0 - lr * mean(v0, v1, -v2)), and the row counts it."""
+    from strategies.byzantine_harness import Attacked
+
+    s = parse_settings({"algorithm": "mbsgd", "lr": 0.5, "privacy.mode": "off", "num-silos": 3,
+                        "silos-per-round": 3, "attack.kind": "sign-flip", "attack.fraction": 0.34})
+    opt = STRATEGIES["mbsgd"](s, LAYOUT)
+    assert isinstance(opt.aggregator, Attacked) and isinstance(opt.aggregator.inner, Mean)
+    opt.aggregator.byzantine_nodes = {1002}  # what prepare() learns from the identity query
+    w1 = opt.step(1, W0, lambda phase, at, prev=None: _updates(VECTORS)).model
+    flipped = np.array(VECTORS[:2] + [[-x for x in VECTORS[2]]])
+    np.testing.assert_allclose(w1["w"], W0["w"] - 0.5 * flipped.mean(axis=0), rtol=1e-6)
+    assert opt.aggregate_row == {"byzantine_answered": 1}
