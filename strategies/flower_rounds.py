@@ -10,7 +10,10 @@ with any aggregation rule) runs under Flower's own ``Strategy.start``:
   ``num-rounds``), evaluate the new model on every silo node in an exchange of its own, which is
   what silofl's driver (strategies/loop.py ``run``) gives with folded evaluation: the same rows.
 
-Flower's ``start`` returns the last iterate (``output`` = random is silofl's driver's); a round
+``train_config``/``evaluate_config`` are not used: silofl's typed instruction carries everything a
+silo needs (its phase, points, sketch, local steps), from the strategy's settings; ``num_rounds``
+should be the settings' ``num-rounds`` (the last round's evaluation, and each silo's privacy
+calibration, are planned for it). Flower's ``start`` returns the last iterate (``output`` = random is silofl's driver's); a round
 with a ClientApp failure stops it as it stops silofl's driver (``fail-on-client-error``). What only
 silofl's driver does: waiting for nodes with ``node-wait``, checkpoints and resume, evaluation
 folded into the next exchange, the shuffler relay (shuffle DP) and rounds of several exchanges
