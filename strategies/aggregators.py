@@ -87,10 +87,6 @@ class Rule(Aggregator):
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
         return self.impl.combine(rnd, ex, updates)
 
-    def combine_flat(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Any, dict[str, Any]]:
-        """The rule's direction as a flat float64 gradient (algorithm robust's step)."""
-        return self.impl.combine_flat(rnd, ex, updates)
-
     def state(self) -> dict[str, Any]:
         return self.impl.state()
 

@@ -120,9 +120,6 @@ class Attacked:
         out, row = self.inner.combine(rnd, ex, self.attacked(rnd, updates))
         return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | row
 
-    def combine_flat(self, rnd: int, ex: Any, updates: Any) -> tuple[Any, dict[str, Any]]:
-        return self.inner.combine_flat(rnd, ex, self.attacked(rnd, updates))
-
     def state(self) -> dict[str, Any]:
         inner = self.inner.state()
         return {"byzantine_nodes": self.byzantine_nodes} | ({"inner": inner} if inner else {})

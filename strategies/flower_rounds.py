@@ -90,7 +90,7 @@ class FlowerRounds(Strategy):
         try:
             ex = next(gen)
         except StopIteration as stop:  # a round that asks nothing
-            op.result = stop.value if stop.value is not None else StepResult(None)
+            op.result = self.finish_step(stop.value)
             return []
         return self.train_messages(ctx, ex)
 
@@ -105,7 +105,7 @@ class FlowerRounds(Strategy):
             try:
                 op.gen.send(updates)
             except StopIteration as stop:
-                op.result = stop.value if stop.value is not None else StepResult(None)
+                op.result = self.finish_step(stop.value)
             else:
                 op.gen.close()
                 raise MultiExchangeRound(f"{type(self).__name__} asks more than one exchange in round {server_round}: "

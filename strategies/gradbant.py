@@ -312,7 +312,7 @@ class RobustAggregator:
             return None, row
         if ex.phase == Phase.LOCAL:
             direction = -self.s.lr * direction
-        return wire.unflatten(direction, self.layout, dtype=np.float32), row
+        return wire.unflatten(direction, self.layout, dtype=np.float64), row
 
     def state(self) -> RobustState:
         return RobustState(p=self.p, center=self.center)

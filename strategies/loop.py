@@ -144,7 +144,13 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             while True:
                 ex = gen.send(ask(ex.phase, ex.at, ex.prev))
         except StopIteration as stop:
-            return stop.value if stop.value is not None else StepResult(None)
+            return self.finish_step(stop.value)
+
+    def finish_step(self, result: StepResult | None) -> StepResult:
+        """The step's result with the aggregator's row entries of the round (its weights, ...)."""
+        result = result if result is not None else StepResult(None)
+        row, self.aggregate_row = self.aggregate_row | result.row, {}
+        return StepResult(result.model, row)
 
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Once, after the nodes have connected and before round 1."""
@@ -376,8 +382,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
             "uplink_floats": ctx.floats, "uploads_G": self.uploads,
         }
-        agg_row, self.aggregate_row = self.aggregate_row, {}
-        return w, row | extra_row | agg_row | result.row
+        return w, row | extra_row | result.row
 
     @staticmethod
     def _fold_evaluation(tally: EvaluationTally, replies: Any, trained: set[int]) -> list[Message]:

@@ -78,5 +78,7 @@ def composite_prox(s: Settings) -> Prox:
 
 
 def prox_step(prox: Prox, w: Params, direction: Params, lr: float) -> Params:
-    """prox_{eta f1}(w - eta * direction)."""
-    return prox({k: w[k] - lr * direction[k] for k in w}, lr)
+    """prox_{eta f1}(w - eta * direction). A step out of float32's range comes out non-finite
+    without a warning: the loop's guard skips it and logs it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return prox({k: w[k] - lr * direction[k] for k in w}, lr)

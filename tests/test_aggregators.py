@@ -132,7 +132,7 @@ def test_the_attack_harness_wraps_the_mean_too() -> None:
     opt = STRATEGIES["mbsgd"](s, LAYOUT)
     assert isinstance(opt.aggregator, Attacked) and isinstance(opt.aggregator.inner, Mean)
     opt.aggregator.byzantine_nodes = {1002}  # what prepare() learns from the identity query
-    w1 = opt.step(1, W0, lambda phase, at, prev=None: _updates(VECTORS)).model
+    result = opt.step(1, W0, lambda phase, at, prev=None: _updates(VECTORS))
     flipped = np.array(VECTORS[:2] + [[-x for x in VECTORS[2]]])
-    np.testing.assert_allclose(w1["w"], W0["w"] - 0.5 * flipped.mean(axis=0), rtol=1e-6)
-    assert opt.aggregate_row == {"byzantine_answered": 1}
+    np.testing.assert_allclose(result.model["w"], W0["w"] - 0.5 * flipped.mean(axis=0), rtol=1e-6)
+    assert result.row == {"byzantine_answered": 1}
