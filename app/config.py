@@ -160,7 +160,7 @@ class SketchSettings:
 class RobustSettings:
     """The Byzantine-robust line: the aggregation rule, the server's trust set, the rules' knobs."""
 
-    aggregator: str = "gradbant"
+    aggregator: str = "auto"  # parse_settings resolves it: gradbant for algorithm robust, else mean
     trust_size: int = 0
     trust_classes: tuple[int, ...] = ()
     trust_shift: str = "none"
@@ -422,7 +422,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "sketch.ratio": ("sketch.ratio", _num(0, 1, lo_open=True)),
     "sketch.epsilon": ("sketch.epsilon", _num(0, 1, lo_open=True, hi_open=True)),
     "sketch.layerwise": ("sketch.layerwise", _bool),
-    "aggregator": ("robust.aggregator", _str(AGGREGATORS)),
+    "aggregator": ("robust.aggregator", _str(("auto", *AGGREGATORS))),
     "trust.size": ("robust.trust_size", _num(0, 1_000_000, integer=True)),
     "trust.classes": ("robust.trust_classes", _int_list),
     "trust.shift": ("robust.trust_shift", _str(TRUST_SHIFTS)),
@@ -518,7 +518,7 @@ def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
         if _is_preset(flat, key):
             flat[key] = values[key]
     if preset_aware and flat["gradbant.noise-aware"] is True and not (
-            flat.get("aggregator", RobustSettings.aggregator) == "gradbant" and mode in ("isrl", "off")
+            flat.get("aggregator", "auto") in ("auto", "gradbant") and algorithm == "robust" and mode in ("isrl", "off")
             and flat.get("sketch.kind", "none") in NOISE_AWARE_SKETCH_KINDS):
         flat["gradbant.noise-aware"] = False  # the preset's choice applies to Grad-BANT where it is exact only
     num_silos = flat["num-silos"]
@@ -604,32 +604,42 @@ def _check_shuffle(s: Settings) -> None:
                           f"{s.silos_per_round}] (0 means silos-per-round)")
 
 
+def effective_aggregator(s: Settings) -> str:
+    """The run's aggregation rule: ``aggregator``, where ``auto`` (the default) is Grad-BANT for
+    algorithm robust and the mean for every other algorithm (strategies/aggregators.py)."""
+    if s.robust.aggregator == "auto":
+        return "gradbant" if s.algorithm == "robust" else "mean"
+    return s.robust.aggregator
+
+
 def _check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
+    agg = effective_aggregator(s)
     _check_byzantine_f(s)
-    if s.attack.kind != "none" and s.algorithm != "robust":
-        raise ConfigError(f"attack.kind = {s.attack.kind!r} needs algorithm = 'robust' (the Byzantine-robust "
-                          f"training loop); got algorithm = {s.algorithm!r}")
     if s.algorithm != "robust":
-        return
-    if s.robust.aggregator in TRUST_AGGREGATORS and s.robust.trust_size < 1:
-        raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {s.robust.aggregator!r}; allowed: "
+        from strategies.aggregators import refuse_combination
+
+        refuse_combination(s)  # ConfigError (one line) for a rule this algorithm cannot aggregate with
+        if agg == "mean" and s.attack.kind == "none":
+            return
+    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1:
+        raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {agg!r}; allowed: "
                           "[1, number of records) (the server's trust set, e.g. 500)")
     byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0
     stated = s.robust.byzantine_f >= 0  # then _check_byzantine_f checks the rule against the stated f
-    if not stated and s.robust.aggregator not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
+    if not stated and agg not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
         raise ConfigError(
-            f"aggregator = {s.robust.aggregator!r} needs an honest majority, but attack.fraction = {s.attack.fraction:g} "
+            f"aggregator = {agg!r} needs an honest majority, but attack.fraction = {s.attack.fraction:g} "
             f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
             "use gradbant, fltrust or mean, or a smaller fraction")
-    if not stated and s.robust.aggregator in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = min_clients
+    if not stated and agg in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = min_clients
         raise ConfigError(
-            f"aggregator = {s.robust.aggregator!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
+            f"aggregator = {agg!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
             f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
             "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
     if s.robust.gradbant_noise_aware:
-        if s.robust.aggregator != "gradbant":
-            raise ConfigError(f"gradbant.noise-aware = true needs aggregator = 'gradbant', got {s.robust.aggregator!r}")
+        if agg != "gradbant":
+            raise ConfigError(f"gradbant.noise-aware = true needs aggregator = 'gradbant', got {agg!r}")
         if s.privacy.enabled and s.privacy.mode != "isrl":
             raise ConfigError(f"gradbant.noise-aware = true needs privacy.mode = 'isrl' or 'off', got {s.privacy.mode!r}")
         if s.sketch.kind not in NOISE_AWARE_SKETCH_KINDS:
@@ -649,8 +659,8 @@ def _check_byzantine_f(s: Settings) -> None:
     (a simulation: its harness tells the rule each round's count), and within the rule's limit for
     the silos-per-round replies it aggregates: n > 2f + 2 for Krum and Multi-Krum, n > 2f for the
     other honest-majority rules; f > 0 with no rule that tolerates Byzantine silos is refused."""
-    f, rule, n = s.robust.byzantine_f, s.robust.aggregator, s.silos_per_round
-    robust = s.algorithm == "robust"
+    f, rule, n = s.robust.byzantine_f, effective_aggregator(s), s.silos_per_round
+    robust = s.algorithm == "robust" or rule != "mean"
     # the largest f the rule accepts from n replies (= strategies.aggregation.min_clients)
     most = (n - 3) // 2 if rule in KRUM_AGGREGATORS else (n - 1) // 2
     allowed = f"[0, {most}]" if most >= 0 else f"none (silos-per-round = {n}; {rule} needs at least 3)"

@@ -197,9 +197,16 @@ def _attacked(s: Any) -> bool:
     return s.algorithm == "robust" and s.attack.kind != "none" and s.attack.fraction > 0
 
 
+def _rule(s: Any) -> str:
+    """The run's aggregation rule (``auto`` resolved)."""
+    from app.config import effective_aggregator
+
+    return effective_aggregator(s)
+
+
 def _blame_divergence(s: Any) -> Blame:
     """A growing or non-finite loss: a non-robust rule averaging in attackers, else the step size."""
-    agg = s.robust.aggregator
+    agg = _rule(s)
     if _attacked(s) and agg != "gradbant":
         return Blame("aggregator", agg, f"aggregator={agg} let the attack (attack.kind={s.attack.kind} at "
                      f"attack.fraction={_g(s.attack.fraction)}) steer the model; try aggregator=gradbant")
@@ -218,7 +225,7 @@ def _blame_no_progress(s: Any, counts: Mapping[str, int], refusals: Sequence[str
     """The aggregator rejecting everything (Grad-BANT: the smoothness, the DP noise, the sketch,
     the batch noise), or the silos not answering (their refusals)."""
     if counts["all-rejected"] >= counts["no-update"]:
-        agg = s.robust.aggregator
+        agg = _rule(s)
         if agg == "gradbant":
             return _blame_gradbant(s, rows)
         if agg == "fltrust" and s.privacy.enabled:

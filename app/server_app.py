@@ -210,8 +210,8 @@ def main(grid: Grid, context: Context) -> None:
     stopped: str | None = None
     failures_stopped = False  # the first round with a ClientApp failure ended the run (its reason says so)
     try:
-        result = strategy.start(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
-                                checkpoint=checkpoint if s.checkpoint else None, resume=resume_state)
+        result = strategy.run(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
+                              checkpoint=checkpoint if s.checkpoint else None, resume=resume_state)
     except (TooFewSilos, ClientAppsFailed) as exc:  # write what there is, then fail the run
         log(ERROR, "%s", exc)
         stopped, failures_stopped = str(exc), isinstance(exc, ClientAppsFailed)

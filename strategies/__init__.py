@@ -1,18 +1,21 @@
 """Server side: the round loop (loop.py), reply validation and decoding (replies.py),
-evaluation (evaluation.py), one server step per optimiser, the aggregation rules, Grad-BANT and
-the simulation's attack harness.
+evaluation (evaluation.py), one server step per optimiser, the aggregation rules as components
+(aggregators.py; the rules' maths in aggregation.py), Grad-BANT and the simulation's attack harness.
 
 ``STRATEGIES`` maps each algorithm of ``app/algorithms/`` to the optimiser that serves it: every
-``FederatedOptimizer`` subclass in this package names its algorithms in ``algorithms``.
+``FederatedOptimizer`` subclass in this package names its algorithms in ``algorithms``. It is
+built on first use, so importing one piece (``strategies.aggregation``: numpy only) loads
+neither torch nor Flower's server.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING, Any
 
-from app.algorithms import ALGORITHMS
-from strategies.loop import FederatedOptimizer
+if TYPE_CHECKING:
+    from strategies.loop import FederatedOptimizer
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -23,6 +26,9 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _registry() -> dict[str, type[FederatedOptimizer]]:
+    from app.algorithms import ALGORITHMS
+    from strategies.loop import FederatedOptimizer
+
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
     found: dict[str, type[FederatedOptimizer]] = {}
@@ -37,6 +43,16 @@ def _registry() -> dict[str, type[FederatedOptimizer]]:
     return dict(sorted(found.items()))
 
 
-STRATEGIES: dict[str, type[FederatedOptimizer]] = _registry()
+def __getattr__(name: str) -> Any:
+    """``STRATEGIES`` (built once, on first use) and ``FederatedOptimizer``."""
+    if name == "STRATEGIES":
+        globals()["STRATEGIES"] = value = _registry()
+        return value
+    if name == "FederatedOptimizer":
+        from strategies.loop import FederatedOptimizer
+
+        return FederatedOptimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["STRATEGIES", "FederatedOptimizer"]

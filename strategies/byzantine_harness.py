@@ -12,18 +12,23 @@ y, and the server lifts S^T y), by the attack's output:
 * ``gaussian``: N(0, attack.noise-std^2) in every coordinate.
 
 Data-level attacks (label flipping, random labels) run on the Byzantine silos themselves
-(clients/byzantine.py) and need nothing here.
+(clients/byzantine.py) and need nothing here. :class:`Attacked` wraps any aggregator with the
+harness (strategies/aggregators.py does when attack.kind is set).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
+from logging import WARNING
+from typing import Any
 
 import numpy as np
+from flwr.common import log
 
 from app.config import Settings
 from app.seeding import np_rng
-from app.attacks import MODEL_ATTACKS, alie, alie_z, byzantine_count, gaussian_noise, ipm, sign_flip
+from app.attacks import MODEL_ATTACKS, alie, alie_z, byzantine_count, byzantine_indices, gaussian_noise, ipm, sign_flip
 
 
 def alie_z_for(s: Settings, n: int, f: int) -> float:
@@ -60,3 +65,66 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
             new = alie(stack, n, f, z=alie_z_for(s, n, f))
         out[node] = np.asarray(new, dtype=np.float32)
     return out
+
+
+class Attacked:
+    """The attack harness as a wrapper around any aggregator (simulation only; attack.kind set):
+    it learns which nodes are Byzantine once (the experiment's ground truth, :meth:`prepare`),
+    replaces their messages each exchange (a model attack) before ``inner`` combines them, and
+    tells ``inner`` who they were (the reported Byzantine weight; f when byzantine.f is unset)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.byzantine_nodes: set[int] = set()
+
+    def bind(self, owner: Any) -> None:
+        self.s: Settings = owner.s
+        self.byzantine = byzantine_indices(owner.s)
+        self.inner.bind(owner)
+
+    def prepare(self, grid: Any, timeout: float) -> None:
+        """Learn which nodes are Byzantine: every node is asked once for its partition id; an
+        answer that is not a valid, unique partition id marks nobody. The server never weights a
+        silo by it."""
+        self.inner.prepare(grid, timeout)
+        if self.s.attack.kind == "none" or not self.byzantine:
+            return
+        from flwr.app import Message, RecordDict
+
+        from app import wire
+
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.IDENTITY_QUERY) for n in sorted(grid.get_node_ids())]
+        claims: dict[int, int] = {}
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            try:
+                claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
+            except wire.ReplyError as exc:
+                log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
+        counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
+        self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
+
+    def attacked(self, rnd: int, updates: Any) -> Any:
+        """``updates`` with the Byzantine nodes' messages replaced (lifted once more: only those)."""
+        byz = self.byzantine_nodes & set(updates.nodes)
+        if hasattr(self.inner, "impl"):
+            self.inner.impl.oracle = byz
+        if self.s.attack.kind not in MODEL_ATTACKS or not byz:
+            return updates
+        messages = attack_messages(self.s, rnd, updates.messages, byz)
+        lifted = [updates.lift(messages[node]) if node in byz else u
+                  for node, u in zip(updates.nodes, updates.updates, strict=True)]
+        return replace(updates, updates=lifted, messages=messages)
+
+    def combine(self, rnd: int, ex: Any, updates: Any) -> tuple[Any, dict[str, Any]]:
+        out, row = self.inner.combine(rnd, ex, self.attacked(rnd, updates))
+        return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | row
+
+    def state(self) -> dict[str, Any]:
+        inner = self.inner.state()
+        return {"byzantine_nodes": self.byzantine_nodes} | ({"inner": inner} if inner else {})
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.byzantine_nodes = set(state["byzantine_nodes"])
+        if "inner" in state:
+            self.inner.restore(state["inner"])

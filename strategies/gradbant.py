@@ -36,13 +36,11 @@ is configured the server asks each node once, at the start, for its partition id
 from __future__ import annotations
 
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
 from flwr.common import log
-from flwr.serverapp import Grid
 
 from app import wire
 from app.algorithms import Phase
@@ -51,11 +49,9 @@ from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
-from app.attacks import MODEL_ATTACKS, byzantine_indices
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
-from strategies.loop import Ask, FederatedOptimizer, StepResult
-from strategies.replies import Params, flatten
-from strategies.byzantine_harness import attack_messages
+from strategies.exchange import Exchange
+from strategies.replies import NodeRoster, Params, Updates, flatten
 
 
 def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.ndarray, beta: float,
@@ -173,20 +169,30 @@ def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
     return var * lift_noise_factor(block_shaped_sketch(s, layout), n)
 
 
-class ByzantineRobust(FederatedOptimizer):
-    """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages."""
+class RobustState(TypedDict):
+    """What a robust rule carries across rounds: Grad-BANT's trust weights p and centered
+    clipping's last aggregate."""
 
-    algorithms = ("robust",)
-    #: the trust weights p, centered clipping's last aggregate, the harness's Byzantine nodes
-    state_attrs = ("p", "center", "byzantine_nodes")
+    p: np.ndarray
+    center: np.ndarray | None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        s = self.s
-        self.phase = self.scheduled_phase(1)  # the same every round: grad, or local with Q > 1
-        self.byzantine = byzantine_indices(s)
+
+class RobustAggregator:
+    """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages: the
+    aggregation component (strategies/aggregators.py) of any optimiser. ``phase``: the phase of
+    the run's messages when it is one for the whole run (algorithm robust: grad, or local with
+    Q > 1), for noise-aware Grad-BANT's sampling noise."""
+
+    state_attrs = tuple(RobustState.__annotations__)
+
+    def __init__(self, s: Settings, layout: dict[str, tuple[int, ...]], roster: NodeRoster,
+                 phase: Phase | None = None) -> None:
+        self.s, self.layout, self.roster = s, layout, roster
+        self.phase = phase
         self.p = np.full(s.num_silos, 1.0 / s.num_silos)
-        self.byzantine_nodes: set[int] = set()  # the experiment's ground truth, learnt in prepare()
+        #: the Byzantine nodes the simulation's attack harness names (strategies/byzantine_harness.py
+        #: sets it): the reported Byzantine weight, and f when byzantine.f is not stated
+        self.oracle: set[int] = set()
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
         self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
         shape, classes = dataset_meta(s)
@@ -208,14 +214,15 @@ class ByzantineRobust(FederatedOptimizer):
                 s.attack.kind)
 
     # -- the server's reference on the trust set -------------------------------------------
-    def reference(self, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
+    def reference(self, w: dict[str, np.ndarray], server_round: int, phase: Phase | None = None) -> np.ndarray:
         """g0: the trust-set gradient at w (one message), or the pseudo-gradient of Q local SGD
         steps of size gamma on trust-set batches of the silos' batch size."""
         assert self.trust is not None
+        phase = self.phase if phase is None else phase
         params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
         x_all, y_all = self.trust.x, self.trust.y
         rng = np_rng(self.s.seed, "trust-batches", server_round)
-        steps = self.s.local_steps if self.phase == Phase.LOCAL else 1
+        steps = self.s.local_steps if phase == Phase.LOCAL else 1
         k = self.s.batch_size or len(y_all)
         start = {key: v.clone() for key, v in params.items()}
         grad = None
@@ -226,7 +233,7 @@ class ByzantineRobust(FederatedOptimizer):
             loss = cross_entropy(torch.func.functional_call(self.model, live, (x_all[idx],)), y_all[idx])
             grad = dict(zip(live, torch.autograd.grad(loss, list(live.values())), strict=True))
             params = {key: (params[key] - self.s.lr * grad[key]).detach() for key in params}
-        if self.phase == Phase.GRAD:
+        if phase != Phase.LOCAL:
             assert grad is not None
             return flatten({key: g.numpy() for key, g in grad.items()})
         return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
@@ -259,7 +266,8 @@ class ByzantineRobust(FederatedOptimizer):
             rows = clip_rows(rows, self.s.privacy.clip)
         return rows.double().numpy()
 
-    def score_inputs(self, w: dict[str, np.ndarray], server_round: int) -> tuple[np.ndarray, float, float]:
+    def score_inputs(self, w: dict[str, np.ndarray], server_round: int,
+                     ex: Exchange | None = None) -> tuple[np.ndarray, float, float]:
         """(g0, L, c) of this round's Grad-BANT scores. Noise-aware with gradient messages: g0 is
         the mean of the trust set's (clipped) per-record gradients and c adds their minibatch
         sampling noise (:func:`minibatch_noise_energy`); otherwise g0 is :meth:`reference` and c
@@ -271,62 +279,61 @@ class ByzantineRobust(FederatedOptimizer):
             batch = self.s.batch_size or self.fewest_records
             c = self.noise_energy + minibatch_noise_energy(rows, batch, self.fewest_records, self.lift_kappa)
         else:
-            g0, c = self.reference(w, server_round).astype(np.float64), self.noise_energy
+            g0, c = self._reference_for(ex, w, server_round).astype(np.float64), self.noise_energy
         smooth = self.s.robust.gradbant_smoothness
         if smooth == "auto":
             smooth = secant_smoothness(self.trust_gradient, w, g0, self.s.lr, self.layout)
         return g0, float(smooth), c
 
     # -- one round -------------------------------------------------------------------------
-    def prepare(self, grid: Grid, timeout: float) -> None:
-        """Learn which nodes are Byzantine (the experiment's ground truth; only with an attack):
-        every node is asked once for its partition id; an answer that is not a valid, unique
-        partition id marks nobody. The server never weights a silo by it."""
-        if self.s.attack.kind == "none" or not self.byzantine:
-            return
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.IDENTITY_QUERY) for n in sorted(grid.get_node_ids())]
-        claims: dict[int, int] = {}
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            try:
-                claims[reply.metadata.src_node_id] = wire.read_identity(reply.content, self.s.num_silos)
-            except wire.ReplyError as exc:
-                log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
-        counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
-        self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
-
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(self.phase, w)
-        if not updates:
-            return StepResult(None)
+    def combine_flat(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The rule's direction over one exchange's (lifted; in a simulation, attacked) messages as a flat float64
+        gradient (a local phase's model changes d as pseudo-gradients -d / gamma), or None (the
+        rule kept nothing), and the row's entries (each silo's weight, the Byzantine weight)."""
         nodes = updates.nodes
-        byz_nodes = self.byzantine_nodes & set(nodes)
-        messages = attack_messages(self.s, rnd, updates.messages, byz_nodes)
-        # the replies were lifted (and bounded) once when they were validated; only the messages
-        # the harness replaced (the Byzantine nodes' under a model attack) are lifted here
-        replaced = byz_nodes if self.s.attack.kind in MODEL_ATTACKS else set()
-        lifted = np.stack([flatten(updates.lift(messages[node])) if node in replaced else flatten(u)
-                           for node, u in zip(nodes, updates.updates, strict=True)]).astype(np.float64)
-        if self.phase == Phase.LOCAL:
+        byz_nodes = self.oracle & set(nodes)
+        lifted = np.stack([flatten(u) for u in updates.updates]).astype(np.float64)
+        if ex.phase == Phase.LOCAL:
             lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
         idx = np.array([self.roster.slot(node) for node in nodes])
         if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
             self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
         f = self.s.robust.byzantine_f if self.s.robust.byzantine_f >= 0 else len(byz_nodes)
-        direction, weights = self.aggregate(lifted, idx, w, rnd, f)
+        direction, weights = self.aggregate(lifted, idx, ex.at, rnd, f, ex)
         row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
                "byzantine_answered": len(byz_nodes)} | self.score_terms
+        return direction, row
+
+    def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
+        """:meth:`combine_flat` in the messages' own space (a local phase: a model change)."""
+        direction, row = self.combine_flat(rnd, ex, updates)
         if direction is None:
-            return StepResult(None, row)
-        flat = flatten(w).astype(np.float64) - self.s.lr * direction
-        return StepResult(wire.unflatten(flat, self.layout, dtype=np.float64), row)
+            return None, row
+        if ex.phase == Phase.LOCAL:
+            direction = -self.s.lr * direction
+        return wire.unflatten(direction, self.layout, dtype=np.float64), row
+
+    def state(self) -> RobustState:
+        return RobustState(p=self.p, center=self.center)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name in self.state_attrs:
+            setattr(self, name, state[name])
+
+    def _reference_for(self, ex: Exchange | None, w: dict[str, np.ndarray], server_round: int) -> np.ndarray:
+        """The trust set's own version of the exchange's message: g0 at w, the local
+        pseudo-gradient, or for a difference grad f0(at) - grad f0(prev) on the whole trust set."""
+        if ex is not None and ex.phase == Phase.DIFF and ex.prev is not None:
+            return self.trust_gradient(ex.at) - self.trust_gradient(ex.prev)
+        return self.reference(w, server_round, None if ex is None else ex.phase)
 
     def aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
-                  f: int) -> tuple[np.ndarray | None, np.ndarray]:
+                  f: int, ex: Exchange | None = None) -> tuple[np.ndarray | None, np.ndarray]:
         """The round's direction (None: the model stays) and the weight each message got."""
         rule = self.s.robust.aggregator
         if rule == "gradbant":
-            g0, smooth, c = self.score_inputs(w, server_round)
+            g0, smooth, c = self.score_inputs(w, server_round, ex)
             if self.s.robust.gradbant_smoothness == "auto" or self.s.robust.gradbant_noise_aware:
                 self.score_terms = {"gradbant_smoothness": smooth, "gradbant_noise_energy": c}
             direction, self.p, a, _ = gradbant_step(g0, lifted, self.p, idx, self.s.robust.gradbant_beta,
@@ -337,7 +344,7 @@ class ByzantineRobust(FederatedOptimizer):
         spec = RULES[rule]
         kwargs: dict[str, Any] = {}
         if "trust_update" in spec.inputs:
-            kwargs["trust_update"] = self.reference(w, server_round)
+            kwargs["trust_update"] = self._reference_for(ex, w, server_round)
         if "f" in spec.inputs:
             kwargs["f"] = f
         if "center" in spec.inputs:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer
 from strategies.replies import Params
 
 
 class LocalSGD(FederatedOptimizer):
     algorithms = ("localsgd",)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(Phase.LOCAL, w)
-        if not updates:
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        ex = Exchange(Phase.LOCAL, w)
+        updates = yield ex
+        delta = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if delta is None:
             return StepResult(None)
-        delta = updates.mean()
         return StepResult({k: (w[k] + delta[k]).astype(np.float32) for k in w})

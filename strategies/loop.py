@@ -1,14 +1,15 @@
 """The server's round loop, shared by every optimiser.
 
 Each round the loop samples M of the N silo nodes uniformly at random (the paper's Assumption 3)
-and calls the optimiser's one hook,
+and runs the optimiser's one hook, a generator of exchanges (strategies/exchange.py),
 
-    step(rnd, w, ask) -> StepResult(new model or None, extra row entries)
+    exchanges(rnd, w): updates = yield Exchange(phase, at, prev); ...; return StepResult(model, row)
 
-where ``ask(phase, at, prev=None)`` sends the sampled silos an :class:`~app.wire.Instruction`
-for one release and returns their valid decoded replies (:class:`~strategies.replies.Updates`;
-an invalid, refused or failed reply counts as a dropped silo). A round may hold several
-exchanges (Fed-SPIDER's two uploads). The loop then guards the model (a step that would leave it
+each yielded exchange sends the sampled silos an :class:`~app.wire.Instruction` for one release
+and gets back their valid decoded replies (:class:`~strategies.replies.Updates`; an invalid,
+refused or failed reply counts as a dropped silo). A round may hold several exchanges
+(Fed-SPIDER's two uploads) under :meth:`FederatedOptimizer.run`, silofl's driver; a round of one
+exchange also runs under Flower's own ``Strategy.start`` (strategies/flower_rounds.py). The loop then guards the model (a step that would leave it
 non-finite or outside float32's range is skipped and logged, and the row says ``step_skipped``),
 evaluates, and records the round (``non_finite_updates``: silos that refused because their update
 came out non-finite; both keys only when it happened, for app/run_health.py).
@@ -36,7 +37,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -50,11 +50,15 @@ from app.algorithms import Algorithm, Phase, get_algorithm
 from app.config import Settings
 from app.privacy.mechanism import server_decoder
 from app.privacy.shuffle import row_bound
-from app.prox import Prox, make_prox
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
-from strategies.messaging import is_unavailable
+from strategies.aggregators import Aggregator, Mean, make_aggregator, with_harness
+from strategies.exchange import Exchange, Round, RoundContext, StepResult
+from strategies.flower_rounds import FlowerRounds
+from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
+from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
+                              same_point, with_knobs)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 
@@ -64,64 +68,33 @@ Ask = Callable[..., Updates]
 Checkpointer = Callable[[int, Params], None]
 
 
-class TooFewSilos(RuntimeError):
-    """Fewer than min-silos silo nodes are connected, after waiting node-wait seconds."""
-
-
-class ClientAppsFailed(RuntimeError):
-    """With fail-on-client-error, a round in which a ClientApp failed ends the run: the run is
-    failed anyway, and the failure (a node without the device asked for, data it cannot read)
-    would repeat every round while the other silos spend their privacy budgets."""
-
-
-@dataclass
-class StepResult:
-    """What a step returns: the next model (None: unchanged) and extra entries for the round's row."""
-
-    model: Params | None
-    row: dict[str, Any] = field(default_factory=dict)
-
-
-class IterateSampler:
-    """One iterate drawn uniformly from all those offered so far (reservoir sampling: the t-th
-    offer replaces the kept one with probability 1/t), in O(1) memory. This is how the paper's
-    output w_priv ~ Unif{w_1, ..., w_R} is drawn without storing R models."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.seen = 0
-        self.round: int | None = None
-        self.value: dict[str, np.ndarray] | None = None
-
-    def offer(self, rnd: int, w: dict[str, np.ndarray]) -> None:
-        self.seen += 1
-        if self.rng.random() < 1.0 / self.seen:
-            self.round, self.value = rnd, {k: np.array(v, copy=True) for k, v in w.items()}
-
-
-@dataclass
-class RunResult:
-    """The run's output iterate, the round it comes from, and its evaluation (output = random)."""
-
-    model: Params
-    round: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class FederatedOptimizer:
-    """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers.
-    Subclasses name the algorithms they serve and implement :meth:`step`."""
+class FederatedOptimizer(SiloNodes, FlowerRounds):
+    """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers: a
+    ``flwr.serverapp.strategy.Strategy``. Subclasses name the algorithms they serve and implement
+    :meth:`exchanges`. Flower's own ``start`` runs a one-exchange optimiser
+    (strategies/flower_rounds.py); :meth:`run` is silofl's driver of the same class (node
+    waiting, checkpoints, folded evaluation, the shuffler relay, several exchanges a round)."""
 
     #: the algorithm names (app/algorithms/) this optimiser is the server step of
     algorithms: ClassVar[tuple[str, ...]] = ()
     #: the instance attributes, besides the loop's own, that make up the optimiser's state
-    #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one)
+    #: (what a checkpoint must hold for a resumed run to go on exactly as an uninterrupted one):
+    #: the keys of the optimiser's state TypedDict (spider.SpiderState, spider_alt.SpiderAltState;
+    #: the aggregator's, gradbant.RobustState, rides under "aggregator")
     state_attrs: ClassVar[tuple[str, ...]] = ()
     #: carry each round's evaluation in the next round's first exchange (False: an exchange of its own)
     fold_evaluation: ClassVar[bool] = True
+    #: the most exchanges one round asks (1: the optimiser also runs under Flower's own start)
+    exchanges_per_round: ClassVar[int] = 1
 
     def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
-                 node_wait_s: float | None = None) -> None:
+                 node_wait_s: float | None = None, *, aggregator: Aggregator | None = None, **knobs: Any) -> None:
+        """``settings``: the run's (app.config.parse_settings); ``layout``: the model's parameter
+        shapes; ``aggregator``: how each exchange's updates are combined (default: the run
+        config's ``aggregator``, strategies/aggregators.py); ``knobs``: run-config keys with
+        ``.``/``-`` written ``_`` (``lr=0.1``, ``spider_q=5``, ``local_steps=2``), checked as the
+        run config is, over ``settings``."""
+        settings = with_knobs(settings, knobs) if knobs else settings
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.layout = layout
@@ -149,20 +122,72 @@ class FederatedOptimizer:
         self.sampler = IterateSampler(np_rng(settings.seed, "output-iterate"))
         #: the last round's row while its evaluation travels with the next round's first exchange
         self.pending: dict[str, Any] | None = None
+        #: how each exchange's updates are combined (the mean, Grad-BANT, Krum, ...)
+        self.aggregator: Aggregator = with_harness(aggregator if aggregator is not None else make_aggregator(settings),
+                                                   settings)
+        self.aggregator.bind(self)
+        #: the aggregator's entries for the round's row (each silo's weight, ...)
+        self.aggregate_row: dict[str, Any] = {}
 
     # -- the optimiser's hooks ----------------------------------------------------------------
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        """One round from model ``w``: ask the silos for releases, return the next model."""
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        """One round from model ``w``: yield an :class:`Exchange` per release asked of the
+        sampled silos (receiving their valid replies), return the :class:`StepResult`."""
         raise NotImplementedError
+        yield  # pragma: no cover (a generator)
+
+    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+        """Run :meth:`exchanges` with ``ask(phase, at, prev)`` answering each exchange."""
+        gen = self.exchanges(rnd, w)
+        try:
+            ex = next(gen)
+            while True:
+                ex = gen.send(ask(ex.phase, ex.at, ex.prev))
+        except StopIteration as stop:
+            return self.finish_step(stop.value)
+
+    def finish_step(self, result: StepResult | None) -> StepResult:
+        """The step's result with the aggregator's row entries of the round (its weights, ...)."""
+        result = result if result is not None else StepResult(None)
+        row, self.aggregate_row = self.aggregate_row | result.row, {}
+        return StepResult(result.model, row)
 
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Once, after the nodes have connected and before round 1."""
+        self.aggregator.prepare(grid, timeout)
+
+    def combine(self, rnd: int, ex: Exchange, updates: Updates) -> Params | None:
+        """The aggregator's combination of one exchange's updates (None: it kept nothing)."""
+        if type(self.aggregator) is Mean:
+            return updates.mean()
+        out, row = self.aggregator.combine(rnd, ex, updates)
+        self.aggregate_row |= row
+        return out
 
     def scheduled_phase(self, rnd: int) -> Phase:
         """The (first) phase round ``rnd`` asks for in the algorithm's schedule."""
         return self.algorithm.round_phases(self.s, rnd)[0]
 
     # -- the state a checkpoint holds -------------------------------------------------------------
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimiser's own state (its ``state_attrs`` and its aggregator's), what it carries
+        from round to round."""
+        agg = self.aggregator.state()
+        return {name: getattr(self, name) for name in self.state_attrs} | ({"aggregator": agg} if agg else {})
+
+    def restore_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`optimizer_state`'s output."""
+        missing = [name for name in self.state_attrs if name not in state]
+        if missing:
+            raise KeyError(f"{type(self).__name__}: the checkpoint has no {', '.join(missing)}")
+        for name in self.state_attrs:
+            setattr(self, name, state[name])
+        if "aggregator" in state:
+            self.aggregator.restore(state["aggregator"])
+        elif self.aggregator.state():  # a rule with state (Grad-BANT's p) must not restart silently
+            raise KeyError(f"{type(self).__name__}: the checkpoint has no state for aggregator "
+                           f"{self.aggregator.name!r}")
+
     def state(self, rnd: int, w: Params) -> dict[str, Any]:
         """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
         return {
@@ -173,7 +198,7 @@ class FederatedOptimizer:
                         "rng": self.sampler.rng},
             "relay_exchanges": self.relay.exchanges if self.relay is not None else 0,
             "pending": self.pending,
-            "optimizer": {name: getattr(self, name) for name in self.state_attrs},
+            "optimizer": self.optimizer_state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> tuple[int, Params]:
@@ -189,15 +214,14 @@ class FederatedOptimizer:
         if self.relay is not None:
             self.relay.exchanges = int(state["relay_exchanges"])
         self.pending = state.get("pending")
-        for name in self.state_attrs:
-            setattr(self, name, state["optimizer"][name])
+        self.restore_optimizer_state(state["optimizer"])
         w = {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
         return int(state["round"]), w
 
     # -- the loop -------------------------------------------------------------------------------
-    def start(self, grid: Grid, initial: Params, num_rounds: int, timeout: float,
-              checkpoint: Checkpointer | None = None, resume: dict[str, Any] | None = None) -> RunResult:
-        """Run rounds 1..``num_rounds`` from ``initial`` (or, with ``resume``, a checkpoint's
+    def run(self, grid: Grid, initial: Params, num_rounds: int, timeout: float,
+            checkpoint: Checkpointer | None = None, resume: dict[str, Any] | None = None) -> RunResult:
+        """silofl's driver (Flower's ``start`` is the other). Run rounds 1..``num_rounds`` from ``initial`` (or, with ``resume``, a checkpoint's
         state, the rounds after its round); ``checkpoint`` is called after every round.
         Returns the output iterate."""
         self.summary()
@@ -258,19 +282,42 @@ class FederatedOptimizer:
         assert self.pending is not None
         self._finish_pending(self.evaluate(grid, int(self.pending["round"]), w, timeout))
 
-    def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
-        """One round: the optimiser's step through the round's exchanges, the model guard, the row.
-        A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
+    def open_round(self, grid: Grid, rnd: int) -> RoundContext:
+        """Round ``rnd``'s sampled silos, sketch and reply reader."""
         nodes = self.sample_nodes(grid, rnd)
         spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
                             self.s.seed, rnd, self.s.sketch.error_feedback)
         reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self._client_error,
                              self.decode)
-        exchanges: list[Updates] = []
-        counts = {"sent": 0, "floats": 0}
+        return RoundContext(rnd, nodes, spec, reader)
+
+    def train_messages(self, ctx: RoundContext, ex: Exchange, ticket: Any = None,
+                       evaluate_round: int | None = None) -> list[Message]:
+        """The instruction of exchange ``ex`` to each sampled silo."""
+        local = ex.phase == Phase.LOCAL
+        content = wire.Instruction(ctx.rnd, ex.phase, ex.at, ex.prev, ctx.spec, self.s.local_steps if local else None,
+                                   self.s.lr if local else None, ticket, evaluate_round=evaluate_round,
+                                   train_gradient=evaluate_round is not None).encode()
+        messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in ctx.nodes]
+        ctx.sent += len(messages)
+        return messages
+
+    def received(self, ctx: RoundContext, updates: Updates) -> Updates:
+        """Count an exchange's uplink (floats, uploads G) and keep its updates for the row."""
+        floats = updates.uplink_floats if updates.uplink_floats is not None else \
+            len(updates.updates) * (ctx.reader.sketch.payload_size if ctx.reader.sketch is not None else self.n_params)
+        ctx.floats += floats
+        self.uploads += floats / self.n_params
+        ctx.exchanges.append(updates)
+        return updates
+
+    def round(self, grid: Grid, rnd: int, w: Params, timeout: float) -> tuple[Params, dict[str, Any]]:
+        """One round: the optimiser's step through the round's exchanges, the model guard, the row.
+        A row waiting for the evaluation of ``w`` gets it from this round's first exchange."""
+        ctx = self.open_round(grid, rnd)
+        nodes = ctx.nodes
 
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
-            local = phase == Phase.LOCAL
             ticket = self.relay.ticket() if self.relay is not None else None
             tally = None
             if self.pending is not None:  # the evaluation of w waits for this exchange
@@ -278,12 +325,8 @@ class FederatedOptimizer:
                     tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self._client_error)
                 else:
                     self._evaluate_pending(grid, w, timeout)
-            content = wire.Instruction(rnd, phase, at, prev, spec, self.s.local_steps if local else None,
-                                       self.s.lr if local else None, ticket,
-                                       evaluate_round=None if tally is None else tally.rnd,
-                                       train_gradient=tally is not None).encode()
-            messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
-            counts["sent"] += len(messages)
+            messages = self.train_messages(ctx, Exchange(phase, at, prev), ticket,
+                                           None if tally is None else tally.rnd)
             if tally is None:
                 replies = grid.send_and_receive(messages, timeout=timeout)
             else:  # the silos not sampled get the evaluation request alone, in the same send
@@ -297,17 +340,18 @@ class FederatedOptimizer:
                 updates = self.relay.exchange(grid, rnd, str(phase), ticket, self.run_id, bound, replies, nodes,
                                               timeout)
             else:
-                updates = reader.classify(rnd, replies, nodes)
-            floats = updates.uplink_floats if updates.uplink_floats is not None else \
-                len(updates.updates) * (reader.sketch.payload_size if reader.sketch is not None else self.n_params)
-            counts["floats"] += floats
-            self.uploads += floats / self.n_params
-            exchanges.append(updates)
-            return updates
+                updates = ctx.reader.classify(rnd, replies, nodes)
+            return self.received(ctx, updates)
 
         result = self.step(rnd, w, ask)
         if self.pending is not None:  # the step asked nothing: w's evaluation gets its own exchange
             self._evaluate_pending(grid, w, timeout)
+        return self.close_round(ctx, w, result)
+
+    def close_round(self, ctx: RoundContext, w: Params, result: StepResult) -> tuple[Params, dict[str, Any]]:
+        """The model guard and the round's row, after the step returned ``result``."""
+        rnd = ctx.rnd
+        exchanges = ctx.exchanges
         tally = exchanges[0] if exchanges else Updates()
         for more in exchanges[1:]:
             tally = tally.merge(more)
@@ -332,11 +376,11 @@ class FederatedOptimizer:
         if skipped:
             extra_row["step_skipped"] = True
         row: dict[str, Any] = {
-            "round": rnd, "sampled": counts["sent"], "answered": tally.answered, "refused": len(tally.refused),
+            "round": rnd, "sampled": ctx.sent, "answered": tally.answered, "refused": len(tally.refused),
             "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,
             "eps_max": tally.eps_max(),
             "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
-            "uplink_floats": counts["floats"], "uploads_G": self.uploads,
+            "uplink_floats": ctx.floats, "uploads_G": self.uploads,
         }
         return w, row | extra_row | result.row
 
@@ -372,96 +416,7 @@ class FederatedOptimizer:
         return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error,
                               nodes=self.silo_nodes(grid))
 
-    def silo_nodes(self, grid: Grid) -> list[int]:
-        """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
-        nodes = sorted(grid.get_node_ids())
-        return self.relay.silo_nodes(nodes) if self.relay is not None else nodes
-
     def summary(self) -> None:
         log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",
             type(self).__name__, self.s.num_rounds, self.s.silos_per_round, self.s.num_silos, self.s.lr,
             self.s.privacy.mode, self.s.privacy.epsilon, self.s.privacy.clip)
-
-    def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
-        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
-        nodes = sorted(self.wait_for_nodes(grid))
-        if self.relay is not None:
-            nodes = self.relay.silo_nodes(nodes)
-        m = min(self.s.silos_per_round, len(nodes))
-        if m < self.s.silos_per_round:
-            log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
-                server_round, len(nodes), m, self.s.silos_per_round)
-        rng = np_rng(self.s.seed, "server-sampling", server_round)
-        chosen = rng.choice(len(nodes), size=m, replace=False)
-        return [nodes[i] for i in sorted(chosen)]
-
-    def _connected(self, grid: Grid) -> tuple[list[int], int]:
-        """(the connected nodes, how many of them are silos)."""
-        nodes = list(grid.get_node_ids())
-        if self.relay is None:
-            return nodes, len(nodes)
-        return nodes, len(self.relay.silo_nodes(nodes)) if self.relay.shuffler is not None else max(len(nodes) - 1, 0)
-
-    def wait_for_nodes(self, grid: Grid, at_start: bool = False) -> list[int]:
-        """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
-        for all num-silos silo nodes (and the shuffler in shuffle mode), then go on with those
-        present if they are at least min-silos. In a round: wait only while fewer than
-        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
-        deadline = time.monotonic() + self.node_wait_s
-        want = self.s.num_silos if at_start else self.s.min_silos
-        shuffler = 1 if self.relay is not None else 0  # shuffle DP: and the shuffler
-        while True:
-            nodes, silos = self._connected(grid)
-            if silos >= want and len(nodes) >= silos + shuffler:
-                break
-            if time.monotonic() > deadline:
-                if silos >= self.s.min_silos and len(nodes) >= silos + shuffler:
-                    log(WARNING, "%d of %d silo nodes connected after %.0f s; going on with them (min-silos = %d)",
-                        silos, self.s.num_silos, self.node_wait_s, self.s.min_silos)
-                    break
-                raise TooFewSilos(
-                    f"only {silos} silo node(s){' and no shuffler' if shuffler and len(nodes) <= silos else ''} "
-                    f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
-                    f"min-silos = {self.s.min_silos} of num-silos = {self.s.num_silos}")
-            time.sleep(0.2)
-        self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None and self.relay.shuffler is not None
-                        else nodes)
-        return nodes
-
-    def _client_error(self, msg: Message, what: str) -> str:
-        """Record an error reply: a node that is gone is a dropped silo (logged), anything
-        else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
-        reason = (msg.error.reason or "").strip().splitlines()
-        short = reason[-1] if reason else f"error code {msg.error.code}"
-        text = f"node {msg.metadata.src_node_id} ({what}): {short}"
-        if is_unavailable(msg):
-            self.unavailable += 1
-            log(WARNING, "node unavailable, counted as a dropped silo: %s", text)
-            return text
-        self.client_errors.append(text)
-        log(WARNING, "ClientApp failure: %s", text)
-        return text
-
-
-def same_point(a: Params, b: Params) -> bool:
-    """Whether two models are the same point (the same arrays, or equal ones)."""
-    if a is b:
-        return True
-    return a.keys() == b.keys() and all(a[k] is b[k] or np.array_equal(a[k], b[k]) for k in a)
-
-
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return float(np.mean(finite)) if finite else math.nan
-
-
-def composite_prox(s: Settings) -> Prox:
-    """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
-    extra = {"l2": s.prox.l2} if s.prox.kind == "elastic-net" else {}
-    return make_prox(s.prox.kind, s.prox.strength, **extra)
-
-
-def prox_step(prox: Prox, w: Params, direction: Params, lr: float) -> Params:
-    """prox_{eta f1}(w - eta * direction)."""
-    return prox({k: w[k] - lr * direction[k] for k in w}, lr)

@@ -15,15 +15,18 @@ f1 the composite loss's regulariser or constraint (``prox.kind``; the identity f
 
 from __future__ import annotations
 
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params
 
 
 class ProxGradient(FederatedOptimizer):
     algorithms = ("mbsgd", "proxsgd")
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
-        updates = ask(self.scheduled_phase(rnd), w)
-        if not updates:
+    def exchanges(self, rnd: int, w: Params) -> Round:
+        ex = Exchange(self.scheduled_phase(rnd), w)
+        updates = yield ex
+        g = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if g is None:
             return StepResult(None)
-        return StepResult(prox_step(self.prox, w, updates.mean(), self.s.lr))
+        return StepResult(prox_step(self.prox, w, g, self.s.lr))

@@ -18,19 +18,26 @@ The output is the last iterate, or with ``output`` = random one drawn uniformly 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params
+
+
+class SpiderState(TypedDict):
+    """What SPIDER (and SVRG) carry across rounds: the gradient estimate and its point."""
+
+    h: Params | None
+    h_at: Params | None
 
 
 class FedProxSPIDER(FederatedOptimizer):
     algorithms = ("spider",)
-
-    state_attrs = ("h", "h_at")
+    state_attrs = tuple(SpiderState.__annotations__)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,12 +48,13 @@ class FedProxSPIDER(FederatedOptimizer):
         """The schedule's phase, or an anchor while h is unknown."""
         return Phase.ANCHOR if self.h is None else self.scheduled_phase(rnd)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         phase = self.phase_for(rnd)
-        updates = ask(phase, w, self.h_at if phase == Phase.DIFF else None)
-        if not updates:
+        ex = Exchange(phase, w, self.h_at if phase == Phase.DIFF else None)
+        updates = yield ex
+        mean = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if mean is None:
             return StepResult(None)
-        mean = updates.mean()
         if phase == Phase.ANCHOR or self.h is None:
             self.h = mean
         else:

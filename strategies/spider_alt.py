@@ -20,44 +20,56 @@ without a refresh). While no gradient has ever been received, each round asks fo
 from __future__ import annotations
 
 from logging import WARNING
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from flwr.common import log
 
 from app.algorithms import Phase
-from strategies.loop import Ask, FederatedOptimizer, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import FederatedOptimizer, prox_step
 from strategies.replies import Params, model_in_range
+
+
+class SpiderAltState(TypedDict):
+    """What SPIDER-alt carries across rounds: the last fresh gradient estimate."""
+
+    g: Params | None
 
 
 class FedSPIDERAlt(FederatedOptimizer):
     algorithms = ("spider-alt",)
-    state_attrs = ("g",)
+    exchanges_per_round = 2  # the difference, then fresh gradients: silofl's driver only
+    state_attrs = tuple(SpiderAltState.__annotations__)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.g: Params | None = None  # the last fresh gradient estimate
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         eta = self.s.lr
         if self.g is None:  # round 1 (or every silo dropped so far): fresh gradients only
-            fresh = ask(Phase.GRAD, w)
-            self.g = fresh.mean() if fresh else None
+            ex = Exchange(Phase.GRAD, w)
+            fresh = yield ex
+            self.g = self.combine(rnd, ex, fresh) if fresh else None
             return StepResult(None)
         w1 = prox_step(self.prox, w, self.g, eta)
         if not model_in_range(w1):
             return StepResult(w1)  # the loop's guard skips the step and logs it
-        diff = ask(Phase.DIFF, w1, w)
-        if not diff:
+        ex = Exchange(Phase.DIFF, w1, w)
+        diff = yield ex
+        d = self.combine(rnd, ex, diff) if diff else None
+        if d is None:
             log(WARNING, "round %d: no silo answered the difference upload; no second step", rnd)
             v, w2 = self.g, w1
         else:
-            d = diff.mean()
             v = {k: (self.g[k] + d[k]).astype(np.float32) for k in d}
             w2 = prox_step(self.prox, w1, v, eta)
             if not model_in_range(w2):
                 log(WARNING, "round %d: the second step would leave float32's range; it is skipped", rnd)
                 v, w2 = self.g, w1
-        fresh = ask(Phase.GRAD, w2)
-        self.g = fresh.mean() if fresh else v
+        ex = Exchange(Phase.GRAD, w2)
+        fresh = yield ex
+        g = self.combine(rnd, ex, fresh) if fresh else None
+        self.g = g if g is not None else v
         return StepResult(w2)

@@ -25,7 +25,8 @@ from flwr.common import log
 from app.algorithms import Phase
 from app.algorithms.plsvrg import stage_length
 from app.seeding import np_rng
-from strategies.loop import Ask, IterateSampler, StepResult, prox_step
+from strategies.exchange import Exchange, Round, StepResult
+from strategies.loop import IterateSampler, prox_step
 from strategies.replies import Params
 from strategies.spider import FedProxSPIDER
 
@@ -35,12 +36,13 @@ class FedProxSVRG(FedProxSPIDER):
 
     algorithms = ("svrg",)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         phase = self.phase_for(rnd)
-        updates = ask(phase, w, self.h_at if phase == Phase.DIFF else None)  # diff: against the snapshot
-        if not updates:
+        ex = Exchange(phase, w, self.h_at if phase == Phase.DIFF else None)  # diff: against the snapshot
+        updates = yield ex
+        mean = self.combine(rnd, ex, updates) if updates else None  # the mean, or the run's rule
+        if mean is None:
             return StepResult(None)
-        mean = updates.mean()
         if phase == Phase.ANCHOR or self.h is None:
             self.h, self.h_at = mean, w  # snapshot gradient g~ at w_bar = w
             v = mean
@@ -52,10 +54,10 @@ class FedProxSVRG(FedProxSPIDER):
 class FedProxPLSVRG(FedProxSVRG):
     algorithms = ("plsvrg",)
 
-    def step(self, rnd: int, w: Params, ask: Ask) -> StepResult:
+    def exchanges(self, rnd: int, w: Params) -> Round:
         length = stage_length(self.s)
         if rnd == 1 or (rnd - 1) % length:
-            return super().step(rnd, w, ask)
+            return (yield from super().exchanges(rnd, w))
         stage = (rnd - 1) // length + 1
         start = w
         if self.s.output == "random" and self.sampler.value is not None:
@@ -63,5 +65,5 @@ class FedProxPLSVRG(FedProxSVRG):
             log(INFO, "PL-SVRG stage %d restarts from round %d's iterate", stage, self.sampler.round)
         self.sampler = IterateSampler(np_rng(self.s.seed, "output-iterate", "stage", stage))
         self.h = self.h_at = None  # a restart takes a new snapshot
-        result = super().step(rnd, start, ask)
+        result = yield from super().exchanges(rnd, start)
         return result if result.model is not None else StepResult(start, result.row)

@@ -1,0 +1,136 @@
+"""Aggregation as a component: every optimiser combines each exchange's updates with one.
+
+    Mean()                     (1/M_r) sum_i u_i, the default of every algorithm but robust
+    GradBANT(beta=..., ...)    Grad-BANT trust scores against the server's trust set (its state: p)
+    Rule("krum", ...)          a baseline rule of strategies/aggregation.py (f, a centre, a trust update)
+
+``FedProxSPIDER(settings, layout, aggregator=GradBANT())`` is private, robust, variance-reduced
+SPIDER; without ``aggregator`` the run config's ``aggregator`` is used (``auto``: Grad-BANT for
+``algorithm = robust``, the mean for every other algorithm; any rule set explicitly applies to every
+algorithm). A rule sees each message in the space it was sent in, lifted: a gradient (grad, anchor,
+disjoint), a model change (local: as the pseudo-gradient -d / gamma) or a gradient difference
+(SPIDER's and SVRG's difference rounds: Grad-BANT and FLTrust then score against the trust set's
+own difference grad f0(at) - grad f0(prev)). The simulation's attack harness
+(strategies/byzantine_harness.py ``Attacked``, a wrapper) replaces the Byzantine silos' messages
+before any rule, the mean included. A combination that cannot work is refused with one line (:func:`refuse_combination`).
+
+This module is light (no torch): a robust rule's machinery (strategies/gradbant.py) is imported
+when a strategy is built with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.config import Settings
+    from flwr.serverapp import Grid
+
+    from strategies.exchange import Exchange
+    from strategies.replies import Params, Updates
+
+#: the short knob names of :func:`GradBANT` and :class:`Rule`, as RobustSettings fields
+_KNOBS = {"beta": "gradbant_beta", "smoothness": "gradbant_smoothness", "noise_aware": "gradbant_noise_aware",
+          "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau"}
+
+
+class Aggregator:
+    """The mean: what an optimiser's step averages. Subclasses keep state (:meth:`state`)."""
+
+    name = "mean"
+
+    def bind(self, owner: Any) -> None:
+        """Once, by the strategy that uses it (its settings, layout and node roster)."""
+
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Once, after the nodes have connected and before round 1."""
+
+    def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
+        """The exchange's combined update (None: nothing kept, the model stays) and row entries."""
+        return updates.mean(), {}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class Mean(Aggregator):
+    """(1/M_r) sum_i u_i over the silos that answered."""
+
+
+class Rule(Aggregator):
+    """A robust rule (``gradbant`` or a baseline of strategies/aggregation.py) with the attack
+    harness; ``knobs`` override the run config's: beta, smoothness, noise_aware, trust_size, f, tau."""
+
+    def __init__(self, name: str, **knobs: Any) -> None:
+        from app.config import AGGREGATORS
+
+        if name not in AGGREGATORS:
+            raise ValueError(f"unknown aggregator {name!r}; allowed: {', '.join(AGGREGATORS)}")
+        unknown = sorted(set(knobs) - set(_KNOBS))
+        if unknown:
+            raise ValueError(f"unknown knob {unknown[0]!r} for aggregator {name!r}; allowed: {', '.join(_KNOBS)}")
+        self.name, self.knobs = name, {_KNOBS[k]: v for k, v in knobs.items()}
+        self.impl: Any = None
+
+    def bind(self, owner: Any) -> None:
+        from strategies.gradbant import RobustAggregator
+
+        s = owner.s
+        s = replace(s, robust=replace(s.robust, aggregator=self.name, **self.knobs))
+        phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
+        self.impl = RobustAggregator(s, owner.layout, owner.roster, phase)
+
+    def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
+        return self.impl.combine(rnd, ex, updates)
+
+    def state(self) -> dict[str, Any]:
+        return self.impl.state()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.impl.restore(state)
+
+
+def GradBANT(**knobs: Any) -> Rule:  # noqa: N802 (reads as the class it makes)
+    """Grad-BANT (``beta``, ``smoothness``, ``noise_aware``, ``trust_size`` override the run config)."""
+    return Rule("gradbant", **knobs)
+
+
+def resolved_rule(s: Settings) -> str:
+    """The run's rule: ``aggregator``, with ``auto`` (a Settings built without parse_settings)
+    Grad-BANT for algorithm robust and the mean otherwise."""
+    from app.config import effective_aggregator
+
+    return effective_aggregator(s)
+
+
+def make_aggregator(s: Settings) -> Aggregator:
+    """The run config's aggregator: the mean, or :class:`Rule` (algorithm robust: always a Rule)."""
+    rule = resolved_rule(s)
+    return Mean() if rule == "mean" and s.algorithm != "robust" else Rule(rule)
+
+
+def with_harness(agg: Aggregator, s: Settings) -> Aggregator:
+    """``agg`` inside the simulation's attack harness when ``attack.kind`` is set
+    (strategies/byzantine_harness.py ``Attacked``), else ``agg``."""
+    if s.attack.kind == "none" or hasattr(agg, "inner"):
+        return agg
+    from strategies.byzantine_harness import Attacked
+
+    return Attacked(agg)  # type: ignore[return-value]
+
+
+def refuse_combination(s: Settings) -> None:
+    """ConfigError (one line) for an aggregator the algorithm cannot aggregate with."""
+    from app.config import ConfigError
+
+    rule = resolved_rule(s)
+    if rule != "mean" and s.privacy.mode == "shuffle":
+        raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
+                          "server only their sum; allowed: mean")
+    if s.robust.gradbant_noise_aware and s.algorithm != "robust":
+        raise ConfigError(f"gradbant.noise-aware = true needs algorithm = 'robust' (its noise energy is that of "
+                          f"robust's gradient messages), got algorithm = {s.algorithm!r}")

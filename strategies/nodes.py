@@ -1,0 +1,104 @@
+"""The silo nodes of a run: waiting for them, sampling each round's M_r, telling a node that is
+gone (a dropped silo, the paper's Assumption 6) from a ClientApp failure. A mixin of
+:class:`~strategies.loop.FederatedOptimizer` (it reads ``s``, ``relay``, ``roster``,
+``node_wait_s``, ``client_errors`` and ``unavailable`` from it)."""
+
+from __future__ import annotations
+
+import time
+from logging import WARNING
+from typing import Any
+
+from flwr.app import Message
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from app.seeding import np_rng
+from strategies.messaging import is_unavailable
+
+
+class TooFewSilos(RuntimeError):
+    """Fewer than min-silos silo nodes are connected, after waiting node-wait seconds."""
+
+
+class ClientAppsFailed(RuntimeError):
+    """With fail-on-client-error, a round in which a ClientApp failed ends the run: the run is
+    failed anyway, and the failure (a node without the device asked for, data it cannot read)
+    would repeat every round while the other silos spend their privacy budgets."""
+
+
+class SiloNodes:
+    """Node waiting, sampling and error bookkeeping shared by every optimiser."""
+
+    s: Any
+    relay: Any
+    roster: Any
+    node_wait_s: float
+    client_errors: list[str]
+    unavailable: int
+
+    def silo_nodes(self, grid: Grid) -> list[int]:
+        """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
+        nodes = sorted(grid.get_node_ids())
+        return self.relay.silo_nodes(nodes) if self.relay is not None else nodes
+
+    def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
+        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
+        nodes = sorted(self.wait_for_nodes(grid))
+        if self.relay is not None:
+            nodes = self.relay.silo_nodes(nodes)
+        m = min(self.s.silos_per_round, len(nodes))
+        if m < self.s.silos_per_round:
+            log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
+                server_round, len(nodes), m, self.s.silos_per_round)
+        rng = np_rng(self.s.seed, "server-sampling", server_round)
+        chosen = rng.choice(len(nodes), size=m, replace=False)
+        return [nodes[i] for i in sorted(chosen)]
+
+    def _connected(self, grid: Grid) -> tuple[list[int], int]:
+        """(the connected nodes, how many of them are silos)."""
+        nodes = list(grid.get_node_ids())
+        if self.relay is None:
+            return nodes, len(nodes)
+        return nodes, len(self.relay.silo_nodes(nodes)) if self.relay.shuffler is not None else max(len(nodes) - 1, 0)
+
+    def wait_for_nodes(self, grid: Grid, at_start: bool = False) -> list[int]:
+        """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
+        for all num-silos silo nodes (and the shuffler in shuffle mode), then go on with those
+        present if they are at least min-silos. In a round: wait only while fewer than
+        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
+        deadline = time.monotonic() + self.node_wait_s
+        want = self.s.num_silos if at_start else self.s.min_silos
+        shuffler = 1 if self.relay is not None else 0  # shuffle DP: and the shuffler
+        while True:
+            nodes, silos = self._connected(grid)
+            if silos >= want and len(nodes) >= silos + shuffler:
+                break
+            if time.monotonic() > deadline:
+                if silos >= self.s.min_silos and len(nodes) >= silos + shuffler:
+                    log(WARNING, "%d of %d silo nodes connected after %.0f s; going on with them (min-silos = %d)",
+                        silos, self.s.num_silos, self.node_wait_s, self.s.min_silos)
+                    break
+                raise TooFewSilos(
+                    f"only {silos} silo node(s){' and no shuffler' if shuffler and len(nodes) <= silos else ''} "
+                    f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
+                    f"min-silos = {self.s.min_silos} of num-silos = {self.s.num_silos}")
+            time.sleep(0.2)
+        self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None and self.relay.shuffler is not None
+                        else nodes)
+        return nodes
+
+    def _client_error(self, msg: Message, what: str) -> str:
+        """Record an error reply: a node that is gone is a dropped silo (logged), anything
+        else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
+        reason = (msg.error.reason or "").strip().splitlines()
+        short = reason[-1] if reason else f"error code {msg.error.code}"
+        text = f"node {msg.metadata.src_node_id} ({what}): {short}"
+        if is_unavailable(msg):
+            self.unavailable += 1
+            log(WARNING, "node unavailable, counted as a dropped silo: %s", text)
+            return text
+        self.client_errors.append(text)
+        log(WARNING, "ClientApp failure: %s", text)
+        return text
