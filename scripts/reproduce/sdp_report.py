@@ -190,8 +190,12 @@ def variants_figure(setup: str, algorithms: list[str], epsilons: list[float], tu
     algos = [a for a in algorithms if any((a, e) in best for _, _, best in variants for e in epsilons)]
     if not algos:
         return
-    fig, axes = plt.subplots(1, len(algos), figsize=(5.2 * len(algos), 4.4), squeeze=False)
-    for ax, algo in zip(axes[0], algos):
+    cols = min(2, len(algos))
+    rows = math.ceil(len(algos) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(algos):]:
+        ax.set_visible(False)
+    for ax, algo in zip(axes.flat, algos):
         for i, (label, ls, best) in enumerate(variants):
             xs = [e for e in epsilons if (algo, e) in best]
             if not xs:
