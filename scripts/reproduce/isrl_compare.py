@@ -16,6 +16,12 @@ an in-process grid (app/local_grid.py), not Flower's transport, so hundreds of r
 
 ``--mode shuffle`` runs the same grid in shuffle DP (privacy.mode = shuffle, with the shuffler
 node); ``--num-silos N`` overrides the setup's federation size (all N silos every round).
+``--count-on K``, ``--amplification sampling`` and ``--headroom H`` set shuffle.count-on,
+shuffle.amplification and shuffle.headroom; ``--set key=value`` any other run-config key. Shuffle
+runs also record each silo's planned noise trials (min / max over the silos) in runs.csv.
+
+  python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --mode shuffle --algorithms mbsgd \
+      --count-on 1 --amplification sampling --out outputs/reproduce/sdp/shuffle-fmnist-pairs-c1-amp
 
 Writes <out>/runs.csv (one row per run) and <out>/table.md; reruns skip runs already in runs.csv.
 """
@@ -72,7 +78,8 @@ ALGORITHM_SETTINGS: dict[str, dict[str, Any]] = {
 #: algorithms that send gradient differences (the ones ``--diff-clip`` applies to)
 DIFF_ALGORITHMS = ("spider", "spider-alt", "svrg", "plsvrg")
 FIELDS = ["setup", "algorithm", "epsilon", "lr", "clip", "diff_clip", "seed", "status", "val_error", "test_error",
-          "grad_mapping_norm", "eps_max_spent", "wall_s", "error"]
+          "grad_mapping_norm", "eps_max_spent", "wall_s", "error", "trials_min", "trials_max",
+          "silo_trials_min", "silo_trials_max"]
 
 
 MODE = "isrl"  # --mode: the privacy mode of finite-epsilon runs
@@ -99,10 +106,28 @@ def run_one(setup: str, algorithm: str, eps: float, lr: float, clip: float, seed
         summary = json.loads((work / "out" / "r" / "summary.json").read_text())
         row |= {"status": summary["status"], "val_error": summary["val_error"], "test_error": summary["test_error"],
                 "grad_mapping_norm": summary["grad_mapping_norm_eval"], "eps_max_spent": summary["eps_max_spent"]}
+        row |= _trials(summary)
     except Exception as exc:  # a failed job is recorded and the sweep goes on
         row |= {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
     row["wall_s"] = round(time.perf_counter() - t0, 2)
     return row
+
+
+def _trials(summary: dict[str, Any]) -> dict[str, Any]:
+    """Shuffle runs: over the silos, min / max of the binomial trials m that the sum of one release
+    must hold (its largest planned release) and the trials one silo carries for it (messages' trials,
+    (1 + headroom) m / count-on); the noise std of a coordinate is sqrt(trials p (1 - p)) levels."""
+    need, carried = [], []
+    for silo in summary.get("silos") or []:
+        planned = [p for p in (silo or {}).get("planned") or [] if isinstance(p, dict) and p.get("trials")]
+        if planned:
+            top = max(planned, key=lambda p: int(p["trials"]))
+            need.append(int(top["trials"]))
+            carried.append(int(top.get("trials_per_record") or 0) * int(top.get("batch") or 0))
+    if not need:
+        return {}
+    return {"trials_min": min(need), "trials_max": max(need), "silo_trials_min": min(carried),
+            "silo_trials_max": max(carried)}
 
 
 def _dc(row: dict[str, Any]) -> float:
@@ -198,8 +223,12 @@ def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, set
     print(f"[isrl-compare] {setup} {what}: {len(todo)} runs to do, {len(jobs) - len(todo)} already in {csv_path}",
           flush=True)
     new = not csv_path.exists()
+    fields = FIELDS
+    if not new:  # append in the file's own columns (a CSV written before a column existed)
+        with csv_path.open() as fh:
+            fields = next(csv.reader(fh), None) or FIELDS
     with csv_path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
+        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         if new:
             writer.writeheader()
         for i, (algo, eps, lr, clip, dc, seed) in enumerate(todo, 1):
@@ -229,9 +258,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", default="", help="where the MNIST / CIFAR-10 files are")
     ap.add_argument("--mode", choices=["isrl", "shuffle"], default="isrl", help="privacy mode of the finite-epsilon runs")
     ap.add_argument("--num-silos", type=int, default=0, help="override the setup's num-silos (all sampled every round)")
+    ap.add_argument("--count-on", type=int, default=None, help="shuffle.count-on (0: all sampled silos)")
+    ap.add_argument("--amplification", choices=["none", "sampling"], default=None, help="shuffle.amplification")
+    ap.add_argument("--headroom", type=float, default=None, help="shuffle.headroom")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="other run-config keys over the setup (values parsed as JSON where they parse)")
     args = ap.parse_args(argv)
     global MODE
     MODE = args.mode
+    for key, value in (("shuffle.count-on", args.count_on), ("shuffle.amplification", args.amplification),
+                       ("shuffle.headroom", args.headroom)):
+        if value is not None:
+            OVERRIDES[key] = value
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"[isrl-compare] --set wants KEY=VALUE, got {item!r}")
+        try:
+            OVERRIDES[key] = json.loads(value)
+        except json.JSONDecodeError:
+            OVERRIDES[key] = value
     if args.num_silos:
         OVERRIDES.update({"num-silos": args.num_silos, "silos-per-round": args.num_silos})
     if args.data_dir:

@@ -8,6 +8,11 @@
      --algorithms mbsgd --eps 1 --lr 0.3 1.0 --clip 2.0 --seeds 0 1 2 --out outputs/reproduce/sdp/<mode>-fmnist-iid-n<N>)
     python scripts/reproduce/sdp_report.py --setups wbcd fmnist-pairs --n 5 10 25 50
 
+Trust and amplification variants (--variants-setup, default fmnist-pairs; each variant's runs in
+outputs/reproduce/sdp/<mode>-<setup><suffix>, written by isrl_compare.py with --count-on 1 and / or
+--amplification sampling): a table of test error, a table of the noise trials and the figure
+docs/img/sdp-amplified-error-vs-epsilon.png.
+
 Per (mode, algorithm, epsilon) the (lr, clip) with the lowest validation error on the tuning
 seed is selected (isrl_compare.select) and its test error over all seeds reported (mean ± std).
 Figures: docs/img/sdp-<setup>-error-vs-epsilon.png and docs/img/sdp-error-vs-n.png.
@@ -25,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from isrl_compare import select  # noqa: E402
+from isrl_compare import SETUPS, select  # noqa: E402
 
 ROOT = Path("outputs") / "reproduce" / "sdp"
 IMG = Path("docs") / "img"
@@ -122,13 +127,110 @@ def n_table_and_figure(ns: list[int], tune: set[int], path: Path) -> str:
     return "\n".join(lines)
 
 
+#: (label, mode, directory suffix, line style) of the trust / amplification comparison
+VARIANTS: list[tuple[str, str, str, str]] = [
+    ("ISRL-DP", "isrl", "", "--"),
+    ("SDP count-on all", "shuffle", "", "-"),
+    ("SDP count-on all, amplified", "shuffle", "-amp", "-"),
+    ("SDP count-on 1", "shuffle", "-c1", ":"),
+    ("SDP count-on 1, amplified", "shuffle", "-c1-amp", ":"),
+]
+#: binomial success probability of the shuffle levels (docs/privacy.md: p = 1/4)
+P_BINOMIAL = 0.25
+
+
+def _variants(setup: str, tune: set[int]) -> list[tuple[str, str, dict]]:
+    return [(label, ls, _best(mode, setup + suffix, tune)) for label, mode, suffix, ls in VARIANTS]
+
+
+def variants_table(setup: str, algorithms: list[str], epsilons: list[float], tune: set[int]) -> str:
+    """Test error (mean ± std (n seeds)) per algorithm, variant and epsilon."""
+    variants = _variants(setup, tune)
+    lines = ["| algorithm | variant | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |",
+             "|---|---|" + "---|" * len(epsilons)]
+    for algo in algorithms:
+        for label, _, best in variants:
+            if any((algo, e) in best for e in epsilons):
+                lines.append(f"| {algo} | {label} | " + " | ".join(_cell(best.get((algo, e))) for e in epsilons) + " |")
+    return "\n".join(lines)
+
+
+def trials_table(setup: str, algorithms: list[str], epsilons: list[float], tune: set[int]) -> str:
+    """Per shuffle variant and epsilon: the trials m a release's sum needs, the trials one silo carries,
+    and the noise std per coordinate (levels) of one silo's share and of the sum over N silos."""
+    n_silos = int(SETUPS[setup]["silos-per-round"])
+    var = P_BINOMIAL * (1 - P_BINOMIAL)
+    lines = [f"| algorithm | variant | ε | trials needed m | trials per silo | std per silo | std of the sum of {n_silos} |",
+             "|---|---|---|---|---|---|---|"]
+    for algo in algorithms:
+        for label, _, best in _variants(setup, tune):
+            for e in epsilons:
+                b = best.get((algo, e))
+                runs = [r for r in (b or {}).get("runs", []) if r.get("trials_max")]
+                if not runs:
+                    continue
+                need = max(int(r["trials_max"]) for r in runs)
+                need_lo = min(int(r["trials_min"]) for r in runs)
+                silo = max(int(r["silo_trials_max"]) for r in runs)
+                m = f"{need:.3g}" if need == need_lo else f"{need_lo:.3g}–{need:.3g}"
+                lines.append(f"| {algo} | {label} | {e:g} | {m} | {silo:.3g} | {math.sqrt(silo * var):.3g} | "
+                             f"{math.sqrt(n_silos * silo * var):.3g} |")
+    return "\n".join(lines)
+
+
+def variants_figure(setup: str, algorithms: list[str], epsilons: list[float], tune: set[int], path: Path) -> None:
+    """One panel per algorithm with data: test error (%) vs epsilon, mean ± std over seeds, per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator, PercentFormatter
+
+    variants = _variants(setup, tune)
+    algos = [a for a in algorithms if any((a, e) in best for _, _, best in variants for e in epsilons)]
+    if not algos:
+        return
+    cols = min(2, len(algos))
+    rows = math.ceil(len(algos) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(algos):]:
+        ax.set_visible(False)
+    for ax, algo in zip(axes.flat, algos):
+        for i, (label, ls, best) in enumerate(variants):
+            xs = [e for e in epsilons if (algo, e) in best]
+            if not xs:
+                continue
+            errs = [[100 * float(r["test_error"]) for r in best[(algo, e)]["runs"]] for e in xs]
+            n = min(len(v) for v in errs)
+            ax.errorbar(xs, [statistics.mean(v) for v in errs],
+                        yerr=[statistics.stdev(v) if len(v) > 1 else 0 for v in errs], ls=ls, marker="os^vD"[i % 5],
+                        capsize=3, color=f"C{i}", label=f"{label} (n={n})")
+        ax.set_xscale("log")
+        ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+        ax.set_yscale("log")  # errors from ~4% to ~50%: equal ratios, equal heights
+        ax.yaxis.set_major_locator(FixedLocator([3, 4, 5, 7, 10, 15, 20, 30, 40, 50, 70]))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+        ax.set_xlabel("ε (each silo, certified)")
+        ax.set_ylabel("test error (%, mean ± std over seeds; log scale)")
+        ax.set_title(f"{setup}, {algo}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Shuffle DP vs ISRL-DP: count-on and record-level amplification", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--setups", nargs="+", default=["wbcd", "fmnist-pairs"])
+    ap.add_argument("--setups", nargs="*", default=["wbcd", "fmnist-pairs"], help="setups of the two-mode tables (none: skip)")
     ap.add_argument("--algorithms", nargs="+", default=["mbsgd", "proxsgd", "svrg", "spider"])
     ap.add_argument("--eps", type=float, nargs="+", default=[0.75, 1.5, 3.0, 6.0, 18.0])
     ap.add_argument("--n", type=int, nargs="*", default=[5, 10, 25, 50], help="N of the error-vs-N runs (none: skip)")
     ap.add_argument("--tune-seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--variants-setup", nargs="*", default=["fmnist-pairs"],
+                    help="setups of the count-on / amplification comparison (none: skip)")
     args = ap.parse_args(argv)
     IMG.mkdir(parents=True, exist_ok=True)
     tune = set(args.tune_seeds)
@@ -136,6 +238,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"### {setup}\n")
         print(epsilon_table(setup, args.algorithms, args.eps, tune) + "\n")
         epsilon_figure(setup, args.algorithms, args.eps, tune, IMG / f"sdp-{setup}-error-vs-epsilon.png")
+    for setup in args.variants_setup:
+        print(f"### {setup}: count-on and amplification\n")
+        print(variants_table(setup, args.algorithms, args.eps, tune) + "\n")
+        print(trials_table(setup, args.algorithms, args.eps, tune) + "\n")
+        variants_figure(setup, args.algorithms, args.eps, tune, IMG / "sdp-amplified-error-vs-epsilon.png")
     if args.n:
         print("### error vs N (Fashion-MNIST IID, 6,000 training records, PCA 50, logistic regression, full-batch MB-SGD, ε = 1)\n")
         print(n_table_and_figure(args.n, tune, IMG / "sdp-error-vs-n.png"))
