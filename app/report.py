@@ -588,12 +588,8 @@ def plot_metric(rep: GridReport, stem: Path) -> list[str]:
         if lay.facets:
             ax.set_title(_combo_label(lay.facets, fvals), fontsize=10)
         ax.legend(fontsize=8, title=None)
-    for ax in list(axes.flat)[len(facets):]:
-        ax.set_visible(False)
-    fig.suptitle(f"{label(rep.metric)} vs {label(lay.x) if lay.x else 'jobs'} — {context_line(rep.df, cells)}\n"
-                 "mean over seeds; bars ±1 std where n ≥ 2", fontsize=10)
-    fig.tight_layout()
-    return _save_both(fig, stem)
+    return _finish(fig, axes, len(facets), f"{label(rep.metric)} vs {label(lay.x) if lay.x else 'jobs'} — "
+                   f"{context_line(rep.df, cells)}\nmean over seeds; bars ±1 std where n ≥ 2", stem)
 
 
 def plot_traffic(rep: GridReport, stem: Path) -> list[str]:
@@ -640,10 +636,15 @@ def plot_traffic(rep: GridReport, stem: Path) -> list[str]:
         ax.label_outer()
         ax.set_title(_combo_label(panel_keys, pvals) or "all jobs", fontsize=10)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    return _finish(fig, axes, len(panels), f"test accuracy vs uploads — {context_line(rep.df, rep.cells)}\n"
+                   "mean over seeds; band ±1 std where n ≥ 2", stem)
+
+
+def _finish(fig, axes, used: int, title: str, stem: Path) -> list[str]:
+    """Hide the panels past the first ``used``, title the figure, and save it as PNG and PDF."""
+    for ax in list(axes.flat)[used:]:
         ax.set_visible(False)
-    fig.suptitle(f"test accuracy vs uploads — {context_line(rep.df, rep.cells)}\n"
-                 "mean over seeds; band ±1 std where n ≥ 2", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save_both(fig, stem)
 
