@@ -30,6 +30,7 @@ import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from app import silo_service
+from scripts.bench.service_slow_clients import Peer
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUEST_TIMEOUT_S = 2.0
@@ -43,44 +44,9 @@ def _prefix() -> bytes:
                                                             "run_config": {"pad": "x" * 64}})
 
 
-class SlowPeer:
-    """A same-uid peer that sends a frame one byte every ``every`` seconds (never, if None) and
-    records when the service cut it (EOF, an error reply, or a reset) and what it said."""
-
-    def __init__(self, path: Path | str, every: float | None) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(path))
-        self.t0 = time.monotonic()
-        self.cut_after: float | None = None
-        self.said = b""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(_prefix(), every), daemon=True)
-        self._thread.start()
-
-    def _run(self, prefix: bytes, every: float | None) -> None:
-        self.sock.settimeout(every or 0.1)
-        sent = 0
-        while not self._stop.is_set() and time.monotonic() - self.t0 < 60:
-            try:
-                if every and sent < len(prefix):
-                    sent += self.sock.send(prefix[sent:sent + 1])
-                self.said = self.sock.recv(1 << 16)
-                break  # a reply (the service's error) or EOF: it cut us
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-        if not self._stop.is_set():
-            self.cut_after = time.monotonic() - self.t0
-
-    def wait_cut(self, timeout: float) -> float | None:
-        self._thread.join(timeout)
-        return self.cut_after
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-        self._thread.join(5)
+def SlowPeer(path: Path | str, every: float | None) -> Peer:  # noqa: N802 (reads as the peer it makes)
+    """A same-uid peer dribbling a valid request frame one byte every ``every`` s (never, if None)."""
+    return Peer(path, _prefix(), every)
 
 
 # -- the real service, as the operator starts it ----------------------------------------------

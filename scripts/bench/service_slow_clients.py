@@ -39,38 +39,45 @@ def _node_config(state: Path) -> str:
 
 
 class Peer:
-    """A same-uid peer that sends ``prefix`` one byte every ``every`` s (never, if None)."""
+    """A same-uid peer that sends ``prefix`` one byte every ``every`` s (never, if None) and
+    records when the service cut it (EOF, an error reply, or a reset: ``cut_after`` seconds after
+    connecting) and what it said (``said``); it gives up after ``cap_s``."""
 
-    def __init__(self, path: str, prefix: bytes, every: float | None) -> None:
+    def __init__(self, path: Path | str, prefix: bytes, every: float | None, cap_s: float = 60.0) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        self.sock.connect(str(path))
         self.t0 = time.monotonic()
         self.cut_after: float | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(prefix, every), daemon=True)
-        self.thread.start()
+        self.said = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(prefix, every, cap_s), daemon=True)
+        self._thread.start()
 
-    def _run(self, prefix: bytes, every: float | None) -> None:
-        self.sock.settimeout(every if every else 0.2)
-        i = 0
-        while not self.stop.is_set():
+    def _run(self, prefix: bytes, every: float | None, cap_s: float) -> None:
+        self.sock.settimeout(every or 0.1)
+        sent = 0
+        while not self._stop.is_set() and time.monotonic() - self.t0 < cap_s:
             try:
-                if every and i < len(prefix):
-                    self.sock.send(prefix[i:i + 1])
-                    i += 1
-                if self.sock.recv(4096) == b"":
-                    break
-                break  # the service answered (an error reply): it cut us
+                if every and sent < len(prefix):
+                    sent += self.sock.send(prefix[sent:sent + 1])
+                self.said = self.sock.recv(1 << 16)
+                break  # a reply (the service's error) or EOF: it cut us
             except TimeoutError:
                 continue
             except OSError:
                 break
-        if not self.stop.is_set():
+        if not self._stop.is_set():
             self.cut_after = time.monotonic() - self.t0
 
+    def wait_cut(self, timeout: float) -> float | None:
+        """Seconds after connecting at which the service cut this peer; None if not within ``timeout``."""
+        self._thread.join(timeout)
+        return self.cut_after
+
     def close(self) -> None:
-        self.stop.set()
+        self._stop.set()
         self.sock.close()
+        self._thread.join(5)
 
 
 def main() -> int:
@@ -126,17 +133,17 @@ def main() -> int:
         print(json.dumps({"scenario": "warm-up", "latency_s": round(warm, 3), "result": how}), flush=True)
         for name in args.scenarios.split(","):
             if name in ("trickler", "silent"):
-                peer = Peer(path, prefix, args.trickle_s if name == "trickler" else None)
+                peer = Peer(path, prefix, args.trickle_s if name == "trickler" else None, cap_s=args.bound)
                 time.sleep(0.5)  # the slow peer is first in line
                 latency, how = query(args.bound)
-                peer.thread.join(max(0.0, min(args.bound, 15.0) - (time.monotonic() - peer.t0)))
-                peer_cut = peer.cut_after  # None: not cut within 15 s (or the bound)
+                # None: not cut within 15 s (or the bound)
+                peer_cut = peer.wait_cut(max(0.0, min(args.bound, 15.0) - (time.monotonic() - peer.t0)))
                 peer.close()
                 print(json.dumps({"scenario": name, "latency_s": round(latency, 3), "result": how,
                                   "peer_cut_after_s": None if peer_cut is None else round(peer_cut, 2)}), flush=True)
                 time.sleep(0.5)
             elif name == "sigterm":
-                peers = [Peer(path, prefix, args.trickle_s), Peer(path, prefix, None)]
+                peers = [Peer(path, prefix, args.trickle_s, cap_s=args.bound), Peer(path, prefix, None, cap_s=args.bound)]
                 time.sleep(1.0)
                 t0 = time.monotonic()
                 proc.send_signal(signal.SIGTERM)
