@@ -99,17 +99,11 @@ def GradBANT(**knobs: Any) -> Rule:  # noqa: N802 (reads as the class it makes)
     return Rule("gradbant", **knobs)
 
 
-def resolved_rule(s: Settings) -> str:
-    """The run's rule: ``aggregator``, with ``auto`` (a Settings built without parse_settings)
-    Grad-BANT for algorithm robust and the mean otherwise."""
-    from app.config import effective_aggregator
-
-    return effective_aggregator(s)
-
-
 def make_aggregator(s: Settings) -> Aggregator:
     """The run config's aggregator: the mean, or :class:`Rule` (algorithm robust: always a Rule)."""
-    rule = resolved_rule(s)
+    from app.config import effective_aggregator
+
+    rule = effective_aggregator(s)
     return Mean() if rule == "mean" and s.algorithm != "robust" else Rule(rule)
 
 
@@ -125,9 +119,9 @@ def with_harness(agg: Aggregator, s: Settings) -> Aggregator:
 
 def refuse_combination(s: Settings) -> None:
     """ConfigError (one line) for an aggregator the algorithm cannot aggregate with."""
-    from app.config import ConfigError
+    from app.config import ConfigError, effective_aggregator
 
-    rule = resolved_rule(s)
+    rule = effective_aggregator(s)
     if rule != "mean" and s.privacy.mode == "shuffle":
         raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
                           "server only their sum; allowed: mean")

@@ -150,12 +150,7 @@ class FlowerRounds(Strategy):
         row["wall_s"] = time.perf_counter() - op.t0
         self._flower_open = None
         self._record(row)
-        new = self.client_errors[op.failures_before:]
-        if self.s.fail_on_client_error and new:
-            from strategies.nodes import ClientAppsFailed
-
-            raise ClientAppsFailed(f"round {row['round']}: {len(new)} ClientApp failure(s), the run is stopped "
-                                   f"(fail-on-client-error = true); first: {new[0]}")
+        self.stop_on_new_failures(row['round'], op.failures_before)
 
 
 def initial_model(s: Any, seed_name: str = "init") -> tuple[dict[str, tuple[int, ...]], ArrayRecord]:

@@ -53,7 +53,7 @@ from app.privacy.shuffle import row_bound
 from app.seeding import np_rng
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
-from strategies.aggregators import Aggregator, Mean, make_aggregator, with_harness
+from strategies.aggregators import Aggregator, make_aggregator, with_harness
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
@@ -158,8 +158,6 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
 
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> Params | None:
         """The aggregator's combination of one exchange's updates (None: it kept nothing)."""
-        if type(self.aggregator) is Mean:
-            return updates.mean()
         out, row = self.aggregator.combine(rnd, ex, updates)
         self.aggregate_row |= row
         return out
@@ -252,10 +250,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
                     self._record(row)
                 if checkpoint is not None:
                     checkpoint(rnd, w)
-                if self.s.fail_on_client_error and len(self.client_errors) > failures_before:
-                    new = self.client_errors[failures_before:]
-                    raise ClientAppsFailed(f"round {rnd}: {len(new)} ClientApp failure(s), the run is stopped "
-                                           f"(fail-on-client-error = true); first: {new[0]}")
+                self.stop_on_new_failures(rnd, failures_before)
         finally:  # a run stopped with a row still waiting for its evaluation keeps the row
             if self.pending is not None:
                 self._finish_pending(None)

@@ -37,6 +37,14 @@ class SiloNodes:
     client_errors: list[str]
     unavailable: int
 
+    def stop_on_new_failures(self, rnd: int, failures_before: int) -> None:
+        """ClientAppsFailed when fail-on-client-error is set and round ``rnd`` added ClientApp
+        failures to ``client_errors`` (which held ``failures_before`` when the round began)."""
+        new = self.client_errors[failures_before:]
+        if self.s.fail_on_client_error and new:
+            raise ClientAppsFailed(f"round {rnd}: {len(new)} ClientApp failure(s), the run is stopped "
+                                   f"(fail-on-client-error = true); first: {new[0]}")
+
     def silo_nodes(self, grid: Grid) -> list[int]:
         """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
         nodes = sorted(grid.get_node_ids())
