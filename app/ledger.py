@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.privacy.ledger import MARK_DIR, LedgerError, adopt, inspect, mark_path_for
+from app.privacy.ledger import MARK_DIR, Inspection, LedgerError, adopt, inspect, mark_path_for
 
 _NOTES = {"ok": "the mark agrees",
           "migrate": "a ledger from before hash chaining: adopted as it is on the next open",
@@ -38,7 +38,11 @@ def ledgers(path: Path, mark_dir: Path | None) -> list[Path]:
 
 
 def verify_line(ledger: Path, mark_dir: Path | None) -> tuple[bool, str]:
-    insp = inspect(ledger, mark_path_for(ledger, mark_dir))
+    return _verdict(ledger, inspect(ledger, mark_path_for(ledger, mark_dir)))
+
+
+def _verdict(ledger: Path, insp: Inspection) -> tuple[bool, str]:
+    """(ok, the one line ``verify`` prints) for ``ledger`` as ``insp`` (``inspect``) found it."""
     if insp.problem is not None:
         return False, insp.problem
     if insp.action == "create":
@@ -50,8 +54,8 @@ def verify_line(ledger: Path, mark_dir: Path | None) -> tuple[bool, str]:
 
 
 def show(ledger: Path, mark_dir: Path | None) -> bool:
-    ok, line = verify_line(ledger, mark_dir)
     insp = inspect(ledger, mark_path_for(ledger, mark_dir))
+    ok, line = _verdict(ledger, insp)
     if insp.exists and insp.version:
         print(f"{ledger}: version {insp.version}" + (f", id {insp.id}" if insp.id else "")
               + f", budget epsilon {insp.epsilon_budget:g} at delta {insp.delta:.3g}")

@@ -50,7 +50,7 @@ from app.models import build_model
 from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trial_scale,
                                     group_releases, trials_for)
 from app.privacy.contribution import Contribution
-from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key, seal
+from app.privacy.envelope import StaticKeys, parse_public_key, seal
 from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
 
 #: the bound a sampled binomial release is accounted with under shuffle.amplification = "sampling"
@@ -209,19 +209,11 @@ class Silo:
         if isinstance(ins, Rejection):
             return self._refuse(ins.code, ins.reason)
         phase, rnd = ins.phase, ins.round
-        spec = self.plan.get(phase) if phase in TRAINING_PHASES else None
-        if spec is None:
-            served = sorted(str(p) for p in self.plan if p in TRAINING_PHASES)
-            return self._refuse(wire.REFUSED_CONFIG, f"phase {str(phase)!r} not served; this silo was set up for {served}")
+        spec = self.plan[phase]  # admitted: a phase this silo serves, local-steps as calibrated, diff with prev
         steps = (ins.local_steps or 1) if phase == Phase.LOCAL else 1
-        if phase == Phase.LOCAL and steps != self.s.local_steps:
-            return self._refuse(wire.REFUSED_CONFIG,
-                                f"local-steps {steps} differs from the {self.s.local_steps} this silo calibrated for")
         lr = ins.lr if phase == Phase.LOCAL and ins.lr is not None else self.s.lr
-        if phase == Phase.DIFF and ins.prev is None:
-            return self._refuse(wire.REFUSED_CONFIG, "phase 'diff' needs the previous iterate (prev_arrays)")
         w0 = self._tensors(ins.arrays)
-        w_prev = self._tensors(ins.prev) if phase == Phase.DIFF and ins.prev is not None else None
+        w_prev = self._tensors(ins.prev) if phase == Phase.DIFF else None
         if self.shuffle:
             return self._shuffle_release(ins, spec, w0, w_prev)
         # a request this silo already answered (a server resumed from its checkpoint replays the
@@ -438,12 +430,7 @@ class Silo:
         release is recorded (a binomial release of the exchange's ``spec.trials`` trials) before
         anything is computed from the records."""
         phase, rnd = ins.phase, ins.round
-        if ins.shuffle is None:
-            return self._refuse(wire.REFUSED_CONFIG, "a shuffle-mode instruction must carry the shuffler's public key")
-        try:
-            shuffler_key = parse_public_key(ins.shuffle.shuffler_key)
-        except EnvelopeError as exc:
-            return self._refuse(wire.REFUSED_CONFIG, f"the shuffler key sent is not a key: {exc}")
+        shuffler_key = parse_public_key(ins.shuffle.shuffler_key)  # admitted: present and a key
         if self.shuffler_pin is not None and shuffler_key != parse_public_key(self.shuffler_pin):
             return self._refuse(wire.REFUSED_POLICY, "the shuffler key sent is not the one this node pinned "
                                 "(node config shuffler-public-key); nothing was released")
@@ -539,9 +526,8 @@ class Silo:
         return self.train_x[idx], self.train_y[idx]
 
     def _tensors(self, params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        w = {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
-        self._check_layout(w)
-        return w
+        """``params`` (admitted: this silo's layout, finite) as tensors on the silo's device."""
+        return {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
 
     def _np_rng(self, seq: int, *parts: Any) -> np.random.Generator:
         """The generator of release ``seq`` (its ledger sequence number) for ``parts``: the OS
@@ -556,12 +542,6 @@ class Silo:
         if self.s.privacy.noise_seed == "os":
             return torch.Generator().manual_seed(secrets.randbits(63))
         return torch_gen(self.s.seed, "silo", self.data.index, "release", seq, *parts)
-
-    def _check_layout(self, w: Mapping[str, torch.Tensor]) -> None:
-        expected = {k: tuple(v.shape) for k, v in self.model.named_parameters()}
-        got = {k: tuple(v.shape) for k, v in w.items()}
-        if got != expected:
-            raise wire.ReplyError(f"model arrays {got} do not match this silo's model {expected}")
 
     def _refuse(self, code: str, reason: str) -> RecordDict:
         return wire.Refusal(code, reason, self.ledger.spent()).encode()
