@@ -20,7 +20,7 @@ from app.data.sources import SOURCES
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
 from app.privacy.amplification import AMPLIFICATIONS
-from app.privacy.shuffle import auto_levels
+from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 from app.prox import PROX_KINDS as PROX_REGISTRY
 
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
@@ -449,7 +449,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "shuffle.levels": ("shuffle.levels", _num(0, 4096, integer=True)),
     "shuffle.p": ("shuffle.p", _num(0, 1, lo_open=True, hi_open=True)),
     "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
-    "shuffle.headroom": ("shuffle.headroom", _num(0, 10)),
+    "shuffle.headroom": ("shuffle.headroom", _num(0, MAX_HEADROOM)),
     "shuffle.amplification": ("shuffle.amplification", _str(AMPLIFICATIONS)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),

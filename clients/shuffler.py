@@ -90,7 +90,7 @@ import numpy as np
 from app.filelock import exclusive_lock, write_json_atomically
 from app.privacy.contribution import Contribution, ContributionError
 from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed, parse_public_key
-from app.privacy.shuffle import HONEST_ALPHA, count_slack
+from app.privacy.shuffle import HONEST_ALPHA, MAX_HEADROOM, count_slack
 
 _INT64_LIMIT = 2**63
 #: The most noise trials one contribution may claim. A silo carries (1 + headroom) / count-on of
@@ -99,9 +99,6 @@ _INT64_LIMIT = 2**63
 #: ~1e11 trials, MAX_WINDOW), so no honest contribution claims 2**54 trials: a claim above is
 #: dropped, and up to 2**63 / (2**54 + K g) >= 500 contributions still sum without overflow.
 MAX_CLAIMED_TRIALS = 2**54
-#: The largest shuffle.headroom a run may set (app/config.py): an honest silo claims at most
-#: (1 + MAX_HEADROOM) times the trials its calibration requires (plus K, for the rounding up).
-MAX_HEADROOM = 10
 #: The probability that an honest contribution fails the count test (:func:`count_slack`).
 ALPHA = HONEST_ALPHA
 _RUN_IN_CONTEXT = re.compile(rb"\|run=(-?\d+)\|")
@@ -220,8 +217,8 @@ class Shuffler:
             raise ValueError(f"need dim >= 0 and levels >= 1, got dim={dim}, levels={levels}")
         if p is not None and not 0.0 < float(p) < 1.0:
             raise ValueError(f"need 0 < p < 1, got p={p}")
-        if self.run_id is not None and context_run(context) != self.run_id:
-            named = context_run(context)
+        named = context_run(context)
+        if self.run_id is not None and named != self.run_id:
             raise ShuffleRefused(f"the exchange's context names run {'none' if named is None else named}, but this "
                                  f"shuffler serves run {self.run_id}: a context of another run is never aggregated")
         allowed = self.allowed_senders

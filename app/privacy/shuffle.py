@@ -142,6 +142,10 @@ def trials_per_record(required_trials: int, count_on: int, records: int, headroo
 #: The probability with which an honest release may fail the bounds below (a false drop).
 HONEST_ALPHA = 1e-12
 
+#: The largest shuffle.headroom a run may set: an honest silo claims at most (1 + MAX_HEADROOM)
+#: times the trials its calibration requires, plus K for the rounding up (clients/shuffler.py).
+MAX_HEADROOM = 10
+
 
 def count_slack(trials: int, dim: int, alpha: float = HONEST_ALPHA) -> float:
     """t = sqrt(m ln(2 d / alpha) / 2) for m = ``trials``: by Hoeffding,
