@@ -98,13 +98,9 @@ def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]
     """pyproject's run config with the ``--run-config`` strings ``overrides`` on top;
     ConfigError (one line naming the fragment) for anything in them Flower's parser would drop
     or misread (app.config.check_run_config_args)."""
-    from flwr.common.config import parse_config_args
-
-    from app.config import check_run_config_args
-
-    check_run_config_args(overrides)
+    parsed = parse_config_overrides(overrides)
     cfg = default_run_config(root)
-    cfg.update(parse_config_args(overrides))
+    cfg.update(parsed)
     return cfg
 
 
@@ -597,6 +593,8 @@ def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
 
 
 def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
+    """The ``--run-config`` strings parsed as Flower parses them, after refusing (ConfigError)
+    what Flower's parser would drop or misread."""
     from flwr.common.config import parse_config_args
 
     from app.config import check_run_config_args

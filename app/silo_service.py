@@ -230,11 +230,14 @@ def _exchange(path: str, frame: bytes, timeout: float | None, max_bytes: int) ->
                 sock.sendall(frame)
             except OSError:  # the service may have refused before reading it all (busy): read why
                 sock.settimeout(1.0)
-            return read_frame(sock, REPLY, max_bytes)
+            reply, body = read_frame(sock, REPLY, max_bytes)
         except (OSError, EOFError) as exc:
             raise ServiceUnavailable(f"the silo service on {path} went away mid-request: {exc}") from None
     finally:
         sock.close()
+    if reply.get("busy") is True:  # at its connection limit, or the node stayed busy: not a silo error
+        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
+    return reply, body
 
 
 def request(path: str, message_type: str, content: RecordDict, run_id: int, run_config: Mapping[str, Any], *,
@@ -244,8 +247,6 @@ def request(path: str, message_type: str, content: RecordDict, run_id: int, run_
     body = recorddict_to_proto(content).SerializeToString()
     header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config)}
     reply, reply_body = _exchange(path, encode_frame(REQUEST, header, body), timeout, max_bytes)
-    if reply.get("busy") is True:  # at its connection limit, or the node stayed busy: not a silo error
-        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
     if reply.get("ok") is not True:
         raise ServiceError(f"silo service on {path}: {reply.get('error', 'error reply without a reason')}")
     try:
@@ -258,8 +259,6 @@ def ping(path: str, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
     """The service's ping answer (pid, partition, role); ServiceUnavailable if none answers."""
     reply, _ = _exchange(path, encode_frame(REQUEST, {"type": PING, "run_id": 0, "run_config": {}}), timeout,
                          MAX_HEADER_BYTES)
-    if reply.get("busy") is True:
-        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
     if reply.get("ok") is not True:
         raise ServiceError(f"silo service on {path}: {reply.get('error')}")
     return reply
