@@ -95,3 +95,15 @@ def logistic_objective(settings, lam: float):
 
 class FlowerStarted(Exception):
     """The launcher went on to start a Flower process (raised by the ``no_flower`` fixture)."""
+
+
+def service_node_config(state: Path) -> str:
+    """The node config the silo-service tests start ``python -m app.silo_service`` with."""
+    return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
+            "epsilon-cap=3.0 ledger-scope='run'")
+
+
+def service_env(home: Path) -> dict[str, str]:
+    """The environment of a silo service a test starts (its own FLWR_HOME, no telemetry)."""
+    return dict(os.environ) | {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1",
+                               "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}

@@ -9,7 +9,6 @@ an error and leave it serving; a missing service that gives a refusal.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -26,19 +25,10 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
 from app import silo_service
+from tests.helpers import service_env, service_node_config
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_CONFIG_OVERRIDES = {"num-rounds": 6, "privacy.epsilon": 3.0}
-
-
-def _node_config(state: Path) -> str:
-    return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
-            "epsilon-cap=3.0 ledger-scope='run'")
-
-
-def _env(home: Path) -> dict[str, str]:
-    return dict(os.environ) | {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1",
-                               "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
 
 
 class Service:
@@ -47,7 +37,7 @@ class Service:
         self.log = home / f"service-{time.monotonic_ns()}.log"
         self._out = self.log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", str(sock),
-                                      "--node-config", node_config], cwd=ROOT, env=_env(home),
+                                      "--node-config", node_config], cwd=ROOT, env=service_env(home),
                                      stdout=self._out, stderr=subprocess.STDOUT)
 
     def ready(self) -> Service:
@@ -80,7 +70,7 @@ class Service:
 def setup():
     tmp = Path(tempfile.mkdtemp(prefix="silosvc"))  # short: a Unix socket path has at most 107 bytes
     sock = tmp / "run" / "svc.sock"  # run/ does not exist yet: the service creates it 0700
-    service = Service(sock, _node_config(tmp / "state-service"), tmp)  # it loads while this process does
+    service = Service(sock, service_node_config(tmp / "state-service"), tmp)  # it loads while this process does
 
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -140,7 +130,7 @@ def test_socket_is_private_and_a_second_service_refuses(setup) -> None:
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
     second = subprocess.run([sys.executable, "-m", "app.silo_service", "--socket", str(sock), "--node-config",
-                             _node_config(setup["tmp"] / "other")], cwd=ROOT, env=_env(setup["tmp"]),
+                             service_node_config(setup["tmp"] / "other")], cwd=ROOT, env=service_env(setup["tmp"]),
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 1 and "another silo service" in second.stderr
     silo_service.ping(str(sock))  # the first one is untouched
@@ -154,7 +144,7 @@ def test_train_matches_the_in_process_path_bit_for_bit(setup) -> None:
 
     msg = _train_message(setup["w"], 1)
     remote = _via_service(setup, msg)
-    local_node = parse_config_args([_node_config(setup["tmp"] / "state-local")])
+    local_node = parse_config_args([service_node_config(setup["tmp"] / "state-local")])
     local = app(msg, _context(setup["run_config"], local_node)).content
     assert wire.Refusal.decode(remote) is None, wire.Refusal.decode(remote)
     for key in local.array_records[wire.UPDATE]:
@@ -173,7 +163,7 @@ def test_ledger_persists_across_requests_and_a_restart(setup) -> None:
     assert before["eps_spent"] == second
     assert setup["service"].stop() == 0
     assert not setup["sock"].exists()  # a clean SIGTERM removes its socket
-    setup["service"] = Service(setup["sock"], _node_config(setup["tmp"] / "state-service"), setup["tmp"]).ready()
+    setup["service"] = Service(setup["sock"], service_node_config(setup["tmp"] / "state-service"), setup["tmp"]).ready()
     after = _ledger(setup)
     assert after["eps_spent"] == second and after["releases"] == before["releases"]
     assert _eps(_via_service(setup, _train_message(setup["w"], 4))) > second

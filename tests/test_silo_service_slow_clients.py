@@ -15,7 +15,6 @@ handling.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -31,6 +30,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 
 from app import silo_service
 from scripts.bench.service_slow_clients import Peer
+from tests.helpers import service_env, service_node_config
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUEST_TIMEOUT_S = 2.0
@@ -51,22 +51,16 @@ def SlowPeer(path: Path | str, every: float | None) -> Peer:  # noqa: N802 (read
 
 # -- the real service, as the operator starts it ----------------------------------------------
 
-def _env(home: Path) -> dict[str, str]:
-    return dict(os.environ) | {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1",
-                               "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
-
-
 @pytest.fixture(scope="module")
 def service():
     tmp = Path(tempfile.mkdtemp(prefix="siloslow"))  # short: a Unix socket path has at most 107 bytes
     sock = tmp / "svc.sock"
     log = (tmp / "service.log").open("w")
-    node = (f"partition-id=0 num-partitions=2 state-dir='{tmp / 'state'}' noise-seed='run' evaluation='open' "
-            "epsilon-cap=3.0 ledger-scope='run'")
+    node = service_node_config(tmp / 'state')
     proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", str(sock), "--node-config", node,
                              "--request-timeout", str(REQUEST_TIMEOUT_S), "--reply-timeout", "2",
                              "--max-connections", str(MAX_CONNECTIONS)],
-                            cwd=ROOT, env=_env(tmp), stdout=log, stderr=subprocess.STDOUT)
+                            cwd=ROOT, env=service_env(tmp), stdout=log, stderr=subprocess.STDOUT)
     try:
         from flwr.supercore.task_identity import TaskIdentity
 
