@@ -30,7 +30,7 @@ from typing import Any
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
-from app import silo_service
+from app import silo_protocol
 
 app = ClientApp()
 
@@ -58,8 +58,8 @@ def _answer(message_type: str, msg: Message, context: Context) -> Message:
     path = str(node.get("silo-service", "") or "")
     if path:
         try:
-            content = silo_service.request(path, message_type, msg.content, context.run_id, context.run_config)
-        except silo_service.ServiceUnavailable as exc:
+            content = silo_protocol.request(path, message_type, msg.content, context.run_id, context.run_config)
+        except silo_protocol.ServiceUnavailable as exc:
             content = _unavailable(path, exc)
     else:
         from app import node_runtime

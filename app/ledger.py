@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.privacy.ledger import MARK_DIR, Inspection, LedgerError, adopt, inspect, mark_path_for
+from app.privacy.ledger import MARK_DIR, Inspection, LedgerError, inspect, mark_path_for
+from app.privacy.ledger_adopt import adopt
 
 _NOTES = {"ok": "the mark agrees",
           "migrate": "a ledger from before hash chaining: adopted as it is on the next open",

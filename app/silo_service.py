@@ -34,23 +34,13 @@ lets a request being handled finish (its ledger entry is already being written) 
 second SIGTERM exits without waiting. Memory in flight is at most ``--max-connections`` times
 ``--max-frame-bytes``.
 
-Wire format (all integers big-endian): ``b"SLFS"``, version (u8), kind (u8: 0 request, 1
-reply), header length (u32), body length (u64), a JSON header, a body. A request's header is
-``{"type": <Flower message type or "ping">, "run_id": int, "run_config": {key: bool | int |
-float | str}}`` and its body the message content, a RecordDict serialised with Flower's protobuf
-serde (no pickle). A reply's header is ``{"ok": true}`` with the reply content as body, or
-``{"ok": false, "error": "..."}`` (with ``"busy": true`` when the service is at its connection
-limit or the node stayed busy). A malformed or oversized frame (``--max-frame-bytes``, 1 GiB by
-default), or a request that is not complete by its deadline, gets an error reply and the
-connection is closed; the service keeps serving.
+The wire format and the client side are in app/silo_protocol.py.
 
 This module's top level imports no torch: the ClientApp imports it for :func:`request`.
 """
-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -60,208 +50,18 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, RecordDict
-from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+from flwr.common.serde import recorddict_to_proto
 
-MAGIC = b"SLFS"
-VERSION = 1
-REQUEST, REPLY = 0, 1
-_PREFIX = struct.Struct(">4sBBIQ")  # magic, version, kind, header length, body length
-MAX_HEADER_BYTES = 16 << 20
-DEFAULT_MAX_FRAME_BYTES = 1 << 30
-PING = "ping"
-#: the fields of a request header: nothing else is accepted
-REQUEST_KEYS = frozenset({"type", "run_id", "run_config"})
-CONNECT_TIMEOUT_S = 5.0
-#: seconds a connected peer may take to send its whole request (from the accept to its last byte)
-REQUEST_TIMEOUT_S = 10.0
-#: seconds a request may wait for the node while another one is being handled
-BUSY_TIMEOUT_S = 600.0
-#: seconds a peer may take to read the whole reply
-REPLY_TIMEOUT_S = 10.0
-#: connections served at once (each its own thread); one more gets a "busy" reply
-MAX_CONNECTIONS = 8
-#: how often a blocked read or write looks at its deadline and at a stop
-_TICK_S = 0.25
-
-
-class FrameError(ValueError):
-    """A frame is malformed, oversized, or its header is not what the protocol allows."""
-
-
-class ServiceUnavailable(ConnectionError):
-    """No silo service answers on the socket (missing, refused, or it went away mid-request)."""
-
-
-class ServiceError(RuntimeError):
-    """The silo service answered with an error (it could not handle the request)."""
-
-
-class Cut(Exception):
-    """A connection ran past its deadline, or the service is stopping."""
-
-
-# -- framing --------------------------------------------------------------------------------------
-
-def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> bytes:
-    head = json.dumps(dict(header), allow_nan=True, separators=(",", ":")).encode()
-    return _PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
-
-
-def _wait(sock: socket.socket, deadline: float | None, stopping: Callable[[], bool] | None, what: str) -> None:
-    """Set ``sock``'s timeout to the next tick before ``deadline``; Cut if the deadline passed or
-    ``stopping()`` says the service stops. No deadline: the socket's own timeout stands."""
-    if deadline is None:
-        return
-    if stopping is not None and stopping():
-        raise Cut(f"the service is stopping ({what})")
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise Cut(f"{what} not complete by its deadline")
-    sock.settimeout(min(left, _TICK_S))
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
-                stopping: Callable[[], bool] | None = None) -> bytes:
-    """``n`` bytes, read as they come (a frame that announces more than it sends costs nothing);
-    with a ``deadline`` (time.monotonic()), Cut once it passes, however the bytes trickle in."""
-    chunks, got = [], 0
-    while got < n:
-        _wait(sock, deadline, stopping, "request")
-        try:
-            chunk = sock.recv(min(n - got, 1 << 20))
-        except TimeoutError:
-            if deadline is None:
-                raise
-            continue
-        if not chunk:
-            raise EOFError(f"connection closed after {got} of {n} bytes")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Callable[[], bool] | None = None) -> None:
-    """``sock.sendall(data)`` that gives up (Cut) at ``deadline``, or when the service stops and
-    the peer has not taken anything for a tick."""
-    view, sent = memoryview(data), 0
-    while sent < len(view):
-        _wait(sock, deadline, None, "reply")
-        try:
-            sent += sock.send(view[sent:sent + (1 << 20)])
-        except TimeoutError:
-            if stopping is not None and stopping():
-                raise Cut("the service is stopping and the peer does not read its reply") from None
-
-
-def read_frame(sock: socket.socket, kind: int, max_bytes: int, deadline: float | None = None,
-               stopping: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bytes]:
-    """One frame of ``kind`` from ``sock``: (header, body). FrameError if malformed or too big;
-    EOFError if the peer closed the connection before the frame was complete; Cut if the whole
-    frame has not arrived by ``deadline`` (time.monotonic()) or ``stopping()`` turns true."""
-    magic, version, got_kind, head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size, deadline,
-                                                                                 stopping))
-    if magic != MAGIC:
-        raise FrameError(f"not a silo-service frame (magic {magic!r}, expected {MAGIC!r})")
-    if version != VERSION:
-        raise FrameError(f"protocol version {version}; this service speaks version {VERSION}")
-    if got_kind != kind:
-        raise FrameError(f"frame kind {got_kind}, expected {kind}")
-    if head_len > MAX_HEADER_BYTES or head_len + body_len > max_bytes:
-        raise FrameError(f"frame of {head_len + body_len} bytes is over the limit of {max_bytes} bytes")
-    try:
-        header = json.loads(_recv_exact(sock, head_len, deadline, stopping))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FrameError(f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise FrameError("header is not a JSON object")
-    return header, _recv_exact(sock, body_len, deadline, stopping)
-
-
-def _scalar(value: Any) -> bool:
-    return isinstance(value, (bool, int, float, str))
-
-
-def parse_request(header: Mapping[str, Any], body: bytes, known_types: frozenset[str]) -> tuple[str, int, dict, RecordDict]:
-    """(message type, run id, run config, content) of a request; FrameError if malformed."""
-    extra = sorted(set(header) - REQUEST_KEYS)
-    if extra:  # in particular a node config: the service has its own and takes no other
-        raise FrameError(f"unexpected request fields {extra}; a request has only {sorted(REQUEST_KEYS)}")
-    mtype = header.get("type")
-    if not isinstance(mtype, str) or mtype not in known_types:
-        raise FrameError(f"message type {mtype!r} is not served; served: {', '.join(sorted(known_types))}")
-    run_id = header.get("run_id")
-    if isinstance(run_id, bool) or not isinstance(run_id, int) or not 0 <= run_id < 2**64:
-        raise FrameError(f"run_id {run_id!r} is not an integer in [0, 2^64)")
-    run_config = header.get("run_config")
-    if not isinstance(run_config, dict) or not all(isinstance(k, str) and _scalar(v) for k, v in run_config.items()):
-        raise FrameError("run_config is not an object of str -> bool | int | float | str")
-    try:
-        content = recorddict_from_proto(ProtoRecordDict.FromString(body))
-    except Exception as exc:  # protobuf's DecodeError, or a record Flower refuses to build
-        raise FrameError(f"body is not a Flower RecordDict: {type(exc).__name__}: {exc}") from None
-    return mtype, run_id, run_config, content
-
-
-# -- client (the ClientApp side) -----------------------------------------------------------------
-
-def _connect(path: str, timeout: float) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        raise ServiceUnavailable(f"no silo service answers on {path}: {exc.strerror or exc}") from None
-    return sock
-
-
-def _exchange(path: str, frame: bytes, timeout: float | None, max_bytes: int) -> tuple[dict[str, Any], bytes]:
-    sock = _connect(path, CONNECT_TIMEOUT_S)
-    try:
-        sock.settimeout(timeout)
-        try:
-            try:
-                sock.sendall(frame)
-            except OSError:  # the service may have refused before reading it all (busy): read why
-                sock.settimeout(1.0)
-            reply, body = read_frame(sock, REPLY, max_bytes)
-        except (OSError, EOFError) as exc:
-            raise ServiceUnavailable(f"the silo service on {path} went away mid-request: {exc}") from None
-    finally:
-        sock.close()
-    if reply.get("busy") is True:  # at its connection limit, or the node stayed busy: not a silo error
-        raise ServiceUnavailable(f"the silo service on {path} is busy: {reply.get('error')}")
-    return reply, body
-
-
-def request(path: str, message_type: str, content: RecordDict, run_id: int, run_config: Mapping[str, Any], *,
-            timeout: float | None = None, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> RecordDict:
-    """Forward one message to the service on ``path``; its reply content. ServiceUnavailable if
-    nothing answers, ServiceError if the service answers with an error."""
-    body = recorddict_to_proto(content).SerializeToString()
-    header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config)}
-    reply, reply_body = _exchange(path, encode_frame(REQUEST, header, body), timeout, max_bytes)
-    if reply.get("ok") is not True:
-        raise ServiceError(f"silo service on {path}: {reply.get('error', 'error reply without a reason')}")
-    try:
-        return recorddict_from_proto(ProtoRecordDict.FromString(reply_body))
-    except Exception as exc:
-        raise ServiceError(f"silo service on {path} sent a reply that is not a RecordDict: {exc}") from None
-
-
-def ping(path: str, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
-    """The service's ping answer (pid, partition, role); ServiceUnavailable if none answers."""
-    reply, _ = _exchange(path, encode_frame(REQUEST, {"type": PING, "run_id": 0, "run_config": {}}), timeout,
-                         MAX_HEADER_BYTES)
-    if reply.get("ok") is not True:
-        raise ServiceError(f"silo service on {path}: {reply.get('error')}")
-    return reply
+from app.silo_protocol import (BUSY_TIMEOUT_S, DEFAULT_MAX_FRAME_BYTES, MAX_CONNECTIONS, PING, REPLY,
+                               REPLY_TIMEOUT_S, REQUEST, REQUEST_TIMEOUT_S, _TICK_S, Cut, FrameError, ServiceError,
+                               ServiceUnavailable, _send_all, encode_frame, parse_request, ping, read_frame)
+# the protocol's names that callers and tests read from here
+from app.silo_protocol import _PREFIX, CONNECT_TIMEOUT_S, MAGIC, VERSION, request  # noqa: F401
 
 
 # -- the service ----------------------------------------------------------------------------------

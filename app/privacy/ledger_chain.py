@@ -1,0 +1,208 @@
+"""The ledger's file format (version 3, and reading versions 1 and 2): canonical JSON entries
+chained by SHA-256 hashes, parsed and checked line by line. The format is described in
+app/privacy/ledger.py's module doc; this module only reads and encodes rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from app.privacy.accounting import Release, epsilon_spent
+
+LEDGER_VERSION = 3
+_GENESIS = "silofl-ledger-3"
+_KINDS = ("release", "calibration", "adopt")
+RECOVERY = "see `python -m app.ledger verify {path}` and docs/privacy.md (\"When the ledger does not verify\")"
+
+
+class LedgerError(RuntimeError):
+    """The ledger file is unreadable, does not match its high-water mark, or belongs to a
+    different budget."""
+
+
+# -- the chain ----------------------------------------------------------------------------------
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _chain(prev: str, body: bytes) -> str:
+    return hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
+
+
+def _genesis(header_line: bytes) -> str:
+    return _chain(_GENESIS, header_line)
+
+
+class _Chain:
+    """Parses entry lines, checking each against its hash, from a head and entry count."""
+
+    def __init__(self, path: Path, head: str, entries: int, releases: int, want: int | None) -> None:
+        self.path, self.head, self.entries, self.releases_before, self.want = path, head, entries, releases, want
+        self.head_at_want: str | None = head if want == entries else None
+
+    def parse(self, lines: list[bytes]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[dict[str, Any]],
+                                                 str]:
+        """(release rows, last calibration or None, adoptions, last entry's kind or "")."""
+        rows: list[dict[str, Any]] = []
+        calibration: dict[str, Any] | None = None
+        adopts: list[dict[str, Any]] = []
+        last = ""
+        for raw in lines:
+            k = self.entries + 1
+            try:
+                entry = json.loads(raw)
+                if not isinstance(entry, dict) or len(entry) != 2 or not isinstance(entry.get("hash"), str):
+                    raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+                body = {key: v for key, v in entry.items() if key != "hash"}
+                (kind,) = body
+                if kind not in _KINDS or not isinstance(body[kind], dict):
+                    raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+                if kind == "release":
+                    _release(body[kind])  # a row the accountant can read
+                expected = _chain(self.head, _canonical(body))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise LedgerError(f"privacy ledger {self.path} is unreadable: entry {k} (line {k + 1}): {exc}; "
+                                  + RECOVERY.format(path=self.path)) from exc
+            if entry["hash"] != expected:
+                what = (f"release seq {body[kind].get('seq')}, round {body[kind].get('round')}" if kind == "release"
+                        else kind)
+                raise LedgerError(f"privacy ledger {self.path}: entry {k} (line {k + 1}, {what}) does not match its "
+                                  "hash: it was edited, or an entry before it was removed, changed or inserted; "
+                                  + RECOVERY.format(path=self.path))
+            self.head, self.entries, last = expected, k, kind
+            if self.want == k:
+                self.head_at_want = expected
+            if kind == "release":
+                rows.append(body[kind])
+            elif kind == "calibration":
+                calibration = body[kind]
+            else:
+                adopts.append(body[kind])
+        return rows, calibration, adopts, last
+
+
+def _parse_v3(path: Path, data: bytes, want: int | None) -> tuple:
+    """A version-3 file's (version, id, budget, delta, rows, calibration, adoptions, entries, head,
+    last kind, bytes used, torn bytes, head after ``want`` entries or None), its chain checked."""
+    used = data.rfind(b"\n") + 1
+    lines = data[:used].split(b"\n")[:-1]
+    if not lines:
+        raise LedgerError(f"privacy ledger {path} is unreadable: no complete header line; {RECOVERY.format(path=path)}")
+    try:
+        header = json.loads(lines[0])
+        if header.get("ledger") != LEDGER_VERSION or not isinstance(header.get("id"), str):
+            raise ValueError(f"no version-{LEDGER_VERSION} ledger header: {lines[0][:80]!r}")
+        eps, delta = _decode_float(header["epsilon_budget"]), float(header["delta"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
+    chain = _Chain(path, _genesis(_canonical(header)), 0, 0, want)
+    rows, calibration, adopts, last = chain.parse(lines[1:])
+    return (LEDGER_VERSION, header["id"], eps, delta, rows, calibration or {}, adopts, chain.entries, chain.head, last,
+            used, len(data) - used, chain.head_at_want)
+
+
+def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any], list[dict[str, Any]], int, int] | None:
+    """A version-1 or -2 ledger's (version, budget, delta, calibration, rows, bytes used, torn
+    bytes); None for a version-3 file. Raises LedgerError when it cannot be read."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        head = json.loads(first)
+    except ValueError:
+        head = None
+    if isinstance(head, dict) and head.get("ledger") == LEDGER_VERSION:
+        return None
+    if not (isinstance(head, dict) and "ledger" in head):  # version 1: one JSON object
+        try:
+            doc = json.loads(data)
+            rows = [dict(r) for r in doc["releases"]]
+            for r in rows:
+                _release(r)
+            return (1, _decode_float(doc["epsilon_budget"]), float(doc["delta"]), dict(doc.get("calibration", {})),
+                    rows, len(data), 0)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    if head.get("ledger") != 2:
+        raise LedgerError(f"privacy ledger {path} is unreadable: unknown ledger version {head.get('ledger')!r}")
+    used = data.rfind(b"\n") + 1
+    rows, calibration = [], {}
+    for i, raw in enumerate(data[:used].split(b"\n")[1:-1]):
+        try:
+            entry = json.loads(raw)
+            if not isinstance(entry, dict) or len(entry) != 1:
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+            if "release" in entry:
+                _release(entry["release"])
+                rows.append(entry["release"])
+            elif "calibration" in entry and isinstance(entry["calibration"], dict):
+                calibration = entry["calibration"]
+            else:
+                raise ValueError(f"not a ledger entry: {raw[:80]!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LedgerError(f"privacy ledger {path} is unreadable: line {i + 2}: {exc}") from exc
+    try:
+        budget, delta = _decode_float(head["epsilon_budget"]), float(head["delta"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
+    return 2, budget, delta, calibration, rows, used, len(data) - used
+
+
+def read_ledger(path: str | Path) -> dict[str, Any]:
+    """A ledger file's contents (any version), read without the lock and without changing the
+    file or looking at its mark: ``version``, ``epsilon_budget``, ``delta``, ``calibration`` and
+    ``releases`` (a version-3 file also ``id`` and ``adoptions``; its chain is checked). An
+    incomplete last line (an append in progress, or a crash's) is left out."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
+    legacy = _legacy(path, data)
+    if legacy is not None:
+        version, eps, delta, calibration, rows, _, _ = legacy
+        return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows}
+    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = _parse_v3(path, data, None)
+    return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows,
+            "id": ledger_id, "adoptions": adopts}
+
+
+def _release(r: dict[str, Any]) -> Release:
+    return Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
+                   bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
+                   int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)),
+                   str(r.get("amplification", "none")))
+
+
+_RELEASE_FIELDS = tuple(f.name for f in fields(Release))
+_BINOMIAL_FIELDS = ("mechanism", "trials", "levels", "p", "dim")
+
+
+def _row(r: Release) -> dict[str, Any]:
+    """A release as a ledger row (its fields in order, as ``asdict`` gives them: they are plain
+    values); a Gaussian one without the binomial fields (unused there), and ``amplification``
+    only where one is claimed (rows without it read as "none")."""
+    return {name: getattr(r, name) for name in _RELEASE_FIELDS if (r.binomial or name not in _BINOMIAL_FIELDS)
+            and not (name == "amplification" and r.amplification == "none")}
+
+
+def _encode_float(x: float) -> float | str:
+    return "inf" if math.isinf(x) else x
+
+
+def _decode_float(x: float | str) -> float:
+    return math.inf if x == "inf" else float(x)
+
+
+def _fmt(eps: Any) -> str:
+    return "?" if eps is None else f"{float(eps):.4g}"
+
+
+def _eps_of(releases: list[Release], delta: float) -> float | None:
+    try:
+        return epsilon_spent(releases, delta)
+    except ValueError:
+        return None
