@@ -30,7 +30,7 @@ it remembers. So checkouts on one machine never share a SuperLink or a port, and
 is not this checkout's (another FLWR_HOME, Flower's default ports) is neither used nor touched.
 This checkout's SuperLink is restarted when it runs on other ports or with other settings.
 
-``--fast-poll`` turns on the opt-in engine poll patch (app.sweep.fast_poll: the simulation
+``--fast-poll`` turns on the opt-in engine poll patch (app.engine_patches.fast_poll: the simulation
 engine looks for instructions every 5 ms instead of 0.1 s) in the local SuperLink's runs: it sets
 ``SILOFL_FAST_POLL`` for the SuperLink (restarting this checkout's local SuperLink when it runs
 with the other setting) and the ClientApp applies the patch in the engine's process.

@@ -29,7 +29,7 @@ def test_client_app_imports_nothing_heavy() -> None:
 
 def test_what_the_simulation_engine_imports_first_is_light() -> None:
     """The engine's processes load the ClientApp before the first message: Flower's simulation
-    process (to check it loads; with SILOFL_FAST_POLL it also applies app.sweep's poll patch
+    process (to check it loads; with SILOFL_FAST_POLL it also applies app.engine_patches' poll patch
     there) and each Ray actor (to unpickle the first message). None of it loads torch,
     scipy.stats, matplotlib or hydra; the silo's imports wait for the first message."""
     engine = "import flwr.server.superlink.fleet.vce.vce_api"
