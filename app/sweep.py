@@ -7,8 +7,8 @@
 Each job composes conf/ (config groups algorithm/, dataset/, model/, privacy/, sketch/,
 experiment/), flattens it onto the flat run config (app.config.flatten_run_config, the one
 mapping), validates it, and runs the real ServerApp and ClientApp on Flower's simulation engine
-(``flwr.simulation.run_simulation``, one virtual SuperNode per silo). It appends one row to
-``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
+(app.federation.run_federation: one virtual SuperNode per silo, in this process). It appends one
+row to ``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
 each silo certified, wall time and engine overhead. A failed job is recorded with its error and
 the sweep goes on; rerunning the sweep skips every job that already has a finished row (resume:
 status ``completed``, or ``diverged`` / ``no-progress``, whose ``error`` holds the hint of
@@ -19,7 +19,11 @@ skipped, ETA); at its end one line per failed job (its overrides and error), and
 any job failed, else 0. A bad value is one line (the config check's), never a traceback; a
 ``sketch.*`` key given while the job has no sketch is refused (:func:`check_overrides`).
 ``sweep.tracking=mlflow`` logs each finished job (app/tracking.py); ``sweep.ray-address`` (or
-``RAY_ADDRESS``) runs the engine on an existing Ray cluster (:func:`engine_backend_config`).
+``RAY_ADDRESS``) runs the engine on an existing Ray cluster (app.federation.engine_backend_config).
+
+This module runs the jobs (expansion of a tuning grid, checks, the row); the rest has a module of
+its own, re-exported here: app.federation (one federation), app.engine_patches (the engine's
+patches), app.sweep_results (results.csv, job ids, repeated federations), app.sweep_progress.
 
 Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
 ``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
@@ -30,13 +34,8 @@ only. Tuning itself is not private (the paper's Appendix I says the same of its 
 
 from __future__ import annotations
 
-import csv
-import hashlib
 import itertools
-import json
 import math
-import os
-import statistics
 import sys
 import time
 import traceback
@@ -48,159 +47,15 @@ from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings, 
 from app.engine_patches import (  # noqa: F401  (re-exported: the patches were this module's)
     FAST_POLL_ENV, FAST_POLL_S, LEAN_RAY_ENV, PATCHED_FLWR, PROMPT_WAIT_S, RAY_ADDRESS_ENV, fast_poll,
     fast_poll_setting, keep_engine_warm, lean_ray_start, prompt_engine_stop)
-from app.filelock import exclusive_lock
-from app.launch import flower_env
+from app.federation import engine_backend_config, engine_env, run_federation, simulation_apps  # noqa: F401
 from app.presets import PRESET_KEYS
-from app.results import load_rounds
 from app.run_health import FINISHED, UNHEALTHY
+from app.sweep_progress import Progress, sweep_size
+from app.sweep_results import (  # noqa: F401  (re-exported)
+    INERT_UNLESS, RESULT_FIELDS, ResultsFile, acting_settings, job_key, same_federation)
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS_DIR = Path("outputs") / "sweeps"
-RESULT_FIELDS = ["job", "status", "error", "test_error", "test_accuracy", "best_test_error", "val_error",
-                 "train_loss", "grad_mapping_norm", "eps_max_spent", "eps_per_silo", "uploads_G", "rounds_done",
-                 "selected", "grid_points", "wall_s", "overhead_s", "run_dir"]
-
-
-def job_key(flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> str:
-    """A stable id for a job: its run config and its tuning settings."""
-    blob = json.dumps({"run": dict(sorted(flat.items())), "tuning": sweep.get("tuning"),
-                       "grid": sweep.get("grid") if sweep.get("tuning") == "grid" else None,
-                       "validation-fraction": sweep.get("validation-fraction") if sweep.get("tuning") == "grid" else None},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-class ResultsFile:
-    """``results.csv`` of one sweep, appended under a file lock (jobs may run concurrently)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fields = RESULT_FIELDS + sorted(SCHEMA)
-
-    def rows(self) -> list[dict[str, str]]:
-        if not self.path.exists():
-            return []
-        with self.path.open(newline="") as fh:
-            return list(csv.DictReader(fh))
-
-    def completed(self, job: str) -> bool:
-        """Whether ``job`` has a row of a run that ran to its end (healthy or not)."""
-        return any(r["job"] == job and r["status"] in FINISHED for r in self.rows())
-
-    def append(self, row: Mapping[str, Any]) -> None:
-        with exclusive_lock(self.path.with_suffix(".lock")):
-            new = not self.path.exists()
-            with self.path.open("a", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=self.fields, extrasaction="ignore")
-                if new:
-                    writer.writeheader()
-                writer.writerow({k: _cell(v) for k, v in row.items()})
-
-
-def _cell(v: Any) -> Any:
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    if v is None:
-        return ""
-    return v
-
-
-# -- one federation on Flower's simulation engine -------------------------------------------
-def engine_env() -> None:
-    """What every Flower process of a sweep needs (inherited by the Ray workers): the launcher's
-    environment (app.launch.flower_env) set in this process, plus Ray's accelerator setting."""
-    os.environ.update(flower_env(ROOT))
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-
-
-
-def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
-    """A ServerApp and a ClientApp that run silofl's apps with ``run_config``
-    (``run_simulation`` gives the apps an empty run config)."""
-    from flwr.app import Context, Message
-    from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-
-    from app import wire
-
-    def with_config(context: Context) -> Context:
-        return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
-                       state=context.state, run_config=dict(run_config))
-
-    server = ServerApp()
-
-    @server.main()
-    def _main(grid: Grid, context: Context) -> None:
-        import app.server_app as server_app
-
-        server_app.main(grid, with_config(context))
-
-    client = ClientApp()
-
-    def forward(name: str) -> Any:
-        def handler(msg: Message, context: Context) -> Message:
-            import app.client_app as client_app
-
-            return getattr(client_app, name)(msg, with_config(context))
-
-        return handler
-
-    client.train()(forward("train"))
-    client.evaluate()(forward("evaluate"))
-    client.query(wire.LEDGER)(forward("ledger"))
-    client.query(wire.IDENTITY)(forward("identity"))  # the attack harness's ground truth
-    client.query(wire.KEYS)(forward("keys"))  # shuffle DP: roles and public keys
-    client.query(wire.SHUFFLE)(forward("shuffle"))  # shuffle DP: the shuffler's sum
-    return server, client
-
-
-def engine_backend_config(num_silos: int, sweep: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Flower's simulation backend config for one federation. Each virtual silo's ClientApp runs
-    in a Ray actor holding ``sweep.client-cpus`` CPUs and ``sweep.client-gpus`` GPUs (1 and 0 by
-    default); Flower sizes its actor pool from the resources Ray reports for the cluster
-    (``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``). On an existing Ray
-    cluster (``sweep.ray-address``, else the ``RAY_ADDRESS`` environment variable: ``auto`` or
-    ``HOST:PORT`` of a ``ray start --head``) Ray is joined, not started, and every node's CPUs
-    count; otherwise a local Ray starts with min(CPUs of this machine, silos) CPUs."""
-    sweep = sweep or {}
-    address = str(sweep.get("ray-address") or os.environ.get(RAY_ADDRESS_ENV, "")).strip()
-    cpus, gpus = float(sweep.get("client-cpus") or 1), float(sweep.get("client-gpus") or 0.0)
-    if cpus <= 0 or gpus < 0:
-        raise ConfigError(f"sweep.client-cpus = {cpus:g} / sweep.client-gpus = {gpus:g}; allowed: cpus > 0, gpus >= 0")
-    init: dict[str, Any] = {"address": address} if address else {"num_cpus": min(os.cpu_count() or 1, num_silos)}
-    return {"client_resources": {"num_cpus": cpus, "num_gpus": gpus}, "init_args": init}
-
-
-def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None,
-                   backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Run one federation on the simulation engine; returns its summary.json plus wall time and
-    engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
-    ``warm``: reuse the engine's actors across the federations of this process (and end each
-    federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
-    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset). ``backend``:
-    the sweep's Ray settings (:func:`engine_backend_config`)."""
-    from flwr.simulation import run_simulation
-
-    engine_env()
-    lean_ray_start()
-    if warm:
-        keep_engine_warm()
-    fast_poll(fast_poll_setting(fast))
-    s = parse_settings(run_config)
-    out = Path(s.outputs_dir) / s.run_name
-    for name in ("summary.json", "rounds.jsonl"):
-        (out / name).unlink(missing_ok=True)
-    server, client = simulation_apps(run_config)
-    t0 = time.perf_counter()
-    run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
-                   backend_config=engine_backend_config(s.num_silos, backend))
-    wall = time.perf_counter() - t0
-    if not (out / "summary.json").exists():
-        raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
-    summary = json.loads((out / "summary.json").read_text())
-    rounds = load_rounds(out / "rounds.jsonl")
-    inside = sum(float(r["wall_s"]) for r in rounds)
-    return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
 
 
 # -- one job -------------------------------------------------------------------------------
@@ -291,115 +146,20 @@ def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
                           f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
 
 
-#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
-INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
-
-
-def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
-    """The settings as results.csv holds them (strings), less those that do not act: the other
-    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
-    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
-    run the same federation."""
-    out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
-    for switch, off, prefix in INERT_UNLESS:
-        if out.get(switch) == off:
-            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
-    return out
-
-
-def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:
-    """A finished row of this sweep whose federation is this job's (:func:`acting_settings`
-    equal; fixed tuning only), e.g. privacy=off jobs of a sweep over ε: it need not run again."""
-    if str(sweep.get("tuning", "fixed")) != "fixed":
-        return None
-    mine = acting_settings(flat)
-    for r in results.rows():
-        if r["status"] in FINISHED and r.get("grid_points") in ("", "1") and acting_settings(r) == mine:
-            return r
-    return None
-
-
 def track(row: Mapping[str, Any], sweep: Mapping[str, Any]) -> None:
-    """``sweep.tracking=mlflow``: log the job's run (from its files, app/tracking.py) to the
-    experiment ``silofl/<sweep.name>``; a tracker that fails is a warning line, not a failed job."""
-    kind = str(sweep.get("tracking") or os.environ.get("SILOFL_TRACKING") or "none")
-    if kind == "none" or row.get("status") not in FINISHED or not row.get("run_dir"):
+    """``sweep.tracking=mlflow`` (else ``SILOFL_TRACKING``): log a finished job's run to the
+    experiment ``silofl/<sweep.name>`` (app.tracking.track_from_env: a tracker that fails is a
+    warning line, not a failed job)."""
+    if row.get("status") not in FINISHED or not row.get("run_dir"):
         return
     from app import tracking
 
-    try:
-        if kind not in tracking.TRACKERS:
-            raise tracking.TrackingError(f"sweep.tracking = {kind!r}; allowed: {', '.join(tracking.TRACKERS)}")
-        tracking.log_run(row["run_dir"], experiment=f"{tracking.DEFAULT_EXPERIMENT}/{sweep.get('name', 'default')}",
-                         uri=sweep.get("tracking-uri"), tags={"silofl.job": str(row.get("job", ""))})
-    except Exception as exc:  # the job's result stands in results.csv
-        print(f"[sweep] job {row.get('job')}: not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-
-
-class Progress:
-    """The sweep's progress in this process (Hydra's basic launcher runs jobs one after another in
-    it): jobs done, failed and skipped, the failed ones, and an ETA from the jobs that ran."""
-
-    def __init__(self) -> None:
-        self.total: int | None = None
-        self.t0 = time.perf_counter()
-        self.rows: list[dict[str, Any]] = []
-        self.ran_s: list[float] = []
-
-    def record(self, row: Mapping[str, Any], overrides: list[str], seconds: float) -> str:
-        """Note one finished job; returns its progress line."""
-        self.rows.append(dict(row) | {"overrides": " ".join(overrides)})
-        if row.get("status") != "skipped":
-            self.ran_s.append(seconds)
-        done = len(self.rows)
-        counts = {st: sum(r.get("status") == st for r in self.rows) for st in ("failed", "skipped")}
-        finished = done - counts["failed"] - counts["skipped"]
-        eta = ""
-        if self.total is not None and self.ran_s:
-            left = max(self.total - done, 0)
-            eta = f", ETA {_duration(left * statistics.mean(self.ran_s))}"
-        of = f"/{self.total}" if self.total is not None else ""
-        return (f"[sweep] progress {done}{of} jobs: {finished} ran to their end, {counts['failed']} failed, "
-                f"{counts['skipped']} skipped; elapsed {_duration(time.perf_counter() - self.t0)}{eta}")
-
-    def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r.get("status") == "failed"]
-
-    def closing(self) -> list[str]:
-        """The sweep's last lines: counts, and one line per failed job (its overrides, its error)."""
-        failed = self.failed()
-        statuses = sorted({str(r.get("status")) for r in self.rows})
-        counts = ", ".join(f"{sum(r.get('status') == st for r in self.rows)} {st}" for st in statuses)
-        lines = [f"[sweep] done: {len(self.rows)} jobs ({counts or 'none'}) in "
-                 f"{_duration(time.perf_counter() - self.t0)}"]
-        for r in failed[:20]:
-            lines.append(f"[sweep] FAILED job {r.get('job')} ({r['overrides'] or 'no overrides'}): {r.get('error')}")
-        if len(failed) > 20:
-            lines.append(f"[sweep] ... and {len(failed) - 20} more failed jobs (status failed in results.csv)")
-        return lines
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    tracking.track_from_env(row["run_dir"], tags={"silofl.job": str(row.get("job", ""))}, kind=sweep.get("tracking"),
+                            experiment=f"{tracking.DEFAULT_EXPERIMENT}/{sweep.get('name', 'default')}",
+                            uri=sweep.get("tracking-uri"))
 
 
 PROGRESS = Progress()
-
-
-def sweep_size(argv: list[str], params: Mapping[str, Any] | None) -> int | None:
-    """How many jobs Hydra's basic sweeper makes of the config's ``hydra.sweeper.params`` and the
-    command line's overrides (their product); None when it cannot tell."""
-    try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        args = [f"{k}={v}" for k, v in (params or {}).items()]
-        args += [a for a in argv if "=" in a and not a.startswith("-")]
-        overrides = OverridesParser.create().parse_overrides(args)
-        return len(BasicSweeper.split_arguments(overrides, None)[0])
-    except Exception:  # a sweep type only Hydra's config loader can expand: no total
-        return None
 
 
 def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> dict[str, Any]:

@@ -134,11 +134,11 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
-    ours = "app,app.client_app,app.engine_patches,app.silo_service"
+    ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_service", "app,app.client_app,app.silo_service"
     for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours}"),
                                  (engine, {}, f"None True False {ours}"),
                                  (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours}"),
-                                 ("", {"SILOFL_FAST_POLL": "1"}, "None False False app,app.client_app,app.silo_service")):
+                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None False False {elsewhere}")):
         out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env | extra)
         assert out.returncode == 0, out.stderr
@@ -191,7 +191,7 @@ def test_fast_poll_keeps_numbers_and_is_faster(tmp_path: Path) -> None:
     code = f"""
 import json, statistics, sys
 from app.launch import merged_run_config
-from app.sweep import run_federation
+from app.federation import run_federation
 out = {{}}
 for fast in (False, True):
     cfg = merged_run_config([]) | {{"num-rounds": 6, "outputs-dir": {str(tmp_path)!r}, "run-name": f"fast{{fast}}"}}

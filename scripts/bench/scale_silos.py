@@ -1,7 +1,7 @@
 """Scale: wall time, CPU time and peak memory per silo-round for 10 / 100 / 1,000 virtual silos.
 
 Each federation runs in a fresh process through the project's simulation path
-(``app.sweep.run_federation``: ``flwr.simulation.run_simulation``, the engine ``flwr run`` starts
+(``app.federation.run_federation``: ``flwr.simulation.run_simulation``, the engine ``flwr run`` starts
 in the local SuperLink), with this set-up unless overridden by ``--run-config``:
 
     dataset = digits (1,797 records), partition = iid, MLP 64-64-10 (the digits preset),
@@ -114,7 +114,7 @@ def one(silos: int, rounds: int, extra: list[str], address: str | None) -> dict:
     import tempfile
 
     from app.launch import merged_run_config
-    from app.sweep import run_federation
+    from app.federation import run_federation
 
     overrides = BASE + [f"num-silos={silos}", f"silos-per-round={silos}", f"num-rounds={rounds}"] + extra
     with tempfile.TemporaryDirectory() as tmp:

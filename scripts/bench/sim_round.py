@@ -1,7 +1,7 @@
 """Time of one simulated round of the default run on Flower's simulation engine (issue: speed).
 
 Runs the embedded default (WBCD, 2 silos, ISRL-DP MB-SGD, 25 rounds) through
-``flwr.simulation.run_simulation`` (app.sweep.run_federation: the same engine ``flwr run``
+``flwr.simulation.run_simulation`` (app.federation.run_federation: the same engine ``flwr run``
 starts in the local SuperLink) in four set-ups, each in a fresh process:
 
 * ``separate``: the evaluation in an exchange of its own after every round (two exchanges per
@@ -41,7 +41,7 @@ def one(fold: bool, fast: bool, rounds: int) -> dict:
     import tempfile
 
     from app.launch import merged_run_config
-    from app.sweep import run_federation
+    from app.federation import run_federation
     from strategies.loop import FederatedOptimizer
 
     FederatedOptimizer.fold_evaluation = fold

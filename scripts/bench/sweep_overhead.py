@@ -1,7 +1,7 @@
 """Per-job overhead of a sweep on Flower's simulation engine (issue: Hydra sweeps).
 
 Runs ``--jobs`` short WBCD federations one after the other exactly as ``python -m app.sweep``
-runs its jobs (app.sweep.run_federation: ``flwr.simulation.run_simulation`` with one virtual
+runs its jobs (app.federation.run_federation: ``flwr.simulation.run_simulation`` with one virtual
 SuperNode per silo) and reports, per job:
 
 * overhead = wall time - time inside rounds (the sweep's ``overhead_s`` column);
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from app.launch import merged_run_config
-from app.sweep import run_federation
+from app.federation import run_federation
 
 
 def main(argv: list[str] | None = None) -> None:
