@@ -23,9 +23,9 @@ Measured, per federation (N silos, R rounds, N*R silo-rounds):
 * peak memory: the largest sum of RSS over the tree seen in any sample (shared pages counted in
   every process that maps them, so an upper bound on the memory the tree needs).
 
-    python scripts/bench/scale_silos.py --silos 10,100,1000 --rounds 3
+    python -m scripts.bench.scale_silos --silos 10,100,1000 --rounds 3
     # on a running Ray cluster (docs/ray-cluster.md): join it; add the raylets' trees to the sample
-    python scripts/bench/scale_silos.py --ray-address 127.0.0.1:6379 --extra-roots PID,PID
+    python -m scripts.bench.scale_silos --ray-address 127.0.0.1:6379 --extra-roots PID,PID
 """
 
 from __future__ import annotations

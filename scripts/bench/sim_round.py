@@ -14,7 +14,7 @@ included); the figure is the median over rounds 2..R-1 (round 1 pays for the eng
 last round for its own evaluation exchange). Targets: folded, no patch <= 100 ms; with the patch
 <= 50 ms.
 
-    python scripts/bench/sim_round.py [--rounds 25] [--repeats 2]
+    python -m scripts.bench.sim_round [--rounds 25] [--repeats 2]
 """
 
 from __future__ import annotations

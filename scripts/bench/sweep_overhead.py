@@ -15,7 +15,7 @@ SuperNode per silo) and reports, per job:
 Target (issue 14): median overhead on the warm engine <= 0.5 s per job (was 1.1 s: Flower's
 engine threads took up to 1 s to see the end of each federation; app.engine_patches.prompt_engine_stop).
 
-    python scripts/bench/sweep_overhead.py [--jobs 5] [--rounds 5] [--cold] [--fast-poll]
+    python -m scripts.bench.sweep_overhead [--jobs 5] [--rounds 5] [--cold] [--fast-poll]
 """
 
 from __future__ import annotations
