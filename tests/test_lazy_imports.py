@@ -37,6 +37,7 @@ def test_what_the_simulation_engine_imports_first_is_light() -> None:
     assert _loaded_after("app.client_app", before=engine, env={"SILOFL_FAST_POLL": "1"}) == []
     # the in-process sweep: its ServerApp/ClientApp wrappers and engine patches (hydra: only in main)
     assert _loaded_after("app.sweep") == []
+    assert _loaded_after("app.engine_patches") == []  # what the ClientApp imports in the engine's process
     assert _loaded_after("app.launch") == []
 
 
