@@ -10,8 +10,9 @@ export OMP_NUM_THREADS := 1
 .PHONY: run sweep deploy-smoke test test-fast setup bench clean stop
 
 # Dependencies come from pyproject.toml; then the project itself is installed in editable mode
-# (app, strategies and clients importable from any directory, e.g. `python scripts/...`; edits
-# take effect without reinstalling). --no-deps: the requirements are already installed, nothing
+# (app, strategies and clients importable from any directory; edits take effect without
+# reinstalling; the scripts run as modules from the repository root, `python -m
+# scripts.bench.<name>`). --no-deps: the requirements are already installed, nothing
 # is re-resolved; the build backend (hatchling) is fetched by pip's build isolation. `flwr run`
 # still ships the sources to the SuperLink as an app bundle (app.launch stages them).
 $(BIN)/.installed: pyproject.toml
@@ -59,7 +60,7 @@ test-fast: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not e2e"
 
 bench: setup
-	$(BIN)/python scripts/bench/per_sample_grads.py
+	$(BIN)/python -m scripts.bench.per_sample_grads
 
 # Ends only the local simulation SuperLink this checkout started (found by its FLWR_HOME, by pid).
 stop:

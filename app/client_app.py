@@ -17,7 +17,7 @@ runs in one of two places:
 
 With ``SILOFL_FAST_POLL`` set (``python -m app.launch --fast-poll``), importing this module in the
 process of Flower's simulation engine (which loads the ClientApp before it starts its threads)
-applies the opt-in engine poll patch, app.sweep.fast_poll; anywhere else it does nothing.
+applies the opt-in engine poll patch, app.engine_patches.fast_poll; anywhere else it does nothing.
 """
 
 from __future__ import annotations
@@ -106,10 +106,10 @@ def _engine_patches() -> None:
     """``flwr run`` on the local SuperLink: the engine runs in the run's ``flwr-simulation``
     process, which imports this module (to check the ClientApp loads) before it starts Ray and
     the loop the poll patch replaces. There, and only there: the lean Ray start (on unless
-    ``SILOFL_LEAN_RAY=0``) and, if asked for, the engine poll patch (app/sweep.py)."""
+    ``SILOFL_LEAN_RAY=0``) and, if asked for, the engine poll patch (app/engine_patches.py)."""
     if "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:  # not the engine's process
         return
-    from app.sweep import fast_poll, fast_poll_setting, lean_ray_start
+    from app.engine_patches import fast_poll, fast_poll_setting, lean_ray_start
 
     lean_ray_start()
     if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() not in ("", "0", "false", "no", "off"):

@@ -154,22 +154,27 @@ def log_run(run_dir: str | Path, *, experiment: str = DEFAULT_EXPERIMENT, uri: s
 TRACKING_ENV = "SILOFL_TRACKING"
 
 
-def track_from_env(run_dir: str | Path, tags: Mapping[str, str] | None = None) -> str | None:
-    """Log ``run_dir`` when ``SILOFL_TRACKING=mlflow`` (store: ``MLFLOW_TRACKING_URI``, else
-    ./mlruns); a tracker that fails is one warning line on stderr, never the run's failure."""
+def track_from_env(run_dir: str | Path, tags: Mapping[str, str] | None = None, *, kind: str | None = None,
+                   experiment: str = DEFAULT_EXPERIMENT, uri: str | None = None) -> str | None:
+    """Log ``run_dir`` to ``experiment`` when tracking is on: ``kind`` (a sweep's
+    ``sweep.tracking``) if given, else ``SILOFL_TRACKING``; store ``uri``, else
+    ``MLFLOW_TRACKING_URI``, else ./mlruns. The one tracking hook of app.launch and app.sweep: a
+    tracker that fails is one warning line on stderr, never the run's (or the job's) failure."""
     import sys
 
-    kind = os.environ.get(TRACKING_ENV, "none").strip().lower() or "none"
+    key = TRACKING_ENV if not kind else "sweep.tracking"
+    kind = (kind or os.environ.get(TRACKING_ENV, "")).strip().lower() or "none"
     if kind == "none":
         return None
+    name = Path(run_dir).name
     try:
         if kind not in TRACKERS:
-            raise TrackingError(f"{TRACKING_ENV} = {kind!r}; allowed: {', '.join(TRACKERS)}")
-        rid = log_run(run_dir, tags=tags)
-        print(f"[tracking] {Path(run_dir).name} -> MLflow {tracking_uri()} (run {rid or 'already logged'})", flush=True)
+            raise TrackingError(f"{key} = {kind!r}; allowed: {', '.join(TRACKERS)}")
+        rid = log_run(run_dir, experiment=experiment, uri=uri, tags=tags)
+        print(f"[tracking] {name} -> MLflow {tracking_uri(uri)} (run {rid or 'already logged'})", flush=True)
         return rid
     except Exception as exc:
-        print(f"[tracking] not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"[tracking] {name}: not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
 
 

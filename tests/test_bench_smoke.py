@@ -18,17 +18,15 @@ import torch
 from app.data.sources import FASHION_MNIST_DIR
 from app.sketch import SKETCH_KINDS
 
-BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 #: Linear kinds with E[S^T S] = I (JL maps and their relatives), as opposed to RandK / PowerSGD.
 JL_KINDS = ("gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "kronecker", "adaptive")
 
 
 @pytest.fixture()
-def bench(monkeypatch: pytest.MonkeyPatch):
-    """Import a benchmark script as a module (scripts/bench on sys.path); threads restored after."""
-    monkeypatch.syspath_prepend(str(BENCH))
+def bench():
+    """Import a benchmark script as the module it is (scripts.bench.<name>); threads restored after."""
     threads = torch.get_num_threads()
-    yield importlib.import_module
+    yield lambda name: importlib.import_module(f"scripts.bench.{name}")
     torch.set_num_threads(threads)
 
 

@@ -41,8 +41,8 @@ def env_for(home: Path) -> dict[str, str]:
 
 
 def py(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(DEPLOY / script), *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    module = f"scripts.deploy.{script.removesuffix('.py')}"  # run as a module, from the repository root
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc

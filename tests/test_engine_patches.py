@@ -1,4 +1,4 @@
-"""The simulation engine patches of app/sweep.py, checked against flwr 1.42's vce_api: the opt-in
+"""The simulation engine patches of app/engine_patches.py, checked against flwr 1.42's vce_api: the opt-in
 poll patch (fast_poll: the loop that hands instructions to the engine's workers waits 5 ms instead
 of 0.1 s) and the prompt stop of the warm engine (the engine's queues wait at most 20 ms between
 looks at the stop event). Mechanics here; a real federation with and without the poll patch in
@@ -16,7 +16,7 @@ from queue import Empty
 
 import pytest
 
-from app import sweep
+from app import engine_patches as patches
 from app.config import ConfigError
 from tests.helpers import without_wall
 
@@ -29,7 +29,7 @@ def vce_api():
 
     original, queue = vce_api.add_messages_to_queue, vce_api.Queue
     yield vce_api
-    sweep.fast_poll(0)
+    patches.fast_poll(0)
     vce_api.Queue = queue
     assert vce_api.add_messages_to_queue is getattr(vce_api, "_silofl_original_add_messages", original)
 
@@ -62,7 +62,7 @@ def test_fast_poll_replaces_the_loop_and_keeps_what_it_does(vce_api) -> None:
     from queue import Queue
 
     original = vce_api.add_messages_to_queue
-    assert sweep.fast_poll(0.005) is True
+    assert patches.fast_poll(0.005) is True
     patched = vce_api.add_messages_to_queue
     assert patched is not original and patched._silofl_poll_s == 0.005
     for loop, period in ((original, 0.1), (patched, 0.005)):  # same messages, same order; other period
@@ -71,7 +71,7 @@ def test_fast_poll_replaces_the_loop_and_keeps_what_it_does(vce_api) -> None:
         loop(_State({7: ["a", "b"], 9: ["c"]}), q, {7: 0, 9: 1}, stop)
         assert [q.get_nowait() for _ in range(q.qsize())] == ["a", "c", "b"]
         assert stop.waits == [period] * 3
-    assert sweep.fast_poll(0) is False and vce_api.add_messages_to_queue is original
+    assert patches.fast_poll(0) is False and vce_api.add_messages_to_queue is original
 
 
 def test_fast_poll_is_skipped_with_a_warning_on_another_flower(vce_api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,30 +80,30 @@ def test_fast_poll_is_skipped_with_a_warning_on_another_flower(vce_api, monkeypa
     original = vce_api.add_messages_to_queue
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.43.0")
     with pytest.warns(RuntimeWarning, match="flwr 1.43.0"):
-        assert sweep.fast_poll(0.005) is False
+        assert patches.fast_poll(0.005) is False
     assert vce_api.add_messages_to_queue is original
 
 
 def test_fast_poll_setting() -> None:
-    assert sweep.fast_poll_setting(True) == sweep.FAST_POLL_S
-    assert sweep.fast_poll_setting(False) == 0.0
-    assert sweep.fast_poll_setting("0.01") == 0.01
+    assert patches.fast_poll_setting(True) == patches.FAST_POLL_S
+    assert patches.fast_poll_setting(False) == 0.0
+    assert patches.fast_poll_setting("0.01") == 0.01
     for off in ("", "0", "false", "off"):
-        assert sweep.fast_poll_setting(off) == 0.0
+        assert patches.fast_poll_setting(off) == 0.0
     for bad in ("fast", "0.5", "-1"):
         with pytest.raises(ConfigError, match="SILOFL_FAST_POLL"):
-            sweep.fast_poll_setting(bad)
+            patches.fast_poll_setting(bad)
 
 
 def test_fast_poll_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(sweep.FAST_POLL_ENV, raising=False)
-    assert sweep.fast_poll_setting() == 0.0  # off unless asked for
-    monkeypatch.setenv(sweep.FAST_POLL_ENV, "1")
-    assert sweep.fast_poll_setting() == sweep.FAST_POLL_S
+    monkeypatch.delenv(patches.FAST_POLL_ENV, raising=False)
+    assert patches.fast_poll_setting() == 0.0  # off unless asked for
+    monkeypatch.setenv(patches.FAST_POLL_ENV, "1")
+    assert patches.fast_poll_setting() == patches.FAST_POLL_S
 
 
 def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
-    assert sweep.prompt_engine_stop() is True
+    assert patches.prompt_engine_stop() is True
     q = vce_api.Queue()
     t0 = time.perf_counter()
     with pytest.raises(Empty):
@@ -122,23 +122,36 @@ def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
 def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> None:
     """flwr run: the ClientApp, imported by the engine's process, starts Ray lean (unless
     SILOFL_LEAN_RAY=0) and, with SILOFL_FAST_POLL set, patches the loop; imported anywhere else
-    (a SuperNode, a Ray actor) it patches nothing and does not import app.sweep."""
-    code = ("import sys; {pre}import app.client_app; "
+    (a SuperNode, a Ray actor) it patches nothing. Nowhere does it import the sweep (no circle:
+    app.sweep imports the ClientApp's patches, never the other way round); in the engine's
+    process it adds app.engine_patches and nothing else of silofl's beyond its own protocol."""
+    code = ("import sys; {pre}before = set(sys.modules); import app.client_app; "
             "v = sys.modules.get('flwr.server.superlink.fleet.vce.vce_api'); "
             "rb = sys.modules.get('flwr.server.superlink.fleet.vce.backend.raybackend'); "
             "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), "
             "getattr(getattr(getattr(rb, 'RayBackend', None), 'init_ray', None), '_silofl_lean', False), "
-            "'app.sweep' in sys.modules)")
+            "'app.sweep' in sys.modules, "
+            "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
-    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, "0.005 True True"),
-                                 (engine, {}, "None True True"),
-                                 (engine, {"SILOFL_LEAN_RAY": "0"}, "None False True"),
-                                 ("", {"SILOFL_FAST_POLL": "1"}, "None False False")):
+    ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_service", "app,app.client_app,app.silo_service"
+    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours}"),
+                                 (engine, {}, f"None True False {ours}"),
+                                 (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours}"),
+                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None False False {elsewhere}")):
         out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env | extra)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == expected.split(), (pre, extra, out.stdout)
+
+
+def test_the_sweep_module_still_offers_the_patches() -> None:
+    """The patches moved out of app.sweep; its public names are the same objects."""
+    from app import sweep
+
+    for name in ("fast_poll", "fast_poll_setting", "prompt_engine_stop", "lean_ray_start", "keep_engine_warm",
+                 "FAST_POLL_ENV", "FAST_POLL_S", "PROMPT_WAIT_S", "LEAN_RAY_ENV", "PATCHED_FLWR", "RAY_ADDRESS_ENV"):
+        assert getattr(sweep, name) is getattr(patches, name), name
 
 
 def test_the_lean_ray_start_gives_ray_s_workers_the_drivers_path(tmp_path: Path) -> None:
@@ -150,7 +163,7 @@ def test_the_lean_ray_start_gives_ray_s_workers_the_drivers_path(tmp_path: Path)
 import sys
 sys.path.insert(0, {str(tmp_path)!r})
 from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-from app.sweep import lean_ray_start
+from app.engine_patches import lean_ray_start
 assert lean_ray_start()
 b = RayBackend.__new__(RayBackend); b.init_args_key = "init_args"
 b.init_ray({{"init_args": {{"num_cpus": 1}}}})
@@ -178,7 +191,7 @@ def test_fast_poll_keeps_numbers_and_is_faster(tmp_path: Path) -> None:
     code = f"""
 import json, statistics, sys
 from app.launch import merged_run_config
-from app.sweep import run_federation
+from app.federation import run_federation
 out = {{}}
 for fast in (False, True):
     cfg = merged_run_config([]) | {{"num-rounds": 6, "outputs-dir": {str(tmp_path)!r}, "run-name": f"fast{{fast}}"}}

@@ -29,7 +29,7 @@ def test_client_app_imports_nothing_heavy() -> None:
 
 def test_what_the_simulation_engine_imports_first_is_light() -> None:
     """The engine's processes load the ClientApp before the first message: Flower's simulation
-    process (to check it loads; with SILOFL_FAST_POLL it also applies app.sweep's poll patch
+    process (to check it loads; with SILOFL_FAST_POLL it also applies app.engine_patches' poll patch
     there) and each Ray actor (to unpickle the first message). None of it loads torch,
     scipy.stats, matplotlib or hydra; the silo's imports wait for the first message."""
     engine = "import flwr.server.superlink.fleet.vce.vce_api"
@@ -37,6 +37,7 @@ def test_what_the_simulation_engine_imports_first_is_light() -> None:
     assert _loaded_after("app.client_app", before=engine, env={"SILOFL_FAST_POLL": "1"}) == []
     # the in-process sweep: its ServerApp/ClientApp wrappers and engine patches (hydra: only in main)
     assert _loaded_after("app.sweep") == []
+    assert _loaded_after("app.engine_patches") == []  # what the ClientApp imports in the engine's process
     assert _loaded_after("app.launch") == []
 
 

@@ -247,3 +247,42 @@ def test_jobs_that_differ_only_in_settings_that_do_not_act_run_once(tmp_path: Pa
     md = report.GridReport.build(report.load_rows(tmp_path / "outputs/sweeps/d"), tmp_path).markdown()
     assert "| ε = 3 | ε = ∞ |" in md and "| all | 15.00% (n=1) | 15.00% (n=1) |" in md
     assert "1 job(s) repeat another's settings" in md
+
+
+def test_a_job_is_tracked_through_the_one_tracking_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """sweep.tracking (over SILOFL_TRACKING) logs a finished job's run to silofl/<sweep.name> with its
+    job id, through app.tracking's hook (the one app.launch uses); a failed job is not logged; a bad
+    value is one warning line naming sweep.tracking. MLflow itself is stood in for (optional extra)."""
+    from app import tracking
+
+    logged: list[tuple] = []
+    monkeypatch.setattr(tracking, "log_run", lambda run_dir, **kw: logged.append((run_dir, kw)) or "rid")
+    monkeypatch.setenv(tracking.TRACKING_ENV, "none")
+    cfg = {"tracking": "mlflow", "tracking-uri": "file:///tmp/x", "name": "s"}
+    sweep.track({"job": "j1", "status": "failed", "run_dir": "runs/j1"}, cfg)
+    sweep.track({"job": "j1", "status": "completed", "run_dir": "runs/j1"}, cfg | {"tracking": None})  # env: none
+    assert logged == []
+    sweep.track({"job": "j1", "status": "diverged", "run_dir": "runs/j1"}, cfg)
+    assert logged == [("runs/j1", {"experiment": "silofl/s", "uri": "file:///tmp/x", "tags": {"silofl.job": "j1"}})]
+    sweep.track({"job": "j1", "status": "completed", "run_dir": "runs/j1"}, cfg | {"tracking": "wandb"})
+    assert "j1: not tracked: TrackingError: sweep.tracking = 'wandb'; allowed: none, mlflow" in capsys.readouterr().err
+    assert len(logged) == 1
+
+
+def test_flower_still_offers_no_supported_in_process_simulation() -> None:
+    """Why sweeps call the deprecated run_simulation (app/federation.py, docs/configuration.md):
+    in the installed Flower it is still there and still deprecated in favour of `flwr run`, and
+    flwr.simulation's other public entries are no in-process runtime (run_simulation_process needs
+    a SuperLink's Runtime API address and token; start_simulation is the legacy strategy API).
+    When this fails, Flower has changed: look again for a supported in-process path."""
+    import inspect
+
+    import flwr.simulation as fs
+
+    assert set(fs.__all__) == {"SimulationIoConnection", "run_simulation", "run_simulation_process",
+                               "start_simulation"}
+    source = inspect.getsource(fs.run_simulation)
+    assert "warn_deprecated_feature(" in source and "use `flwr run`" in source
+    params = inspect.signature(fs.run_simulation_process).parameters
+    assert {"runtime_api_address", "token"} <= set(params)

@@ -21,7 +21,7 @@ one canary and one threshold test need not be the worst case (for shuffle DP wit
 accountant's L2 sensitivity is g + sqrt(d), the canary's shift g).
 
 Usage:
-    python scripts/audit/mechanism_audit.py [--trials 4000] [--seed 0] \
+    python -m scripts.audit.mechanism_audit [--trials 4000] [--seed 0] \
         [--mechanisms gaussian shuffle] [--epsilon 1 2 4] [--dim 4] [--json rows.json]
 """
 

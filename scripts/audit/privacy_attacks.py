@@ -22,7 +22,7 @@ Attacks (WBCD default federation, silo 0, n = 170, the record with the largest f
 * ``evaluation``: a node whose policy refuses the run (it asks epsilon = 8 of a node capped at 3)
   is asked to evaluate; guess by the nearer exact training loss.
 
-Usage: ``python scripts/audit/privacy_attacks.py [--trials 200] [--attacks overflow ...]``.
+Usage: ``python -m scripts.audit.privacy_attacks [--trials 200] [--attacks overflow ...]``.
 Prints one row per attack: trials, TP, FP, epsilon_lower, and the epsilon claimed for the
 releases one trial uses. Runs in about a minute on 2 CPU cores.
 """

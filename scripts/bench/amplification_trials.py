@@ -2,7 +2,7 @@
 with ``shuffle.amplification`` = none and = sampling, and the server-side noise of the aggregated
 mean next to ISRL-DP's, for representative MB-SGD plans (no training):
 
-    python scripts/bench/amplification_trials.py [--eps 0.75 1.5 3 6 18]
+    python -m scripts.bench.amplification_trials [--eps 0.75 1.5 3 6 18]
 
 Plans (one silo each; delta = 1/n^2 as the silos use by default):
   * fmnist-pairs: Fashion-MNIST even/odd pairs of docs/results.md, 25 silos of ~1,900 records,

@@ -6,9 +6,9 @@ The grid is the paper's: 2 label-split silos, MB-SGD, epsilon in {0.75, 3, 18} x
 silo sizes; z does not depend on lr, clip or seed). The authors' code runs it in 36.9 s CPU
 (recorded; ``AUTHORS_CPU_S``); the target is at most half of that.
 
-    python scripts/bench/calibration_grid.py grid          # the 54 runs through isrl_compare.py
-    python scripts/bench/calibration_grid.py calibration --reference   # 6 calibrations, new vs old
-    python scripts/bench/calibration_grid.py ledger --silos 100 --rounds 25
+    python -m scripts.bench.calibration_grid grid          # the 54 runs through isrl_compare.py
+    python -m scripts.bench.calibration_grid calibration --reference   # 6 calibrations, new vs old
+    python -m scripts.bench.calibration_grid ledger --silos 100 --rounds 25
 
 ``grid`` runs ``scripts/reproduce/isrl_compare.py``'s ``main`` in this process with a fresh
 temporary ``--out`` (so nothing is skipped as already done), and reports CPU time (user + sys of

@@ -27,7 +27,7 @@ SuperNodes, SuperExecs, every ``flwr-clientapp`` and ``flwr-serverapp``, silo se
 excluded: round 1 (which builds the silos) is reported apart, the table is the median over
 rounds 2..R of every repeat.
 
-    .venv/bin/python scripts/bench/deployed_round.py [--rounds 5] [--repeats 1] [--nodes 2]
+    .venv/bin/python -m scripts.bench.deployed_round [--rounds 5] [--repeats 1] [--nodes 2]
         [--modes floor,floor-3s,before,inproc,after] [--superexec-poll 0.05] [--server-poll 0.05]
         [--json results.json]
 
@@ -237,7 +237,6 @@ def _tcp_open(port: int) -> bool:
 
 
 def _service_up(sock: Path) -> bool:
-    sys.path.insert(0, str(ROOT))
     from app import silo_service
 
     try:

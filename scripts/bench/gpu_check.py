@@ -2,7 +2,7 @@
 as on the CPU, the two per-sample routes (layer-wise, vmap) agree on the GPU, and noise drawn from
 the CPU generator is bit-identical on any device.
 
-    python scripts/bench/gpu_check.py
+    python -m scripts.bench.gpu_check
 
 Prints one line per check and a small timing table (torch.func per-sample gradients, CPU vs GPU).
 Exits 1 when a check fails. Only torch and the project's torch-only modules are imported.

@@ -46,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 #: relative difference of the final models (CPU vs GPU), relative to the norm of the update
 AGREE_TOL = 1e-2
@@ -118,7 +116,7 @@ def prerequisites(device: str) -> list[str]:
 
 def gpu_check(timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / "gpu_check.py")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.gpu_check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     sys.stdout.write(proc.stdout + proc.stderr)
     ok = proc.returncode == 0

@@ -26,4 +26,4 @@ args=()
 [[ "${SILOFL_GPU_RUN_SMALL:-0}" == "1" ]] && args+=(--small)
 
 exec timeout --signal=TERM --kill-after=30 "${SILOFL_GPU_RUN_TIMEOUT:-540}" \
-    "$PY" scripts/bench/gpu_run.py "${args[@]}" "$@"
+    "$PY" -m scripts.bench.gpu_run "${args[@]}" "$@"

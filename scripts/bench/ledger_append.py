@@ -1,6 +1,6 @@
 """Per-release cost of the privacy ledger's durable write (issue 23, section 1).
 
-    python scripts/bench/ledger_append.py [--releases 300] [--dir DIR]
+    python -m scripts.bench.ledger_append [--releases 300] [--dir DIR]
 
 Raw I/O, one release = the bytes a release writes, made durable as each scheme does:
 

@@ -21,7 +21,7 @@ Each row ends with the speed-up over Opacus and ``>=1.5x: PASS``, or ``FAIL (rea
 
 Usage (from the repository root)::
 
-    python scripts/bench/per_sample_grads.py [--repeats N] [--batches 32,128,512] [--quick]
+    python -m scripts.bench.per_sample_grads [--repeats N] [--batches 32,128,512] [--quick]
 """
 
 from __future__ import annotations

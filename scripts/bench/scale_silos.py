@@ -1,7 +1,7 @@
 """Scale: wall time, CPU time and peak memory per silo-round for 10 / 100 / 1,000 virtual silos.
 
 Each federation runs in a fresh process through the project's simulation path
-(``app.sweep.run_federation``: ``flwr.simulation.run_simulation``, the engine ``flwr run`` starts
+(``app.federation.run_federation``: ``flwr.simulation.run_simulation``, the engine ``flwr run`` starts
 in the local SuperLink), with this set-up unless overridden by ``--run-config``:
 
     dataset = digits (1,797 records), partition = iid, MLP 64-64-10 (the digits preset),
@@ -23,9 +23,9 @@ Measured, per federation (N silos, R rounds, N*R silo-rounds):
 * peak memory: the largest sum of RSS over the tree seen in any sample (shared pages counted in
   every process that maps them, so an upper bound on the memory the tree needs).
 
-    python scripts/bench/scale_silos.py --silos 10,100,1000 --rounds 3
+    python -m scripts.bench.scale_silos --silos 10,100,1000 --rounds 3
     # on a running Ray cluster (docs/ray-cluster.md): join it; add the raylets' trees to the sample
-    python scripts/bench/scale_silos.py --ray-address 127.0.0.1:6379 --extra-roots PID,PID
+    python -m scripts.bench.scale_silos --ray-address 127.0.0.1:6379 --extra-roots PID,PID
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def one(silos: int, rounds: int, extra: list[str], address: str | None) -> dict:
     import tempfile
 
     from app.launch import merged_run_config
-    from app.sweep import run_federation
+    from app.federation import run_federation
 
     overrides = BASE + [f"num-silos={silos}", f"silos-per-round={silos}", f"num-rounds={rounds}"] + extra
     with tempfile.TemporaryDirectory() as tmp:

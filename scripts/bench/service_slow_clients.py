@@ -10,7 +10,7 @@ bounded by ``--bound`` seconds:
 * ``silent``:   a peer connects and sends nothing; the same latency;
 * ``sigterm``:  a trickler and a silent peer are connected; seconds from SIGTERM to the exit.
 
-    PYTHONPATH=$PWD python scripts/bench/service_slow_clients.py [--scenarios trickler,silent,sigterm]
+    python -m scripts.bench.service_slow_clients [--scenarios trickler,silent,sigterm]
         [--bound 75] [--trickle-s 1] [--service-args "--request-timeout 10"]
 
 It only uses what the service has always had (``--socket``, ``--node-config``), so it measures

@@ -6,9 +6,9 @@ accountant (app/privacy/binomial.py). This script rebuilds every silo's inputs e
 silo does (run config -> settings -> silo sizes -> release plan; d from the model) and times the
 calibrations one after another in one process, as a simulation runs them:
 
-    python scripts/bench/shuffle_calibration.py                      # digits, 10 silos, eps 3
-    python scripts/bench/shuffle_calibration.py --set batch-size=32 --eps 0.75 3
-    python scripts/bench/shuffle_calibration.py --cold               # every cache cleared per silo
+    python -m scripts.bench.shuffle_calibration                      # digits, 10 silos, eps 3
+    python -m scripts.bench.shuffle_calibration --set batch-size=32 --eps 0.75 3
+    python -m scripts.bench.shuffle_calibration --cold               # every cache cleared per silo
 
 ``--cold`` clears the accountant's caches before each silo (a silo in its own process); the
 default keeps them (a simulation's silos share one process). It prints one line per silo (n,

@@ -1,8 +1,8 @@
 """Shuffle DP's cost per exchange at a model's size: encode (randomized rounding + binomial
 noise), seal, open + check + sum at the shuffler, and debias at the server.
 
-    python scripts/bench/shuffle_throughput.py                      # ResNet-18's d, K = 8, 4 silos
-    python scripts/bench/shuffle_throughput.py --dim 100000 --records 64 --silos 10
+    python -m scripts.bench.shuffle_throughput                      # ResNet-18's d, K = 8, 4 silos
+    python -m scripts.bench.shuffle_throughput --dim 100000 --records 64 --silos 10
 
 Prints seconds per stage and the encoder's throughput in coordinates x records per second. The
 rows are random vectors clipped to L = 1 (the encoder's cost does not depend on their values).

@@ -1,20 +1,20 @@
 """Time of one simulated round of the default run on Flower's simulation engine (issue: speed).
 
 Runs the embedded default (WBCD, 2 silos, ISRL-DP MB-SGD, 25 rounds) through
-``flwr.simulation.run_simulation`` (app.sweep.run_federation: the same engine ``flwr run``
+``flwr.simulation.run_simulation`` (app.federation.run_federation: the same engine ``flwr run``
 starts in the local SuperLink) in four set-ups, each in a fresh process:
 
 * ``separate``: the evaluation in an exchange of its own after every round (two exchanges per
   round: the loop before folding, ``FederatedOptimizer.fold_evaluation = False``);
 * ``folded``: round r's evaluation in round r+1's training exchange (one exchange per round);
-* both again with the opt-in engine poll patch (app.sweep.fast_poll: 5 ms instead of 0.1 s).
+* both again with the opt-in engine poll patch (app.engine_patches.fast_poll: 5 ms instead of 0.1 s).
 
 A round's time is the loop's ``wall_s`` (round r's exchanges, its folded evaluation of w_{r-1}
 included); the figure is the median over rounds 2..R-1 (round 1 pays for the engine's start, the
 last round for its own evaluation exchange). Targets: folded, no patch <= 100 ms; with the patch
 <= 50 ms.
 
-    python scripts/bench/sim_round.py [--rounds 25] [--repeats 2]
+    python -m scripts.bench.sim_round [--rounds 25] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def one(fold: bool, fast: bool, rounds: int) -> dict:
     import tempfile
 
     from app.launch import merged_run_config
-    from app.sweep import run_federation
+    from app.federation import run_federation
     from strategies.loop import FederatedOptimizer
 
     FederatedOptimizer.fold_evaluation = fold

@@ -37,7 +37,7 @@ both are extrapolated linearly in nnz (marked "extrap.").
 
 Usage (from the repository root)::
 
-    OMP_NUM_THREADS=1 python scripts/bench/sketch_cost.py [--ratio 0.5] [--kinds srht,randk]
+    OMP_NUM_THREADS=1 python -m scripts.bench.sketch_cost [--ratio 0.5] [--kinds srht,randk]
         [--repeats 3] [--cap 60] [--quick]
 
 The full run takes about 5 minutes on one thread of the project's 2-core machine. ``--quick`` uses

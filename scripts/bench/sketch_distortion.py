@@ -39,7 +39,7 @@ whose default core (``q = log2(m')^2 / m'``, ~ k log^2 m' nonzeros) needs more t
 
 Usage (from the repository root)::
 
-    OMP_NUM_THREADS=1 python scripts/bench/sketch_distortion.py [--pairs 100]
+    OMP_NUM_THREADS=1 python -m scripts.bench.sketch_distortion [--pairs 100]
         [--ratios 0.5,0.3,0.1] [--cases a,b] [--json out.json] [--quick]
 
 The full run takes about 16 minutes on one thread of the project's 2-core machine. ``--quick``
@@ -70,8 +70,7 @@ from torch.nn import functional as F
 from app.seeding import derive_seed, np_rng
 from app.sketch import SKETCH_KINDS, Sketch, make_sketch
 
-# the sibling benchmark: this script's directory is sys.path[0] when it runs as a script
-from sketch_cost import dense_rate, dense_work, fjlt_nnz
+from scripts.bench.sketch_cost import dense_rate, dense_work, fjlt_nnz  # the sibling benchmark
 
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 FJLT_BYTES_PER_NNZ = 28  # int64 row + int64 col + float32 value cached, + int64 position at build

@@ -17,7 +17,7 @@ imported on the first message), top modules by cumulative time.
 Targets (issue 14, on a quiet machine): round 1 done <= 8 s, whole run <= 20 s, as medians over
 the runs that found the SuperLink running (all runs if none did); PASS/FAIL and the ratios.
 
-    python scripts/bench/startup.py [--runs 3] [--fast-poll] [--no-imports] [-- launcher args]
+    python -m scripts.bench.startup [--runs 3] [--fast-poll] [--no-imports] [-- launcher args]
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from app.launch import flower_env, own_superlink_fast_poll
 
-from app.launch import flower_env, own_superlink_fast_poll  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,7 +1,7 @@
 """Per-job overhead of a sweep on Flower's simulation engine (issue: Hydra sweeps).
 
 Runs ``--jobs`` short WBCD federations one after the other exactly as ``python -m app.sweep``
-runs its jobs (app.sweep.run_federation: ``flwr.simulation.run_simulation`` with one virtual
+runs its jobs (app.federation.run_federation: ``flwr.simulation.run_simulation`` with one virtual
 SuperNode per silo) and reports, per job:
 
 * overhead = wall time - time inside rounds (the sweep's ``overhead_s`` column);
@@ -13,9 +13,9 @@ SuperNode per silo) and reports, per job:
 * the median round time (all Flower polling for this model: what the engine poll patch cuts).
 
 Target (issue 14): median overhead on the warm engine <= 0.5 s per job (was 1.1 s: Flower's
-engine threads took up to 1 s to see the end of each federation; app.sweep.prompt_engine_stop).
+engine threads took up to 1 s to see the end of each federation; app.engine_patches.prompt_engine_stop).
 
-    python scripts/bench/sweep_overhead.py [--jobs 5] [--rounds 5] [--cold] [--fast-poll]
+    python -m scripts.bench.sweep_overhead [--jobs 5] [--rounds 5] [--cold] [--fast-poll]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from app.launch import merged_run_config
-from app.sweep import run_federation
+from app.federation import run_federation
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,8 +54,10 @@ if [[ $INSECURE == 1 ]]; then
   insecure_warning
   SL_TLS=(--insecure) SN_TLS=(--insecure) REG_TLS=(--insecure)
 else
-  "$PYTHON" "$DEPLOY_DIR/make_certs.py" --out "$WORK/certs" --host 127.0.0.1
-  for i in 0 1; do "$PYTHON" "$DEPLOY_DIR/make_node_key.py" --out "$WORK/keys" --name "silo$i" >/dev/null; done
+  (cd "$REPO_ROOT" && "$PYTHON" -m scripts.deploy.make_certs --out "$WORK/certs" --host 127.0.0.1)
+  for i in 0 1; do
+    (cd "$REPO_ROOT" && "$PYTHON" -m scripts.deploy.make_node_key --out "$WORK/keys" --name "silo$i" >/dev/null)
+  done
   SL_TLS=(--certs "$WORK/certs") REG_TLS=(--root-cert "$WORK/certs/ca.crt")
 fi
 

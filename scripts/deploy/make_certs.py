@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make a private CA and a TLS server certificate for the SuperLink (``cryptography`` only).
 
-    python scripts/deploy/make_certs.py --out certs --host superlink.example.org --host 10.0.0.1
+    python -m scripts.deploy.make_certs --out certs --host superlink.example.org --host 10.0.0.1
 
 writes into ``--out``:
 

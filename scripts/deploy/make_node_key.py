@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make a SuperNode authentication key pair in the format Flower 1.42 reads.
 
-    python scripts/deploy/make_node_key.py --out keys --name silo0
+    python -m scripts.deploy.make_node_key --out keys --name silo0
 
 writes ``keys/silo0.key`` (mode 0600: the private key, for the silo's
 ``flower-supernode --auth-supernode-private-key``) and ``keys/silo0.pub`` (the public key, for
@@ -29,7 +29,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from make_certs import write_file  # this folder is on sys.path when the script runs
+from scripts.deploy.make_certs import write_file
 
 
 def fingerprint(public_line: bytes) -> str:

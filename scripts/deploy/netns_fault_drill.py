@@ -2,7 +2,7 @@
 "host" (a Linux network namespace with its own address), TLS + SuperNode authentication, the
 deployment scripts of this folder, and the silos' services.
 
-    sudo .venv/bin/python scripts/deploy/netns_fault_drill.py [--rounds 6] [--keep DIR]
+    sudo .venv/bin/python -m scripts.deploy.netns_fault_drill [--rounds 6] [--keep DIR]
 
 What it does, and checks (exit 0 only if every check passes):
 
@@ -218,9 +218,10 @@ class Drill:
     def setup(self) -> None:
         self.net.up()
         log(f"hosts: SuperLink {self.net.ip('sl')}, silos " + ", ".join(self.net.ip(f"n{i}") for i in range(NUM)))
-        sh(PY, str(DEPLOY / "make_certs.py"), "--out", str(self.certs), "--host", self.net.ip("sl"), "--no-loopback")
+        sh(PY, "-m", "scripts.deploy.make_certs", "--out", str(self.certs), "--host", self.net.ip("sl"), "--no-loopback",
+           cwd=ROOT)
         for i in range(NUM):
-            sh(PY, str(DEPLOY / "make_node_key.py"), "--out", str(self.keys), "--name", f"silo{i}")
+            sh(PY, "-m", "scripts.deploy.make_node_key", "--out", str(self.keys), "--name", f"silo{i}", cwd=ROOT)
         self.superlink()
         log("SuperLink up (TLS, node auth, database); registering 3 node keys")
         r = subprocess.run(["ip", "netns", "exec", self.net.ns("sl"), "bash", str(DEPLOY / "register_node.sh"),

@@ -13,7 +13,7 @@ one, so R fresh gradients and R - 1 differences share one budget meant for R rel
 This script feeds those sigmas to silofl's accountant (dp-accounting RDP, replace-one, K of n
 sampled without replacement; the paper samples with replacement, whose amplification is no
 better) and prints the epsilon each configuration really spends next to the one it claims.
-Run: ``python scripts/reproduce/appendix_h.py [--n 170 286 1920] [--rounds 25 50]``.
+Run: ``python -m scripts.reproduce.appendix_h [--n 170 286 1920] [--rounds 25 50]``.
 """
 
 from __future__ import annotations

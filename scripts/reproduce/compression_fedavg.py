@@ -10,7 +10,7 @@ best accuracy.
 
 Each run is the real ServerApp / ClientApp code on an in-process grid (app/local_grid.py).
 
-  python scripts/reproduce/compression_fedavg.py [--rounds 30] [--kinds srht randk ...]
+  python -m scripts.reproduce.compression_fedavg [--rounds 30] [--kinds srht randk ...]
 
 Writes outputs/reproduce/compression-fedavg/{rows.jsonl,table.md}.
 """

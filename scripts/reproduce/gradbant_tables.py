@@ -8,7 +8,7 @@ silo takes Q = 10 local SGD steps (batch 64, step 0.2) per round and sends the p
 unless a table varies it; Byzantine silos chosen by seed 0. A CNN (``model=lenet5``) works the
 same way but makes the dense sketches (k x n Gaussian blocks per layer) too slow for a CPU table.
 
-  python scripts/reproduce/gradbant_tables.py [--tables 3 5 6 8] [--rounds 20]
+  python -m scripts.reproduce.gradbant_tables [--tables 3 5 6 8] [--rounds 20]
 
 1. Table 3: FedAvg (mean) and Grad-BANT x {no sketch, gaussian, rademacher, srht, countsketch, randk} at
    k/n = 0.5, no attack and 60% label flipping: best accuracy, G to 60% and 80%.

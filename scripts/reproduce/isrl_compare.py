@@ -9,10 +9,10 @@ Hyper-parameter selection itself is not private (as the paper's Appendix I admit
 Each run is the real ServerApp / ClientApp code (strategies, silos, ledgers, dp-accounting) on
 an in-process grid (app/local_grid.py), not Flower's transport, so hundreds of runs fit on a CPU.
 
-  python scripts/reproduce/isrl_compare.py --setup wbcd
-  python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --seeds 0 1 2
-  python scripts/reproduce/isrl_compare.py --setup wbcd --algorithms spider spider-alt svrg --diff-clip 0 0.05 0.2
-  python scripts/reproduce/isrl_compare.py --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider
+  python -m scripts.reproduce.isrl_compare --setup wbcd
+  python -m scripts.reproduce.isrl_compare --setup fmnist-pairs --seeds 0 1 2
+  python -m scripts.reproduce.isrl_compare --setup wbcd --algorithms spider spider-alt svrg --diff-clip 0 0.05 0.2
+  python -m scripts.reproduce.isrl_compare --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider
 
 ``--mode shuffle`` runs the same grid in shuffle DP (privacy.mode = shuffle, with the shuffler
 node); ``--num-silos N`` overrides the setup's federation size (all N silos every round).
@@ -20,7 +20,7 @@ node); ``--num-silos N`` overrides the setup's federation size (all N silos ever
 shuffle.amplification and shuffle.headroom; ``--set key=value`` any other run-config key. Shuffle
 runs also record each silo's planned noise trials (min / max over the silos) in runs.csv.
 
-  python scripts/reproduce/isrl_compare.py --setup fmnist-pairs --mode shuffle --algorithms mbsgd \
+  python -m scripts.reproduce.isrl_compare --setup fmnist-pairs --mode shuffle --algorithms mbsgd \
       --count-on 1 --amplification sampling --out outputs/reproduce/sdp/shuffle-fmnist-pairs-c1-amp
 
 Writes <out>/runs.csv (one row per run) and <out>/table.md; reruns skip runs already in runs.csv.

@@ -13,8 +13,8 @@ MLP 64-64-10 and 15 rounds, privacy off:
 3. FLTrust (trust set 100) for seeds 0-2, ISRL-DP at the default epsilon 3 and privacy off:
    ||g0|| of round 1 and the median over rounds, the median honest ||u_i||, final test accuracy.
 
-    python scripts/reproduce/robust_deployment.py [--parts 1 2 3] [--seeds 0 1 2]
-    python scripts/reproduce/robust_deployment.py --no-f   # at a commit without byzantine.f (f = 0)
+    python -m scripts.reproduce.robust_deployment [--parts 1 2 3] [--seeds 0 1 2]
+    python -m scripts.reproduce.robust_deployment --no-f   # at a commit without byzantine.f (f = 0)
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Shuffle DP against ISRL-DP: tables and figures from the runs of scripts/reproduce/isrl_compare.py.
 
-    python scripts/reproduce/isrl_compare.py --setup wbcd --mode isrl    --algorithms mbsgd proxsgd svrg spider \\
+    python -m scripts.reproduce.isrl_compare --setup wbcd --mode isrl    --algorithms mbsgd proxsgd svrg spider \\
         --eps 0.75 1.5 3 6 18 inf --tune-seeds 0 --out outputs/reproduce/sdp/isrl-wbcd
-    python scripts/reproduce/isrl_compare.py --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider \\
+    python -m scripts.reproduce.isrl_compare --setup wbcd --mode shuffle --algorithms mbsgd proxsgd svrg spider \\
         --eps 0.75 1.5 3 6 18 --tune-seeds 0 --out outputs/reproduce/sdp/shuffle-wbcd
     (the same for --setup fmnist-pairs; and for error vs N: --setup fmnist-iid --num-silos N
      --algorithms mbsgd --eps 1 --lr 0.3 1.0 --clip 2.0 --seeds 0 1 2 --out outputs/reproduce/sdp/<mode>-fmnist-iid-n<N>)
-    python scripts/reproduce/sdp_report.py --setups wbcd fmnist-pairs --n 5 10 25 50
+    python -m scripts.reproduce.sdp_report --setups wbcd fmnist-pairs --n 5 10 25 50
 
 Trust and amplification variants (--variants-setup, default fmnist-pairs; each variant's runs in
 outputs/reproduce/sdp/<mode>-<setup><suffix>, written by isrl_compare.py with --count-on 1 and / or
@@ -24,13 +24,10 @@ import argparse
 import csv
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from isrl_compare import SETUPS, select  # noqa: E402
+from scripts.reproduce.isrl_compare import SETUPS, select
 
 ROOT = Path("outputs") / "reproduce" / "sdp"
 IMG = Path("docs") / "img"

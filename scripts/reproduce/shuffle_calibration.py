@@ -7,7 +7,7 @@ bits per message) and the smallest b the exact accountant (app/privacy/binomial.
 the same g and p. The noise standard deviation scales with sqrt(N b), so sqrt of the ratio is how
 much less noise exact accounting adds.
 
-    python scripts/reproduce/shuffle_calibration.py            # about 2 minutes on 2 CPU cores
+    python -m scripts.reproduce.shuffle_calibration            # about 2 minutes on 2 CPU cores
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Runs each configuration as a real federation through ``python -m app.launch`` (flwr run, local
 SuperLink, simulation) and reads ``summary.json``. Prints a markdown table.
 
-    python scripts/reproduce/wbcd_seeds.py --eps 0.75 3 18 inf --seeds 0 1 2 3 4 [--extra "lr=0.5"]
+    python -m scripts.reproduce.wbcd_seeds --eps 0.75 3 18 inf --seeds 0 1 2 3 4 [--extra "lr=0.5"]
 """
 
 from __future__ import annotations

@@ -1,0 +1,252 @@
+"""Patches to Flower 1.42's simulation engine, each checked against the code it replaces.
+
+In-process sweeps (app.sweep, app.federation) and the ``flwr-simulation`` process of ``flwr run``
+(app/client_app.py applies them there) share these: the lean Ray start (:func:`lean_ray_start`,
+on by default), the opt-in poll period (:func:`fast_poll`), and the warm engine of a sweep
+(:func:`keep_engine_warm`, :func:`prompt_engine_stop`). What the apps compute is unchanged; on a
+Flower release other than 1.42, or when a replaced function is not the code it was checked on, a
+patch is skipped with a RuntimeWarning and Flower runs unpatched. Standard library only at import
+(the ClientApp imports this module in the engine's process): Flower and Ray are imported by each
+patch when it is applied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any
+
+#: environment variable naming an existing Ray cluster (Ray's own): ``auto`` or ``HOST:PORT``
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+_WARM_POOLS: dict[str, Any] = {}
+
+#: the Flower release whose simulation engine the patches below were written against and checked on
+#: (flwr/server/superlink/fleet/vce/vce_api.py and .../backend/raybackend.py); on any other release
+#: they are skipped with a warning and Flower runs unpatched
+PATCHED_FLWR = "1.42."
+#: environment variable that turns the engine poll patch on (see :func:`fast_poll`): "1" (or
+#: "true") for :data:`FAST_POLL_S`, a number for that many seconds, unset / "0" / "false" off. It
+#: is read by :func:`run_federation` (sweeps, scripts) and, for ``flwr run``, by the ClientApp
+#: when Flower loads it in the engine's process (app/client_app.py; ``python -m app.launch
+#: --fast-poll`` sets it for the local SuperLink)
+FAST_POLL_ENV = "SILOFL_FAST_POLL"
+#: the engine's poll period with the patch (Flower 1.42: 0.1 s)
+FAST_POLL_S = 0.005
+#: the longest an engine thread waits on its queue before it looks at the stop event again
+#: (Flower 1.42: 1.0 s, paid once at the end of every federation)
+PROMPT_WAIT_S = 0.02
+
+
+def _engine_patchable(what: str, original: Any = None, expected: str | None = None) -> bool:
+    """Whether the installed Flower is the release the engine patches were checked on and, given
+    ``original`` and ``expected``, whether the function a patch replaces still holds that code
+    (else a warning: the patch is not applied and Flower runs unpatched)."""
+    import warnings
+    from importlib.metadata import version
+
+    found = version("flwr")
+    if not found.startswith(PATCHED_FLWR):
+        warnings.warn(f"silofl: {what} was written for flwr {PATCHED_FLWR}x, found flwr {found}; "
+                      "not applied (Flower runs unpatched)", RuntimeWarning, stacklevel=3)
+        return False
+    if original is not None and expected is not None:
+        import inspect
+
+        if expected not in inspect.getsource(original):
+            warnings.warn(f"silofl: flwr's {original.__qualname__} is not the code {what} replaces; not applied",
+                          RuntimeWarning, stacklevel=3)
+            return False
+    return True
+
+
+def fast_poll_setting(value: Any = None) -> float:
+    """The engine poll period asked for: ``value`` (True / a number of seconds / a string as in
+    :data:`FAST_POLL_ENV`), else the environment variable; 0.0 = off (Flower's own 0.1 s)."""
+    raw = os.environ.get(FAST_POLL_ENV, "") if value is None else value
+    if isinstance(raw, bool):
+        return FAST_POLL_S if raw else 0.0
+    text = str(raw).strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return 0.0
+    if text in ("1", "true", "yes", "on"):
+        return FAST_POLL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0.0 < seconds <= 0.1:  # also NaN
+        from app.config import ConfigError  # only for the error: the ClientApp's import stays stdlib-only
+
+        raise ConfigError(f"{FAST_POLL_ENV} / sweep.fast-poll = {raw!r}; allowed: true, false or seconds "
+                          "in (0, 0.1]")
+    return seconds
+
+
+def fast_poll(seconds: float = FAST_POLL_S) -> bool:
+    """Opt-in: make Flower's simulation engine look for new instructions every ``seconds``.
+
+    Flower 1.42's engine moves the ServerApp's messages to its workers in a loop that sleeps a
+    hard-coded 0.1 s between looks (``vce_api.add_messages_to_queue``: ``f_stop.wait(0.1)``), so
+    every exchange of a simulated round waits up to 0.1 s for nothing. This replaces that
+    function (``run_api`` looks it up by name when it starts its threads, so the patch applies to
+    every engine started afterwards in this process) with the same loop and period ``seconds``.
+    What the apps compute is unchanged (messages are handled in the same order by the same
+    code); the engine thread wakes 1/``seconds`` times a second instead of 10 (a few hundred
+    microseconds of CPU each at 5 ms). ``seconds`` <= 0 restores Flower's function. Returns
+    whether the patch is in place; skipped with a warning on a Flower release other than 1.42."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    original = getattr(vce_api, "_silofl_original_add_messages", vce_api.add_messages_to_queue)
+    if seconds <= 0:
+        vce_api.add_messages_to_queue = original
+        return False
+    if not _engine_patchable("the engine poll patch (fast-poll)", original, "f_stop.wait(0.1)"):
+        return False
+
+    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
+        """Flower 1.42's loop (put the nodes' pending instructions in the workers' queue), polling
+        every ``seconds`` instead of 0.1 s (silofl's fast-poll patch)."""
+        while not f_stop.is_set():
+            for node_id in nodes_mapping.keys():
+                for msg in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(msg)
+            f_stop.wait(seconds)
+
+    add_messages_to_queue._silofl_poll_s = seconds  # type: ignore[attr-defined]
+    vce_api._silofl_original_add_messages = original
+    vce_api.add_messages_to_queue = add_messages_to_queue
+    return True
+
+
+def prompt_engine_stop() -> bool:
+    """End each federation's engine threads within :data:`PROMPT_WAIT_S` of the ServerApp's end.
+
+    Flower 1.42's engine workers and reply mover wait on their queues with ``timeout=1.0`` and
+    only then look at the stop event, so ``run_simulation`` returns about 1 s after the
+    ServerApp finished (most of a warm sweep job's overhead). This gives ``run_api``'s queues
+    (``vce_api.Queue``, looked up when each federation starts) a ``get`` that waits at most
+    :data:`PROMPT_WAIT_S` per call; Flower's loops already retry on ``Empty``, so a message is
+    still taken the moment it arrives and nothing else changes. Part of the warm-engine patches
+    (``sweep.warm-engine``); skipped with a warning on a Flower release other than 1.42."""
+    from queue import Queue
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    if getattr(vce_api.Queue, "_silofl_prompt", False):
+        return True
+    if not _engine_patchable("the prompt engine stop"):
+        return False
+
+    class PromptQueue(Queue):  # type: ignore[type-arg]
+        _silofl_prompt = True
+
+        def get(self, block: bool = True, timeout: float | None = None) -> Any:
+            if block and timeout is not None:
+                timeout = min(timeout, PROMPT_WAIT_S)
+            return super().get(block, timeout)
+
+    vce_api.Queue = PromptQueue
+    return True
+
+
+#: environment variable that turns the lean Ray start (:func:`lean_ray_start`, on by default) off: "0"
+LEAN_RAY_ENV = "SILOFL_LEAN_RAY"
+#: what Flower 1.42's RayBackend.init_ray passes to ray.init besides its init args
+_RUNTIME_ENV_CALL = 'runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}'
+
+
+def lean_ray_start() -> bool:
+    """Start the engine's Ray without the ``runtime_env`` Flower 1.42 passes for PYTHONPATH.
+
+    ``RayBackend.init_ray`` puts the driver's ``sys.path`` into ``os.environ["PYTHONPATH"]`` and
+    then also asks ``ray.init(runtime_env={"env_vars": {"PYTHONPATH": ...}})`` for the same
+    value. Ray's processes are started by ``ray.init`` from this process's environment, so they
+    have it already; the runtime environment only makes Ray set up its runtime-env agent before
+    the first actor (about 1.2 s of every simulation's round 1 on a 2-core machine). This
+    replaces ``init_ray`` with the same code minus that argument; when the init args name an
+    ``address`` or ``RAY_ADDRESS`` is set (a Ray cluster started elsewhere, which does not inherit
+    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default
+    (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a warning on a Flower release other than
+    1.42 or when ``init_ray`` is not the code it was checked against. Returns whether the patch
+    is in place."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if os.environ.get(LEAN_RAY_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if getattr(RayBackend.init_ray, "_silofl_lean", False):
+        return True
+    original = RayBackend.init_ray
+    if not _engine_patchable("the lean Ray start", original, _RUNTIME_ENV_CALL):
+        return False
+
+    def init_ray(self: Any, backend_config: Any) -> None:
+        """Flower 1.42's init_ray without the redundant runtime_env (silofl's lean Ray start)."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        ray_init_args: dict[str, Any] = dict(backend_config.get(self.init_args_key) or {})
+        if "address" in ray_init_args or os.environ.get(RAY_ADDRESS_ENV):  # a cluster started elsewhere,
+            original(self, backend_config)  # whose workers do not inherit this environment: Flower's way
+            return
+        ray_init_args.setdefault("include_dashboard", False)
+        pythonpath = os.pathsep.join(sys.path)
+        if os.environ.get("PYTHONPATH"):
+            pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+        os.environ["PYTHONPATH"] = pythonpath  # Ray's processes start from this environment
+        ray.init(**ray_init_args)
+
+    init_ray._silofl_lean = True  # type: ignore[attr-defined]
+    RayBackend.init_ray = init_ray
+    return True
+
+
+def keep_engine_warm() -> None:
+    """Keep Ray and its ClientApp actors alive from one job to the next in this process.
+
+    ``run_simulation`` starts Ray, creates one actor per CPU (each a Python process that imports
+    Flower, torch and the app) and shuts everything down at the end of every run: that start-up
+    dominates short jobs. Jobs of one sweep run one after another in one process, so the sweep
+    keeps the first job's actor pool and gives it to the next job's backend (each message
+    still carries that job's ClientApp; the actors only cache silos by run id). Ray and the
+    actors are shut down when the process exits. This patches Flower's RayBackend (build and
+    terminate) and the engine's queues (:func:`prompt_engine_stop`), and is checked against
+    flwr 1.42 (skipped with a warning on another release); ``sweep.warm-engine=false`` turns it off."""
+    import atexit
+
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if getattr(RayBackend, "_silofl_warm", False):
+        return
+    if not _engine_patchable("the warm-engine patch"):
+        return
+    prompt_engine_stop()
+    build, terminate = RayBackend.build, RayBackend.terminate
+
+    def warm_build(self: Any, app_fn: Any) -> None:
+        key = json.dumps([self.client_resources, self.actor_kwargs], sort_keys=True, default=str)
+        if key in _WARM_POOLS:
+            self.pool, self.app_fn = _WARM_POOLS[key], app_fn
+        else:
+            build(self, app_fn)
+            _WARM_POOLS[key] = self.pool
+
+    def warm_terminate(self: Any) -> None:
+        """Leave Ray and the actors running for the next job (see atexit below)."""
+
+    def shutdown() -> None:
+        import ray
+
+        for pool in _WARM_POOLS.values():
+            pool.terminate_all_actors()
+        _WARM_POOLS.clear()
+        if ray.is_initialized():
+            ray.shutdown()
+
+    RayBackend.build, RayBackend.terminate = warm_build, warm_terminate
+    RayBackend._silofl_warm = True
+    RayBackend._silofl_original = (build, terminate)
+    atexit.register(shutdown)

@@ -1,0 +1,128 @@
+"""One federation in this process on Flower's simulation engine: silofl's ServerApp and ClientApp
+with a given run config, one virtual SuperNode per silo (what each sweep job and the benchmark
+scripts run; ``python -m app.launch`` runs the same apps through ``flwr run`` instead).
+
+The engine is started with ``flwr.simulation.run_simulation``, deprecated in Flower 1.42 and kept on
+purpose (why: the comment at the call, and docs/configuration.md, "Sweeps and Flower's deprecated
+run_simulation").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app.config import ConfigError, parse_settings
+from app.engine_patches import RAY_ADDRESS_ENV, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start
+from app.launch import flower_env
+from app.results import load_rounds
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_env() -> None:
+    """What every Flower process of a sweep needs (inherited by the Ray workers): the launcher's
+    environment (app.launch.flower_env) set in this process, plus Ray's accelerator setting."""
+    os.environ.update(flower_env(ROOT))
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
+    """A ServerApp and a ClientApp that run silofl's apps with ``run_config``
+    (``run_simulation`` gives the apps an empty run config)."""
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    from app import wire
+
+    def with_config(context: Context) -> Context:
+        return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                       state=context.state, run_config=dict(run_config))
+
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        import app.server_app as server_app
+
+        server_app.main(grid, with_config(context))
+
+    client = ClientApp()
+
+    def forward(name: str) -> Any:
+        def handler(msg: Message, context: Context) -> Message:
+            import app.client_app as client_app
+
+            return getattr(client_app, name)(msg, with_config(context))
+
+        return handler
+
+    client.train()(forward("train"))
+    client.evaluate()(forward("evaluate"))
+    client.query(wire.LEDGER)(forward("ledger"))
+    client.query(wire.IDENTITY)(forward("identity"))  # the attack harness's ground truth
+    client.query(wire.KEYS)(forward("keys"))  # shuffle DP: roles and public keys
+    client.query(wire.SHUFFLE)(forward("shuffle"))  # shuffle DP: the shuffler's sum
+    return server, client
+
+
+def engine_backend_config(num_silos: int, sweep: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Flower's simulation backend config for one federation. Each virtual silo's ClientApp runs
+    in a Ray actor holding ``sweep.client-cpus`` CPUs and ``sweep.client-gpus`` GPUs (1 and 0 by
+    default); Flower sizes its actor pool from the resources Ray reports for the cluster
+    (``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``). On an existing Ray
+    cluster (``sweep.ray-address``, else the ``RAY_ADDRESS`` environment variable: ``auto`` or
+    ``HOST:PORT`` of a ``ray start --head``) Ray is joined, not started, and every node's CPUs
+    count; otherwise a local Ray starts with min(CPUs of this machine, silos) CPUs."""
+    sweep = sweep or {}
+    address = str(sweep.get("ray-address") or os.environ.get(RAY_ADDRESS_ENV, "")).strip()
+    cpus, gpus = float(sweep.get("client-cpus") or 1), float(sweep.get("client-gpus") or 0.0)
+    if cpus <= 0 or gpus < 0:
+        raise ConfigError(f"sweep.client-cpus = {cpus:g} / sweep.client-gpus = {gpus:g}; allowed: cpus > 0, gpus >= 0")
+    init: dict[str, Any] = {"address": address} if address else {"num_cpus": min(os.cpu_count() or 1, num_silos)}
+    return {"client_resources": {"num_cpus": cpus, "num_gpus": gpus}, "init_args": init}
+
+
+def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = None,
+                   backend: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run one federation on the simulation engine; returns its summary.json plus wall time and
+    engine overhead (wall time minus the time inside rounds). Raises if it left no summary.
+    ``warm``: reuse the engine's actors across the federations of this process (and end each
+    federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
+    period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset). ``backend``:
+    the sweep's Ray settings (:func:`engine_backend_config`)."""
+    from flwr.simulation import run_simulation
+
+    engine_env()
+    lean_ray_start()
+    if warm:
+        keep_engine_warm()
+    fast_poll(fast_poll_setting(fast))
+    s = parse_settings(run_config)
+    out = Path(s.outputs_dir) / s.run_name
+    for name in ("summary.json", "rounds.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    server, client = simulation_apps(run_config)
+    t0 = time.perf_counter()
+    # Deprecated in Flower 1.42 (its DEPRECATED FEATURE warning is logged for every federation, not
+    # silenced) and kept: the replacement its message names, `flwr run`, is not in-process. There a
+    # SuperLink starts one `flwr-simulation` process per run, which installs the app bundle, loads the
+    # apps by name and starts (then shuts down) its own Ray: no actors kept warm from job to job
+    # (13-15 s from launch to the end of round 1 for `make run` against 0.13 s of overhead for a warm
+    # sweep job, docs/results.md), no apps built here with the job's config, no stand-in engine in
+    # tests. flwr.simulation has no other public entry: run_simulation_process is that per-run
+    # process (it needs a SuperLink's Runtime API address and token), _run_simulation is private.
+    run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
+                   backend_config=engine_backend_config(s.num_silos, backend))
+    wall = time.perf_counter() - t0
+    if not (out / "summary.json").exists():
+        raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = load_rounds(out / "rounds.jsonl")
+    inside = sum(float(r["wall_s"]) for r in rounds)
+    return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}

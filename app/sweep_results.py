@@ -1,0 +1,91 @@
+"""A sweep's ``results.csv``: the job id, the file (appended under a lock), and which finished
+row already holds a job's federation (settings that do not act left out)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app.config import SCHEMA
+from app.filelock import exclusive_lock
+from app.run_health import FINISHED
+
+RESULT_FIELDS = ["job", "status", "error", "test_error", "test_accuracy", "best_test_error", "val_error",
+                 "train_loss", "grad_mapping_norm", "eps_max_spent", "eps_per_silo", "uploads_G", "rounds_done",
+                 "selected", "grid_points", "wall_s", "overhead_s", "run_dir"]
+
+
+def job_key(flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> str:
+    """A stable id for a job: its run config and its tuning settings."""
+    blob = json.dumps({"run": dict(sorted(flat.items())), "tuning": sweep.get("tuning"),
+                       "grid": sweep.get("grid") if sweep.get("tuning") == "grid" else None,
+                       "validation-fraction": sweep.get("validation-fraction") if sweep.get("tuning") == "grid" else None},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class ResultsFile:
+    """``results.csv`` of one sweep, appended under a file lock (jobs may run concurrently)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fields = RESULT_FIELDS + sorted(SCHEMA)
+
+    def rows(self) -> list[dict[str, str]]:
+        if not self.path.exists():
+            return []
+        with self.path.open(newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    def completed(self, job: str) -> bool:
+        """Whether ``job`` has a row of a run that ran to its end (healthy or not)."""
+        return any(r["job"] == job and r["status"] in FINISHED for r in self.rows())
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        with exclusive_lock(self.path.with_suffix(".lock")):
+            new = not self.path.exists()
+            with self.path.open("a", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=self.fields, extrasaction="ignore")
+                if new:
+                    writer.writeheader()
+                writer.writerow({k: _cell(v) for k, v in row.items()})
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    if v is None:
+        return ""
+    return v
+
+
+#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
+INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
+
+
+def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
+    """The settings as results.csv holds them (strings), less those that do not act: the other
+    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
+    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
+    run the same federation."""
+    out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
+    for switch, off, prefix in INERT_UNLESS:
+        if out.get(switch) == off:
+            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
+    return out
+
+
+def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:
+    """A finished row of this sweep whose federation is this job's (:func:`acting_settings`
+    equal; fixed tuning only), e.g. privacy=off jobs of a sweep over ε: it need not run again."""
+    if str(sweep.get("tuning", "fixed")) != "fixed":
+        return None
+    mine = acting_settings(flat)
+    for r in results.rows():
+        if r["status"] in FINISHED and r.get("grid_points") in ("", "1") and acting_settings(r) == mine:
+            return r
+    return None

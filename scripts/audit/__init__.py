@@ -1,0 +1,1 @@
+"""Privacy audits (``python -m scripts.audit.<name>`` from the repository root)."""

@@ -1,0 +1,1 @@
+"""Benchmarks (``python -m scripts.bench.<name>`` from the repository root)."""

@@ -1,0 +1,1 @@
+"""Deployment tools (``python -m scripts.deploy.<name>`` from the repository root)."""

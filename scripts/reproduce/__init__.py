@@ -1,0 +1,1 @@
+"""Reproduction runs (``python -m scripts.reproduce.<name>`` from the repository root)."""
