@@ -80,6 +80,16 @@ class BatchCentred(nn.Module):
         return self.fc(x - x.mean(dim=0, keepdim=True))
 
 
+class WithDropout(nn.Module):
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features, num_classes)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(x.flatten(1)))
+
+
 class NotAModule:
     def __init__(self, in_features: int, num_classes: int) -> None:
         self.w = torch.zeros(in_features, num_classes)
@@ -165,6 +175,11 @@ def test_a_model_that_mixes_records_is_refused() -> None:
     assert "mixes records" in _refusal(f"{HERE}:BatchCentred")
 
 
+def test_a_random_forward_is_refused() -> None:
+    assert "gives two outputs for the same batch (randomness in training, e.g. Dropout)" in _refusal(
+        f"{HERE}:WithDropout")
+
+
 @pytest.mark.parametrize("spec, words", [
     ("tests.no_such_module:Net", "cannot import module 'tests.no_such_module'"),
     (f"{HERE}:NoSuchNet", f"module '{HERE}' has no attribute 'NoSuchNet'"),
@@ -226,3 +241,19 @@ def test_a_user_model_trains_under_isrl_dp(tmp_path: Path) -> None:
     state = load_checkpoint(tmp_path / "mine" / "out" / "t" / "checkpoint.npz")
     assert sum(int(np.prod(v.shape)) for v in state["model"].values()) == 200
     assert len(rows) == 6 and mine["test_error"] < 0.2, mine["test_error"]
+
+
+def test_the_launcher_refuses_a_batchnorm_model_in_one_line(tmp_path: Path, no_flower,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    from app import launch
+
+    code = launch.main(["--run-config", f'outputs-dir="{tmp_path / "out"}" model="{HERE}:WithBatchNorm"'])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "has a BatchNorm layer (bn: BatchNorm1d)" in err and len(err.splitlines()) == 1, err
+
+
+def test_the_server_app_refuses_a_bad_model_before_round_one(tmp_path: Path) -> None:
+    """A deployed ServerApp (no launcher): the same line, and no round is run or written."""
+    with pytest.raises(ConfigError, match="it must give logits"):
+        run(tmp_path, {"model": f"{HERE}:WrongOutput", "num-rounds": 2})
+    assert not (tmp_path / "out" / "t" / "rounds.jsonl").exists()

@@ -9,7 +9,8 @@ not set: ``feature_shape`` (tuple, one record's shape), ``in_features`` (their p
 same run seed gets the same initial weights, whatever layers the model has.
 
 The DP check (:func:`check_dp_compatible`), on one fake batch of two records of the run's input
-shape: no BatchNorm (its batch statistics mix records); logits [2, num_classes]; each record's
+shape: no BatchNorm (its batch statistics mix records); logits [2, num_classes]; the same output
+for the same batch (no Dropout-style randomness, which per-record gradients cannot follow); each record's
 output does not depend on the other record in its batch; per-sample gradients
 (app/privacy/per_sample.py) give one finite row of d = number of parameters per record, equal
 to the record's own gradient. A refusal is one line (ConfigError) naming the model and the fix.
@@ -119,7 +120,7 @@ def check_dp_compatible(model: nn.Module, feature_shape: Sequence[int], num_clas
     y = torch.tensor([0, num_classes - 1])
     try:
         with torch.no_grad():
-            out, alone = model(x), model(x[:1])
+            out, again, alone = model(x), model(x), model(x[:1])
     except Exception as exc:
         raise ConfigError(f"model = {spec!r} fails on a batch of the run's records [2, {', '.join(map(str, shape))}] "
                           f"({_one_line(exc)})") from None
@@ -127,6 +128,9 @@ def check_dp_compatible(model: nn.Module, feature_shape: Sequence[int], num_clas
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(f"model = {spec!r} maps a batch [2, {', '.join(map(str, shape))}] to {got}; it must give "
                           f"logits [2, {num_classes}] (num_classes = {num_classes} of the run's data) ({DOC})")
+    if not torch.equal(out, again):
+        raise ConfigError(f"model = {spec!r} gives two outputs for the same batch (randomness in training, e.g. "
+                          f"Dropout); per-record gradients need a deterministic forward: remove it ({DOC})")
     if not torch.allclose(out[:1], alone, rtol=1e-4, atol=1e-5):
         raise ConfigError(f"model = {spec!r} mixes records: a record's output changes with the other records in its "
                           f"batch; record-level DP needs each record processed alone ({DOC})")
