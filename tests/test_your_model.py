@@ -148,6 +148,13 @@ def test_a_user_model_is_built_with_the_arguments_it_declares() -> None:
     assert isinstance(seq, nn.Sequential) and seq[1].weight.shape == (5, 30)
 
 
+def test_an_image_model_gets_in_channels() -> None:
+    """The zoo's LeNet-5 class by import path, for 3x32x32 images: in_channels and num_classes
+    from the run, image_size from model-kwargs; the DP check passes (no BatchNorm)."""
+    model = build_model("app.models.zoo:LeNet5", (3, 32, 32), 10, kwargs='{"image_size": 32}')
+    assert model.features[0].weight.shape == (6, 3, 5, 5) and model.classifier[-1].weight.shape == (10, 84)
+
+
 def test_the_seeded_construction_gives_every_process_the_same_weights() -> None:
     from app.seeding import torch_gen
 
