@@ -120,10 +120,14 @@ def preflight(cfg: dict[str, Any]) -> Any:
 
 
 def toml_value(v: Any) -> str:
-    """A run-config value as a TOML literal, for `flwr run --run-config`."""
+    """A run-config value as a TOML literal, for `flwr run --run-config`. A string with a double
+    quote in it (model-kwargs' JSON) is a TOML literal string '...': Flower's parser reads a
+    quoted value up to the next quote of its kind, so an escaped \" would cut it short."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
+        if '"' in v and "'" not in v and "\n" not in v:
+            return f"'{v}'"
         return json.dumps(v)
     return repr(v)
 

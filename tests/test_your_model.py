@@ -264,3 +264,16 @@ def test_the_server_app_refuses_a_bad_model_before_round_one(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="it must give logits"):
         run(tmp_path, {"model": f"{HERE}:WrongOutput", "num-rounds": 2})
     assert not (tmp_path / "out" / "t" / "rounds.jsonl").exists()
+
+
+def test_the_launcher_hands_json_kwargs_to_flower_intact() -> None:
+    """The launcher re-writes the operator's keys for ``flwr run --run-config``: Flower's own parser
+    (flwr.common.config.parse_config_args) must read model-kwargs' JSON back unchanged."""
+    from flwr.common.config import parse_config_args
+
+    from app.launch import toml_value
+
+    values = {"model-kwargs": '{"depth": 3, "name": "a b", "width": 64}', "model": f"{HERE}:TinyNet",
+              "run-name": "it's", "num-rounds": 3}
+    text = " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
+    assert parse_config_args([text]) == values
