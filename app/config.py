@@ -64,6 +64,8 @@ SHUFFLE_ALGORITHMS = ("mbsgd", "proxsgd", "svrg", "plsvrg", "spider")
 SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
                 "adaptive", "powersgd")
 DEVICES = ("cpu", "cuda", "auto")
+#: the server's device: "device" (the run's ``device``) or one of DEVICES (app/server_device.py)
+SERVER_DEVICES = ("device", *DEVICES)
 
 
 class ConfigError(ValueError):
@@ -214,6 +216,8 @@ class Settings:
     silos_per_round: int = 2
     model: str = "mlp"
     model_hidden: tuple[int, ...] = (5,)
+    #: your own model's keyword arguments, as canonical JSON ("" = none; app/models/custom.py)
+    model_kwargs: str = ""
     num_rounds: int = 25
     lr: float = 0.5
     batch_size: int = 0
@@ -238,6 +242,8 @@ class Settings:
     fail_on_no_progress: bool = False
     round_timeout: float = 600.0
     device: str = "cpu"
+    #: where the ServerApp computes (trust-set gradients, sketch lifts): "device" = the run's device
+    server_device: str = "device"
     #: write every message the ServerApp receives under outputs/<run>/transcript/ (audits)
     transcript: bool = False
     #: seconds the server waits for num-silos silo nodes (at the start, or when fewer than
@@ -387,6 +393,22 @@ def _delta(key: str, value: Any) -> float | None:
     return float(v)
 
 
+def _model(key: str, value: Any) -> str:
+    """A zoo model, or your own (app/models/custom.py): an import path or an entry-point name."""
+    from app.model_spec import check_model_spec  # no torch: the spec's form only
+
+    _str()(key, value)
+    if value in MODELS:
+        return value
+    return check_model_spec(key, value, MODELS, ConfigError)
+
+
+def _model_kwargs(key: str, value: Any) -> str:
+    from app.model_spec import parse_model_kwargs
+
+    return parse_model_kwargs(key, _str()(key, value), ConfigError)
+
+
 SCHEMA: dict[str, tuple[str, Any]] = {
     "algorithm": ("algorithm", _algorithm),
     "dataset": ("dataset", _str(DATASETS)),
@@ -400,7 +422,8 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "pca": ("pca", _num(0, 100_000, integer=True)),
     "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
     "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
-    "model": ("model", _str(MODELS)),
+    "model": ("model", _model),
+    "model-kwargs": ("model_kwargs", _model_kwargs),
     "mlp-hidden": ("model_hidden", _hidden),
     "num-rounds": ("num_rounds", _num(1, 1_000_000, integer=True)),
     "lr": ("lr", _num(0, None, lo_open=True)),
@@ -457,6 +480,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "fail-on-no-progress": ("fail_on_no_progress", _bool),
     "round-timeout": ("round_timeout", _num(1, None)),
     "device": ("device", _str(DEVICES)),
+    "server-device": ("server_device", _str(SERVER_DEVICES)),
     "transcript": ("transcript", _bool),
     "node-wait": ("node_wait", _num(0, None)),
     "min-silos": ("min_silos", _num(1, 1_000_000, integer=True)),
@@ -561,6 +585,9 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(
             f"silos-per-round = {s.silos_per_round} is out of range; allowed: [1, num-silos = {s.num_silos}]"
         )
+    if s.model_kwargs and s.model in MODELS:
+        raise ConfigError(f"model-kwargs = {s.model_kwargs!r} is for your own model (model = \"package.module:Class\"); "
+                          f"model = {s.model!r} takes mlp-hidden only; allowed: \"\"")
     if s.min_silos > s.num_silos:
         raise ConfigError(f"min-silos = {s.min_silos} is out of range; allowed: [1, num-silos = {s.num_silos}]")
     if s.resume and not s.run_name:

@@ -116,14 +116,22 @@ def preflight(cfg: dict[str, Any]) -> Any:
     settings = parse_settings(cfg)
     _, splits, _, _ = silo_splits(settings)
     check_silo_sizes(settings, [len(train) for train, _ in splits])
+    from app.config import MODELS
+
+    if settings.model not in MODELS:  # your own model: imported and checked for DP before any process starts
+        model_layout(settings)
     return settings
 
 
 def toml_value(v: Any) -> str:
-    """A run-config value as a TOML literal, for `flwr run --run-config`."""
+    """A run-config value as a TOML literal, for `flwr run --run-config`. A string with a double
+    quote in it (model-kwargs' JSON) is a TOML literal string '...': Flower's parser reads a
+    quoted value up to the next quote of its kind, so an escaped \" would cut it short."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
+        if '"' in v and "'" not in v and "\n" not in v:
+            return f"'{v}'"
         return json.dumps(v)
     return repr(v)
 
@@ -276,7 +284,8 @@ def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
     from app.models import build_model
 
     feature_shape, num_classes = dataset_meta(settings)
-    model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden)
+    model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden,
+                        kwargs=settings.model_kwargs)
     return {k: tuple(v.shape) for k, v in model.named_parameters()}
 
 
@@ -308,19 +317,22 @@ def check_outputs_dir(outputs: Path) -> None:
 
 
 def check_local_device(settings: Any) -> None:
-    """ConfigError for device = "cuda" on a machine without CUDA, for a run of the local simulation
-    (its silos run on this machine). A run on a SuperLink (--superlink) is not checked here: its
-    silos' machines may have what this one lacks; there, the first round whose ClientApps fail
-    ends the run with their reason (strategies.loop.ClientAppsFailed)."""
+    """ConfigError for device = "cuda" (or server-device = "cuda") on a machine without CUDA, for a run
+    of the local simulation (its silos and its ServerApp run on this machine). A run on a SuperLink
+    (--superlink) is not checked here: its machines may have what this one lacks; there, the
+    ServerApp refuses before round 1, and the first round whose ClientApps fail ends the run with
+    their reason (strategies.loop.ClientAppsFailed)."""
     from app.config import ConfigError
+    from app.server_device import server_device, server_device_name
 
-    if settings.device != "cuda":
-        return
-    import torch
+    if settings.device == "cuda":
+        import torch
 
-    if not torch.cuda.is_available():
-        raise ConfigError('device = "cuda" but this machine has no CUDA device that torch can use (the local '
-                          'simulation runs its silos here); use device = "cpu", or "auto" (CUDA where there is one)')
+        if not torch.cuda.is_available():
+            raise ConfigError('device = "cuda" but this machine has no CUDA device that torch can use (the local '
+                              'simulation runs its silos here); use device = "cpu", or "auto" (CUDA where there is one)')
+    if server_device_name(settings) == "cuda":
+        server_device(settings)  # the ServerApp runs here too
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from app.models import build_model
 from app.results import RunRecorder, run_name
 from app.run_health import NO_PROGRESS, diagnose
 from app.seeding import torch_gen
+from app.server_device import server_device
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
 from strategies.loop import ClientAppsFailed, TooFewSilos
@@ -169,13 +170,16 @@ def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     try:
         s = validate(dict(context.run_config))
+        feature_shape, num_classes = dataset_meta(s)
+        # your own model is imported and checked for DP here, before round 1 (app/models/custom.py)
+        model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden,
+                            generator=torch_gen(s.seed, "init"), kwargs=s.model_kwargs)
+        server_device(s)  # "cuda" without CUDA: one line, before round 1
     except ConfigError as exc:
         log(ERROR, "config error: %s", exc)
         raise
     name = run_name(s, context.run_id)
     out = Path(s.outputs_dir) / name
-    feature_shape, num_classes = dataset_meta(s)
-    model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
     layout = {k: tuple(v.shape) for k, v in model.named_parameters()}
     initial = {k: v.detach().numpy() for k, v in model.named_parameters()}
     resume_state = None

@@ -117,7 +117,8 @@ class Silo:
         self.data = data
         self.device = torch.device(_pick_device(settings.device))
         if model is None:
-            model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden)
+            model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden,
+                                kwargs=settings.model_kwargs)
         self.model = model.to(self.device)
         self.train_x = data.train_x.to(self.device)
         self.train_y = data.train_y.to(self.device)

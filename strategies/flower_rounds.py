@@ -161,6 +161,7 @@ def initial_model(s: Any, seed_name: str = "init") -> tuple[dict[str, tuple[int,
     from app.seeding import torch_gen
 
     shape, classes = dataset_meta(s)
-    model = build_model(s.model, shape, classes, hidden=s.model_hidden, generator=torch_gen(s.seed, seed_name))
+    model = build_model(s.model, shape, classes, hidden=s.model_hidden, generator=torch_gen(s.seed, seed_name),
+                        kwargs=s.model_kwargs)
     w = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
     return {k: tuple(v.shape) for k, v in w.items()}, record_of(w)

@@ -35,6 +35,7 @@ is configured the server asks each node once, at the start, for its partition id
 
 from __future__ import annotations
 
+from dataclasses import replace
 from logging import INFO, WARNING
 from typing import Any, TypedDict
 
@@ -49,6 +50,7 @@ from app.data.federated import build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
+from app.server_device import server_device
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
 from strategies.exchange import Exchange
 from strategies.replies import NodeRoster, Params, Updates, flatten
@@ -194,9 +196,13 @@ class RobustAggregator:
         #: sets it): the reported Byzantine weight, and f when byzantine.f is not stated
         self.oracle: set[int] = set()
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
+        #: where the trust-set gradients are computed (server-device; app/server_device.py)
+        self.device = server_device(s)
         self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
+        if self.trust is not None and self.device.type != "cpu":
+            self.trust = replace(self.trust, x=self.trust.x.to(self.device), y=self.trust.y.to(self.device))
         shape, classes = dataset_meta(s)
-        self.model = build_model(s.model, shape, classes, hidden=s.model_hidden)
+        self.model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs).to(self.device)
         aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
         #: noise-aware Grad-BANT: the expected DP-noise energy c of an honest lifted message
         self.noise_energy = honest_noise_energy(s, [tuple(v) for v in self.layout.values()]) if aware else 0.0
@@ -219,7 +225,7 @@ class RobustAggregator:
         steps of size gamma on trust-set batches of the silos' batch size."""
         assert self.trust is not None
         phase = self.phase if phase is None else phase
-        params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
+        params = self._on_device(w)
         x_all, y_all = self.trust.x, self.trust.y
         rng = np_rng(self.s.seed, "trust-batches", server_round)
         steps = self.s.local_steps if phase == Phase.LOCAL else 1
@@ -227,16 +233,20 @@ class RobustAggregator:
         start = {key: v.clone() for key, v in params.items()}
         grad = None
         for _ in range(steps):
-            idx = torch.as_tensor(rng.choice(len(y_all), size=min(k, len(y_all)), replace=False)) \
-                if k < len(y_all) else torch.arange(len(y_all))
+            idx = torch.as_tensor(rng.choice(len(y_all), size=min(k, len(y_all)), replace=False), device=self.device) \
+                if k < len(y_all) else torch.arange(len(y_all), device=self.device)
             live = {key: v.clone().requires_grad_(True) for key, v in params.items()}
             loss = cross_entropy(torch.func.functional_call(self.model, live, (x_all[idx],)), y_all[idx])
             grad = dict(zip(live, torch.autograd.grad(loss, list(live.values())), strict=True))
             params = {key: (params[key] - self.s.lr * grad[key]).detach() for key in params}
         if phase != Phase.LOCAL:
             assert grad is not None
-            return flatten({key: g.numpy() for key, g in grad.items()})
-        return flatten({key: ((start[key] - params[key]) / self.s.lr).numpy() for key in params})
+            return flatten({key: g.cpu().numpy() for key, g in grad.items()})
+        return flatten({key: ((start[key] - params[key]) / self.s.lr).cpu().numpy() for key in params})
+
+    def _on_device(self, w: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The model ``w`` as float32 tensors on the server's device."""
+        return {k: torch.tensor(v, dtype=torch.float32, device=self.device) for k, v in w.items()}
 
     def _lift_kappa(self) -> np.ndarray:
         from app.sketch.noise import lift_noise_weights
@@ -248,10 +258,10 @@ class RobustAggregator:
     def trust_gradient(self, w: dict[str, np.ndarray]) -> np.ndarray:
         """grad f0(w): the mean cross-entropy gradient over the whole trust set (float64, flat)."""
         assert self.trust is not None
-        live = {k: torch.tensor(v, dtype=torch.float32).requires_grad_(True) for k, v in w.items()}
+        live = {k: v.requires_grad_(True) for k, v in self._on_device(w).items()}
         loss = cross_entropy(torch.func.functional_call(self.model, live, (self.trust.x,)), self.trust.y)
         grads = torch.autograd.grad(loss, list(live.values()))
-        return np.concatenate([g.detach().numpy().reshape(-1) for g in grads]).astype(np.float64)
+        return np.concatenate([g.detach().cpu().numpy().reshape(-1) for g in grads]).astype(np.float64)
 
     def trust_rows(self, w: dict[str, np.ndarray]) -> np.ndarray:
         """The trust set's per-record gradients at w [T, d], clipped as an honest silo clips them
@@ -260,11 +270,10 @@ class RobustAggregator:
         from app.privacy.per_sample import per_sample_grads
 
         assert self.trust is not None
-        params = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
-        rows = per_sample_grads(self.model, params, self.trust.x, self.trust.y)
+        rows = per_sample_grads(self.model, self._on_device(w), self.trust.x, self.trust.y)
         if self.s.privacy.enabled:
             rows = clip_rows(rows, self.s.privacy.clip)
-        return rows.double().numpy()
+        return rows.double().cpu().numpy()
 
     def score_inputs(self, w: dict[str, np.ndarray], server_round: int,
                      ex: Exchange | None = None) -> tuple[np.ndarray, float, float]:

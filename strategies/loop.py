@@ -51,6 +51,7 @@ from app.config import Settings
 from app.privacy.mechanism import server_decoder
 from app.privacy.shuffle import row_bound
 from app.seeding import np_rng
+from app.server_device import server_device
 from app.sketch.broadcast import build_sketch, round_sketch
 from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_messages
 from strategies.aggregators import Aggregator, make_aggregator, with_harness
@@ -109,6 +110,8 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         self.prox = composite_prox(settings)
         self.roster = NodeRoster()
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
+        #: where the server lifts sketched replies (server-device, app/server_device.py)
+        self.device = server_device(settings)
         #: shuffle DP: the shuffler's id and key, and the relay of sealed contributions
         self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
         self.relay: ShuffleRelay | None = None
@@ -283,7 +286,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
                             self.s.seed, rnd, self.s.sketch.error_feedback)
         reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self._client_error,
-                             self.decode)
+                             self.decode, device=self.device)
         return RoundContext(rnd, nodes, spec, reader)
 
     def train_messages(self, ctx: RoundContext, ex: Exchange, ticket: Any = None,

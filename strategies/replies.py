@@ -152,9 +152,10 @@ class ReplyReader:
 
     def __init__(self, layout: Mapping[str, tuple[int, ...]], sketch: Sketch | None,
                  client_error: Callable[[Message, str], str],
-                 decode: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 decode: Callable[[np.ndarray], np.ndarray] | None = None, device: torch.device | None = None) -> None:
         self.layout = layout
         self.sketch = sketch
+        self.device = device  # where S^T y is computed (server-device; None: the CPU)
         self.client_error = client_error  # records a ClientApp failure, returns its text
         self.decode = decode  # the mechanism's server half (None: the identity)
 
@@ -178,7 +179,8 @@ class ReplyReader:
         if self.sketch is None:
             return self._decoded(np.asarray(message, dtype=np.float32))
         try:
-            flat = self.sketch.decompress(torch.as_tensor(np.asarray(message, dtype=np.float32))).numpy()
+            y = torch.as_tensor(np.asarray(message, dtype=np.float32), device=self.device)
+            flat = self.sketch.decompress(y).cpu().numpy()
         except PayloadError as exc:
             raise wire.ReplyError(f"sketch payload rejected: {exc}") from exc
         check_bounded("lifted update S^T y", flat)

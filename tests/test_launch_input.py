@@ -102,8 +102,8 @@ def test_a_deployed_run_whose_silos_lack_cuda_ends_after_the_first_round(federat
     from app import server_app
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(server_app.ClientAppFailure, match="no CUDA device"):
-        federation({"num-rounds": 5, "device": "cuda"})
+    with pytest.raises(server_app.ClientAppFailure, match="no CUDA device"):  # a server without a GPU says so
+        federation({"num-rounds": 5, "device": "cuda", "server-device": "cpu"})
     import json
 
     summary = json.loads((tmp_path / "out" / "t" / "summary.json").read_text())

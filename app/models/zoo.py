@@ -87,10 +87,17 @@ def build_model(
     *,
     hidden: Sequence[int] = (5,),
     generator: torch.Generator | None = None,
+    kwargs: str = "",
 ) -> nn.Module:
     """Build model ``name`` for inputs of ``feature_shape``; initial weights are drawn
     from ``generator`` (PyTorch's default init, re-drawn so that every process that
-    builds the model from the same seed gets the same w_0)."""
+    builds the model from the same seed gets the same w_0). A name outside :data:`MODELS` is
+    your own model (an import path or entry point, built with ``kwargs``, the run's
+    ``model-kwargs``, and checked for DP: app/models/custom.py)."""
+    if name not in MODELS and name:
+        from app.models.custom import build_custom
+
+        return build_custom(name, feature_shape, num_classes, kwargs, generator)
     feature_shape = tuple(int(s) for s in feature_shape)
     in_features = math.prod(feature_shape)
     if name == "logistic":

@@ -10,7 +10,9 @@ move); and the same federations on CPU and GPU with the same seeds.
 
 Steps (each prints one result line, ``[gpu_run] ...``):
 
-1. ``scripts/bench/gpu_check.py`` (CUDA only): per-sample gradients and noise, CPU vs GPU.
+1. ``scripts/bench/gpu_check.py`` (CUDA only): per-sample gradients and noise, CPU vs GPU; and
+   ``scripts/bench/server_device_check.py``: the server's trust-set gradients, sketch lifts and a
+   short Grad-BANT federation with ``server-device=cuda`` against the CPU.
 2. Agreement: per model and federation, one short run (2 rounds, 4 silos, evaluated after round 2)
    on the in-process grid (the real ServerApp and ClientApp, no Flower runtime), once with
    ``device=cpu`` and once with ``--device``, same seeds (run-seeded noise and sketches come from
@@ -114,13 +116,13 @@ def prerequisites(device: str) -> list[str]:
 # --------------------------------------------------------------------------- step 1
 
 
-def gpu_check(timeout: float) -> dict[str, Any]:
+def gpu_check(timeout: float, script: str = "gpu_check") -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.gpu_check"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", f"scripts.bench.{script}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     sys.stdout.write(proc.stdout + proc.stderr)
     ok = proc.returncode == 0
-    log(f"gpu_check.py: {'PASS' if ok else f'FAIL (exit {proc.returncode})'} in {time.perf_counter() - t0:.1f}s")
+    log(f"{script}: {'PASS' if ok else f'FAIL (exit {proc.returncode})'} in {time.perf_counter() - t0:.1f}s")
     return {"ok": ok, "returncode": proc.returncode, "wall_s": time.perf_counter() - t0}
 
 
@@ -407,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda":
             report["check"] = gpu_check(timeout=300)
             ok &= report["check"]["ok"]
+            report["server_check"] = gpu_check(timeout=240, script="server_device_check")
+            ok &= report["server_check"]["ok"]
             save()
         else:
             log("gpu_check.py: skipped (needs CUDA)")
