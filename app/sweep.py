@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
+from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, inert_options, parse_settings, resolve_presets
 from app.filelock import exclusive_lock
 from app.launch import flower_env
 from app.presets import PRESET_KEYS
@@ -501,9 +501,9 @@ def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
         return dict(flat)
 
 
-#: run-config keys that mean nothing without a sketch: setting one with sketch.kind none would
-#: run the same federation under another name (issue 27)
-SKETCH_ONLY_KEYS = ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")
+#: run-config keys that mean nothing without a sketch (declared ``inert=("sketch.kind", ...)``):
+#: setting one with sketch.kind none would run the same federation under another name (issue 27)
+SKETCH_ONLY_KEYS = tuple(k for k, opt in OPTIONS.items() if opt.switch == "sketch.kind")
 
 
 def override_keys(overrides: list[str]) -> list[str]:
@@ -521,20 +521,15 @@ def check_overrides(overrides: list[str], flat: Mapping[str, Any]) -> None:
                           f"would run the same federation); choose a sketch, e.g. sketch=srht or sketch.kind=srht")
 
 
-#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
-INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
-
-
 def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
-    """The settings as results.csv holds them (strings), less those that do not act: the other
-    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
-    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
-    run the same federation."""
+    """The settings as results.csv holds them (strings), less those that do not act, as each
+    option declares it (app.config.inert_options: the other ``privacy.*`` keys when privacy.mode
+    is off, ``sketch.*`` without a sketch, an algorithm's own knobs under another algorithm; not
+    ``attack.*`` without an attack: attack.fraction is also Krum's f). Two jobs with the same
+    acting settings run the same federation."""
     out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
-    for switch, off, prefix in INERT_UNLESS:
-        if out.get(switch) == off:
-            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
-    return out
+    inert = inert_options(out)
+    return {k: v for k, v in out.items() if k not in inert}
 
 
 def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:

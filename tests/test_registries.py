@@ -54,9 +54,12 @@ def test_every_registered_option_is_accepted_and_nothing_else(key: str) -> None:
 
 
 def test_copied_option_lists_equal_their_registries() -> None:
+    # the rule lists are derived from each rule's declared needs (strategies/options.py)
     assert config.AGGREGATORS == ("gradbant", *RULES)
-    assert config.KRUM_AGGREGATORS == KRUM_RULES
+    assert config.KRUM_AGGREGATORS == KRUM_RULES == ("krum", "multi-krum")  # n > 2f + 2, Blanchard et al. 2017
     assert config.F_AGGREGATORS == F_RULES and all("f" in RULES[r].inputs for r in F_RULES)
+    assert {"krum", "multi-krum", "trimmed-mean"} <= set(F_RULES) and "mean" not in F_RULES
+    assert config.TRUST_AGGREGATORS == ("gradbant", "fltrust")
     assert config.MODELS == MODELS and config.SKETCH_KINDS == ("none", *SKETCH_KINDS)
     assert config.PRIVACY_MODES == ("off", *MECHANISMS) and config.TRUST_SHIFTS == TRUST_SHIFTS
 

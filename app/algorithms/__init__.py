@@ -22,7 +22,7 @@ from app.algorithms.base import (
 def _discover() -> dict[str, Algorithm]:
     found: dict[str, Algorithm] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "base":
+        if info.name in ("base", "options"):  # options.py: the training options (app/config.py)
             continue
         algorithm = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ALGORITHM", None)
         if isinstance(algorithm, Algorithm):
