@@ -2,7 +2,8 @@
 (app.config.OPTIONS): every mismatch as one line, and the lines to paste for a new option.
 
     python -m app.config_sync                 # list the mismatches (exit 1 if any), with the fix of each
-    python -m app.config_sync --write         # rewrite pyproject's [tool.flwr.app.config] from the declarations
+    python -m app.config_sync --write         # pyproject's [tool.flwr.app.config] from the declarations, and
+                                              # the keys conf/config.yaml and the docs table lack added
 
 tests/test_options.py runs the same checks. Pure Python (tomllib, yaml): no torch, no Flower.
 """
@@ -124,12 +125,77 @@ def write_pyproject(root: Path = ROOT) -> None:
     path.write_text(text[:start] + block + "\n" + text[end:].lstrip("\n"), encoding="utf-8")
 
 
+def yaml_literal(value: Any) -> str:
+    """``value`` as a YAML scalar (strings double-quoted, as JSON writes them)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else toml_literal(value)
+
+
+def write_conf(root: Path = ROOT) -> list[str]:
+    """Add the declared keys conf/config.yaml lacks (a ``a.b`` key under its ``a:`` node, made if
+    missing) before its sweep settings; values it has are left (a mismatch stays reported)."""
+    path = root / "conf" / "config.yaml"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    have, added = conf_values(root), []
+    for key, opt in OPTIONS.items():
+        if key in have:
+            continue
+        node, _, leaf = key.rpartition(".")
+        end = next(i for i, line in enumerate(lines) if line.startswith("# The sweep's own settings"))
+        while end > 0 and not lines[end - 1].strip():
+            end -= 1
+        head = next((i for i, line in enumerate(lines[:end]) if node and re.match(rf"{re.escape(node)}:\s*(#.*)?$", line)),
+                    None)
+        if head is None:
+            new = ([f"{node}:", f"  {leaf}: {yaml_literal(opt.default)}"] if node
+                   else [f"{leaf}: {yaml_literal(opt.default)}"])
+            lines[end:end] = new
+        else:
+            last = head
+            while last + 1 < len(lines) and lines[last + 1].startswith("  "):
+                last += 1
+            lines.insert(last + 1, f"  {leaf}: {yaml_literal(opt.default)}")
+        added.append(key)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return added
+
+
+def write_docs(root: Path = ROOT) -> list[str]:
+    """Add a row (key, default, the declared one-line doc) for each declared key the docs table
+    lacks: after the rows of its group (``spider.*``), else at the end of the table holding its
+    switch (``algorithm``), else of the last table; better words are the author's to write."""
+    path = root / "docs" / "configuration.md"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    have, added = doc_values(root), []
+    start = lines.index(DOC_SECTION)
+    stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    for key, opt in OPTIONS.items():
+        if key in have:
+            continue
+        rows = {i: m.group(1) for i in range(start, stop) if (m := re.match(r"\| `([^`]+)` \|", lines[i]))}
+        node = key.rpartition(".")[0]
+        near = [i for i, k in rows.items() if node and k.startswith(node + ".")]
+        if not near and opt.switch is not None:
+            near = [i for i, k in rows.items() if k == opt.switch]
+            while near and near[-1] + 1 < stop and lines[near[-1] + 1].startswith("|"):
+                near.append(near[-1] + 1)
+        at = (max(near) if near else max(rows)) + 1
+        lines.insert(at, f"| `{key}` | `{toml_literal(opt.default)}` | {opt.doc} |")
+        stop += 1
+        added.append(key)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return added
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m app.config_sync", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite pyproject's [tool.flwr.app.config]")
+    ap.add_argument("--write", action="store_true", help="rewrite pyproject's [tool.flwr.app.config], add the "
+                    "keys conf/config.yaml and the docs table lack")
     args = ap.parse_args(argv)
     if args.write:
         write_pyproject()
+        for what, keys in (("conf/config.yaml", write_conf()), ("docs/configuration.md", write_docs())):
+            if keys:
+                print(f"added to {what}: {', '.join(keys)}")
     found = mismatches()
     for line in found:
         print(line)

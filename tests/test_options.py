@@ -12,7 +12,7 @@ import pytest
 
 from app import config_sync
 from app.algorithms import ALGORITHMS
-from app.config import OPTIONS, SCHEMA, ConfigError, Settings, inert_options, parse_settings
+from app.config import GROUPS, OPTIONS, SCHEMA, ConfigError, Settings, inert_options, parse_settings
 from app.options import ConfigError as OptionsConfigError
 from app.options import declared, option
 from app.presets import PRESET, PRESET_KEYS, preset_values
@@ -121,4 +121,27 @@ def test_group_and_top_level_options_are_collected_from_their_owners() -> None:
     keys = [k for k in declared(Settings)]
     assert len(keys) == len(set(keys))
     own = {f.name for f in fields(Settings)} - {f.name for base in Settings.__mro__[1:-1] for f in fields(base)}
-    assert own == {"prox", "spider", "svrg", "plsvrg", "sketch", "robust", "attack", "privacy", "shuffle"}
+    assert own == set(GROUPS) and GROUPS["privacy"] is type(Settings().privacy)
+
+
+def test_write_adds_a_new_option_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m app.config_sync --write``: a declared key that pyproject, conf/ and the docs lack
+    is added to each (a new group's node made in conf/config.yaml), and a removed one put back."""
+    from app.options import Option, number
+
+    root = _copy(tmp_path)
+    new = Option("momentum.beta", number(0, 1), 0.9, "heavy-ball momentum beta", "algorithm", ("momentum",), True)
+    monkeypatch.setattr(config_sync, "OPTIONS", dict(OPTIONS) | {"momentum.beta": new})
+    yml = root / "conf" / "config.yaml"
+    yml.write_text(yml.read_text().replace("  q: 5\n", ""))
+    doc = root / "docs" / "configuration.md"
+    doc.write_text("\n".join(line for line in doc.read_text().splitlines() if not line.startswith("| `spider.q`")))
+    assert len(config_sync.mismatches(root)) == 5
+    config_sync.write_pyproject(root)
+    assert config_sync.write_conf(root) == ["spider.q", "momentum.beta"]
+    assert config_sync.write_docs(root) == ["spider.q", "momentum.beta"]
+    assert config_sync.mismatches(root) == []
+    text = doc.read_text()
+    assert text.index("| `spider.q` | `5` |") > text.index("| `spider.anchor-batch`")  # with its group
+    assert "| `momentum.beta` | `0.9` | heavy-ball momentum beta |" in text.split("### Compression")[0]  # its switch's table
+    assert "momentum:\n  beta: 0.9\n" in yml.read_text()
