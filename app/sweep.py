@@ -678,7 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
+    from app.hydra_options import register
+
     argv = sys.argv[1:] if argv is None else argv
+    register()  # algorithm=<name>, +aggregator=<rule> for the registered ones conf/ has no file for
 
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:
