@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.options import choice, number, option
+
 if TYPE_CHECKING:
     from app.config import Settings
 
@@ -208,14 +210,7 @@ def byzantine_indices(s: "Settings") -> set[int]:
     return {int(i) for i in byzantine_silos(s.num_silos, s.attack.fraction, np_rng(s.seed, "byzantine"))}
 
 
-__all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_count", "byzantine_indices",
-           "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
-           "random_labels", "sign_flip"]
-
-
 # -- the attack.* run-config options, declared once (app/options.py) -----------------------------
-from app.options import choice, number, option  # noqa: E402 (after the registry the options list)
-
 
 @dataclass(frozen=True)
 class AttackSettings:
@@ -226,3 +221,8 @@ class AttackSettings:
     ipm_epsilon: float = option("attack.ipm-epsilon", number(0, None, lo_open=True), 0.5, "IPM's epsilon")
     alie_z: float = option("attack.alie-z", number(0, None), 0.0, "ALIE's z (0: Baruch et al.'s formula)")
     noise_std: float = option("attack.noise-std", number(0, None), 1.0, "the Gaussian attack's standard deviation")
+
+
+__all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "AttackSettings", "alie", "alie_z",
+           "byzantine_count", "byzantine_indices", "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
+           "random_labels", "sign_flip"]

@@ -26,14 +26,14 @@ from app.algorithms.spider import SpiderSettings
 from app.algorithms.svrg import SVRGSettings
 from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings
 from app.data.options import DataOptions
-from app.data.partition import PARTITIONS
+from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
 from app.options import ConfigError, Option, choice, declared, group, groups, inert_keys
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
-from app.privacy.policy import NOISE_SEEDS
+from app.privacy.policy import NOISE_SEEDS  # noqa: F401 (re-exported)
 from app.privacy.settings import PLANNED_PRIVACY_MODES, PRIVACY_MODES, PrivacySettings, ShuffleSettings  # noqa: F401
-from app.prox import PROX_KINDS
+from app.prox import PROX_KINDS  # noqa: F401 (re-exported)
 from app.run_config_args import RUN_CONFIG_PAIR, check_run_config_args  # noqa: F401 (re-exported)
 from app.runtime_options import DEVICES, RuntimeOptions  # noqa: F401
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SKETCH_KINDS, SketchSettings  # noqa: F401

@@ -143,8 +143,8 @@ def write_conf(root: Path = ROOT) -> list[str]:
         end = next(i for i, line in enumerate(lines) if line.startswith("# The sweep's own settings"))
         while end > 0 and not lines[end - 1].strip():
             end -= 1
-        head = next((i for i, line in enumerate(lines[:end]) if node and re.match(rf"{re.escape(node)}:\s*(#.*)?$", line)),
-                    None)
+        node_line = re.compile(rf"{re.escape(node)}:\s*(#.*)?$")
+        head = next((i for i, line in enumerate(lines[:end]) if node and node_line.match(line)), None)
         if head is None:
             new = ([f"{node}:", f"  {leaf}: {yaml_literal(opt.default)}"] if node
                    else [f"{leaf}: {yaml_literal(opt.default)}"])

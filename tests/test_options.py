@@ -14,7 +14,7 @@ from app import config_sync
 from app.algorithms import ALGORITHMS
 from app.config import GROUPS, OPTIONS, SCHEMA, ConfigError, Settings, inert_options, parse_settings
 from app.options import ConfigError as OptionsConfigError
-from app.options import declared, option
+from app.options import declared, number, option
 from app.presets import PRESET, PRESET_KEYS, preset_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,8 @@ def test_each_mismatch_is_one_line_naming_the_key_and_the_declaring_file(tmp_pat
     doc.write_text(doc.read_text().replace("| `cc.tau` | `1.0` |", "| `cc.tau` | `1` |"))
     found = config_sync.mismatches(root)
     assert len(found) == 4 and all("\n" not in line for line in found), found
-    expected = ["pyproject.toml [tool.flwr.app.config] lacks seed (declared in app/algorithms/options.py); add: seed = 0",
+    expected = ["pyproject.toml [tool.flwr.app.config] lacks seed (declared in app/algorithms/options.py); "
+                "add: seed = 0",
                 "pyproject.toml [tool.flwr.app.config]: spider.q = 7 but app/algorithms/spider.py declares 5",
                 "conf/config.yaml: sketch.ratio = 0.25 but app/sketch_settings.py declares 0.5",
                 "docs/configuration.md (Run-config keys): cc.tau = 1 but strategies/options.py declares 1.0"]
@@ -88,8 +89,6 @@ def test_a_declaration_refuses_a_mutable_default_and_a_bad_default() -> None:
     with pytest.raises(TypeError, match="mutable default"):
         option("x.y", lambda k, v: [1], 1, "doc")
     with pytest.raises(OptionsConfigError, match="x.y = -1 is out of range"):
-        from app.options import number
-
         option("x.y", number(0, 1), -1, "doc")
     assert ConfigError is OptionsConfigError
 
@@ -130,18 +129,19 @@ def test_write_adds_a_new_option_everywhere(tmp_path: Path, monkeypatch: pytest.
     from app.options import Option, number
 
     root = _copy(tmp_path)
-    new = Option("momentum.beta", number(0, 1), 0.9, "heavy-ball momentum beta", "algorithm", ("momentum",), True)
-    monkeypatch.setattr(config_sync, "OPTIONS", dict(OPTIONS) | {"momentum.beta": new})
+    new = Option("example.knob", number(0, 1), 0.9, "an example knob", "algorithm", ("example",), True)
+    monkeypatch.setattr(config_sync, "OPTIONS", dict(OPTIONS) | {"example.knob": new})
     yml = root / "conf" / "config.yaml"
     yml.write_text(yml.read_text().replace("  q: 5\n", ""))
     doc = root / "docs" / "configuration.md"
     doc.write_text("\n".join(line for line in doc.read_text().splitlines() if not line.startswith("| `spider.q`")))
     assert len(config_sync.mismatches(root)) == 5
     config_sync.write_pyproject(root)
-    assert config_sync.write_conf(root) == ["spider.q", "momentum.beta"]
-    assert config_sync.write_docs(root) == ["spider.q", "momentum.beta"]
+    assert config_sync.write_conf(root) == ["spider.q", "example.knob"]
+    assert config_sync.write_docs(root) == ["spider.q", "example.knob"]
     assert config_sync.mismatches(root) == []
     text = doc.read_text()
     assert text.index("| `spider.q` | `5` |") > text.index("| `spider.anchor-batch`")  # with its group
-    assert "| `momentum.beta` | `0.9` | heavy-ball momentum beta |" in text.split("### Compression")[0]  # its switch's table
-    assert "momentum:\n  beta: 0.9\n" in yml.read_text()
+    row = "| `example.knob` | `0.9` | an example knob |"
+    assert row in text.split("### Compression")[0]  # in its switch's (algorithm's) table
+    assert "example:\n  knob: 0.9\n" in yml.read_text()

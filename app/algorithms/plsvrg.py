@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 class PLSVRGSettings:
     #: S stages (restarts)
     restarts: int = option("plsvrg.restarts", number(1, 1_000_000, integer=True), 2,
-                           "S stages of ceil(R/S) rounds, each restarted from the last", only=("algorithm", ("plsvrg",)))
+                           "S stages of ceil(R/S) rounds, each restarted from the last",
+                           only=("algorithm", ("plsvrg",)))
 
 
 def stage_length(s: Settings) -> int:

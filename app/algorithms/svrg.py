@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 class SVRGSettings:
     #: inner steps Q per snapshot
     inner_steps: int = option("svrg.inner-steps", number(1, 1_000_000, integer=True), 5,
-                              "Q inner rounds after each full-batch snapshot round", only=("algorithm", ("svrg", "plsvrg")))
+                              "Q inner rounds after each full-batch snapshot round",
+                              only=("algorithm", ("svrg", "plsvrg")))
 
 
 class FedProxSVRG(Algorithm):

@@ -14,7 +14,6 @@ from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 PRIVACY_MODES = ("off", "isrl", "shuffle")
 PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
 _OFF = ("privacy.mode", ("off",))
-_NOT_SHUFFLE = ("privacy.mode", ("off", "isrl"))
 
 
 def _delta(key: str, value: object) -> float | None:
