@@ -29,7 +29,9 @@ from app.data.options import DataOptions
 from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
-from app.options import ConfigError, Option, choice, declared, group, groups, inert_keys
+from app.options import (
+    ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
+)
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS  # noqa: F401 (re-exported)
 from app.privacy.settings import PLANNED_PRIVACY_MODES, PRIVACY_MODES, PrivacySettings, ShuffleSettings  # noqa: F401
@@ -41,6 +43,9 @@ from strategies.options import (  # noqa: F401 (re-exported; derived from each r
     AGGREGATORS, F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS, TRUST_SHIFTS,
     RobustSettings, check_byzantine, effective_aggregator,
 )
+
+#: the parsers' old names here (an option declared the old way ports with its parser unchanged)
+_str, _num, _bool, _int_tuple, _num_or_word = choice, number, boolean, int_list, number_or_word
 
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 #: the algorithms whose server step is a prox step (not local SGD, whose message is a model delta,
