@@ -7,10 +7,11 @@ the code that owns it, made with :func:`option`::
 One declaration gives the run-config key, its parser (a bad value: :class:`ConfigError`, one line
 naming key, value and what is allowed), its default as ``pyproject.toml``, ``conf/config.yaml``
 and docs/configuration.md write it (``"preset"``: the dataset's, app/presets.py; the field then
-holds the WBCD preset's value), a one-line doc and when it does not act (``inert``: the settings
-report and sweep compare). ``app/config.py`` collects every declaration into ``SCHEMA``;
-tests/test_options.py checks pyproject, conf/ and the docs table against them. Pure Python: no
-torch, no Flower.
+holds the WBCD preset's value), a one-line doc and when it acts (``inert=(switch, values)`` or
+``only=(switch, values)``: app.report and app.sweep leave out a setting that did not act).
+``app/config.py`` collects every declaration into ``SCHEMA`` and ``OPTIONS``; tests/test_options.py
+checks pyproject, conf/ and the docs table against them (``python -m app.config_sync --write``
+fills them in). Pure Python: no torch, no Flower.
 """
 
 from __future__ import annotations
