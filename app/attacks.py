@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.options import choice, number, option
+
 if TYPE_CHECKING:
     from app.config import Settings
 
@@ -208,6 +210,19 @@ def byzantine_indices(s: "Settings") -> set[int]:
     return {int(i) for i in byzantine_silos(s.num_silos, s.attack.fraction, np_rng(s.seed, "byzantine"))}
 
 
-__all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "alie", "alie_z", "byzantine_count", "byzantine_indices",
-           "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
+# -- the attack.* run-config options, declared once (app/options.py) -----------------------------
+
+@dataclass(frozen=True)
+class AttackSettings:
+    """The experiment's Byzantine silos (a simulation's attack harness)."""
+
+    kind: str = option("attack.kind", choice(("none", *ATTACKS)), "none", "the Byzantine silos' attack")
+    fraction: float = option("attack.fraction", number(0, 0.9), 0.0, "share of Byzantine silos")
+    ipm_epsilon: float = option("attack.ipm-epsilon", number(0, None, lo_open=True), 0.5, "IPM's epsilon")
+    alie_z: float = option("attack.alie-z", number(0, None), 0.0, "ALIE's z (0: Baruch et al.'s formula)")
+    noise_std: float = option("attack.noise-std", number(0, None), 1.0, "the Gaussian attack's standard deviation")
+
+
+__all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "AttackSettings", "alie", "alie_z",
+           "byzantine_count", "byzantine_indices", "byzantine_silos", "flip_labels", "gaussian_noise", "ipm",
            "random_labels", "sign_flip"]

@@ -3,25 +3,49 @@
 The run config is flat with dotted keys, the same names in ``pyproject.toml``
 (``[tool.flwr.app.config]``), ``flwr run --run-config`` and Hydra's ``conf/``. A bad value
 raises :class:`ConfigError` with one line naming the key, the value and what is allowed.
+
+Each option is declared ONCE, next to the code that owns it, with :func:`app.options.option`
+(key, parser, default, one-line doc, when it acts); :class:`Settings` collects them (:data:`SCHEMA`,
+:data:`OPTIONS`) and tests/test_options.py checks pyproject.toml, conf/config.yaml and
+docs/configuration.md against them. Adding an option: docs/configuration.md, "Adding an option".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, get_algorithm
-from app.attacks import ATTACKS as ATTACK_REGISTRY, byzantine_count
-from app.data.partition import PARTITIONS as PARTITION_REGISTRY
+from app.algorithms.options import (  # noqa: F401 (re-exported)
+    ALGORITHM_ALIASES, MODELS, OUTPUTS, ProxSettings, TrainingOptions,
+)
+from app.algorithms.plsvrg import PLSVRGSettings
+from app.algorithms.spider import SpiderSettings
+from app.algorithms.svrg import SVRGSettings
+from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings
+from app.data.options import DataOptions
+from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
+from app.options import (
+    ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
+)
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
-from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
-from app.privacy.amplification import AMPLIFICATIONS
-from app.privacy.shuffle import MAX_HEADROOM, auto_levels
-from app.prox import PROX_KINDS as PROX_REGISTRY
+from app.privacy.policy import NOISE_SEEDS  # noqa: F401 (re-exported)
+from app.privacy.settings import PLANNED_PRIVACY_MODES, PRIVACY_MODES, PrivacySettings, ShuffleSettings  # noqa: F401
+from app.prox import PROX_KINDS  # noqa: F401 (re-exported)
+from app.run_config_args import RUN_CONFIG_PAIR, check_run_config_args  # noqa: F401 (re-exported)
+from app.runtime_options import DEVICES, SERVER_DEVICES, RuntimeOptions  # noqa: F401
+from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SKETCH_KINDS, SketchSettings  # noqa: F401
+from strategies.options import (  # noqa: F401 (re-exported; derived from each rule's declared needs)
+    AGGREGATORS, F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS, TRUST_SHIFTS,
+    RobustSettings, check_byzantine, effective_aggregator,
+)
+
+#: the parsers' old names here (an option declared the old way ports with its parser unchanged)
+_str, _num, _bool, _int_tuple, _num_or_word = choice, number, boolean, int_list, number_or_word
 
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 #: the algorithms whose server step is a prox step (not local SGD, whose message is a model delta,
@@ -29,237 +53,26 @@ ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 PROX_ALGORITHMS = tuple(name for name, algo in ALGORITHM_REGISTRY.items() if algo.prox_step)
 ATTACKS = ("none", *ATTACK_REGISTRY)
 DATASETS = SOURCES
-PARTITIONS = PARTITION_REGISTRY
 STANDARDIZE = STANDARDIZE_MODES
-PROX_KINDS = PROX_REGISTRY
-NOISE_SEEDS = POLICY_NOISE_SEEDS
-# The option lists below belong to modules that import torch (sketches, models, mechanisms) or
-# sit above this layer (the aggregation rules in strategies/): copied here so that parsing a
-# config stays light, and tests/test_config.py checks that each copy equals its registry.
-#: aggregation rules of the Byzantine-robust line (= "gradbant" + strategies.aggregation.RULES)
-AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
-               "centered-clipping")
-#: rules that score updates against the server's trust set
-TRUST_AGGREGATORS = ("gradbant", "fltrust")
-#: sketch kinds with an exact expected noise energy E||S^T S xi||^2 (app/sketch/noise.py), for gradbant.noise-aware
-NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "countsketch", "randk")
-#: rules that need num-silos > 2f + 2 (= strategies.aggregation.KRUM_RULES)
-KRUM_AGGREGATORS = ("krum", "multi-krum")
-#: rules that cannot run without f, byzantine.f or an attack's (= strategies.aggregation.F_RULES)
-F_AGGREGATORS = ("krum", "multi-krum", "trimmed-mean")
-#: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS)
-TRUST_SHIFTS = ("none", "noise", "blur")
-#: which iterate the run returns: the last one, or one drawn uniformly from w_1..w_R (the paper's w_priv).
-OUTPUTS = ("last", "random")
-#: = app.models.MODELS
-MODELS = ("logistic", "mlp", "lenet5", "resnet18")
-#: "off" + app.privacy.mechanism.MECHANISMS
-PRIVACY_MODES = ("off", "isrl", "shuffle")
-PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
 #: the algorithms with a shuffle-DP form (the paper's Algorithms 7-10, and MB-SGD for comparison):
 #: their server step needs only the mean of the silos' releases, which is all the shuffler gives
 SHUFFLE_ALGORITHMS = ("mbsgd", "proxsgd", "svrg", "plsvrg", "spider")
-#: "none" + app.sketch.SKETCH_KINDS. PowerSGD keeps per-silo state (warm start, error feedback)
-#: across the rounds the silo takes part in.
-SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "randk", "kronecker",
-                "adaptive", "powersgd")
-DEVICES = ("cpu", "cuda", "auto")
-#: the server's device: "device" (the run's ``device``) or one of DEVICES (app/server_device.py)
-SERVER_DEVICES = ("device", *DEVICES)
-
-
-class ConfigError(ValueError):
-    """A run-config value is missing, of the wrong type or out of range."""
 
 
 @dataclass(frozen=True)
-class PrivacySettings:
-    mode: str = "isrl"
-    epsilon: float = 3.0
-    #: delta in (0, 1), or None for the paper's 1/n^2 with each silo's own n.
-    delta: float | None = None
-    clip: float = 1.0
-    #: rounds each silo plans its noise for; 0 means num-rounds (every round, worst case).
-    planned_rounds: int = 0
-    #: "run": noise and batch sampling seeded from the run seed (reproducible research runs,
-    #: NOT secret from the server); "os": from the operating system's CSPRNG (deployments).
-    noise_seed: str = "run"
-    #: the budget split between release kinds: noise multiplier of full-gradient releases
-    #: (SPIDER/SVRG anchors, Fed-SPIDER's fresh gradients) relative to difference releases.
-    #: 1 = equal multipliers z (each kind's sigma proportional to its sensitivity).
-    anchor_noise_ratio: float = 1.0
+class Settings(RuntimeOptions, DataOptions, TrainingOptions):
+    """Every option: the top-level ones (app/algorithms/options.py, app/data/options.py,
+    app/runtime_options.py) and one group per owner. A new group: one line here."""
 
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "off" and not math.isinf(self.epsilon)
-
-
-@dataclass(frozen=True)
-class ShuffleSettings:
-    """Shuffle DP's binomial encoding (app/privacy/shuffle.py): g levels (0: chosen from the model
-    size d, app.privacy.shuffle_plan.auto_levels), the noise bits' probability p, and how many
-    silos' noise a silo counts on (0: silos-per-round)."""
-
-    levels: int = 0
-    p: float = 0.25
-    count_on: int = 0
-    #: each silo carries (1 + headroom) / count-on of the noise trials it needs, so that silos
-    #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
-    headroom: float = 0.1
-    #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
-    #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
-    #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
-    amplification: str = "none"
-
-    def levels_for(self, dim: int) -> int:
-        """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
-        choice (app.privacy.shuffle.auto_levels). Silos and server both take it from here."""
-        return self.levels or auto_levels(dim)
-
-
-@dataclass(frozen=True)
-class ProxSettings:
-    """The composite loss's f1 (app/prox.py): ``prox.kind``, its ``strength`` and elastic net's ``l2``."""
-
-    kind: str = "none"
-    strength: float = 0.0
-    l2: float = 0.0
-
-
-@dataclass(frozen=True)
-class SpiderSettings:
-    #: anchor every q rounds
-    q: int = 5
-    #: K1 of the anchors (0: the full batch n)
-    anchor_batch: int = 0
-
-
-@dataclass(frozen=True)
-class SVRGSettings:
-    #: inner steps Q per snapshot
-    inner_steps: int = 5
-
-
-@dataclass(frozen=True)
-class PLSVRGSettings:
-    #: S stages (restarts)
-    restarts: int = 2
-
-
-@dataclass(frozen=True)
-class SketchSettings:
-    """The silos' compressor (app/sketch/): kind, k/n, the adaptive sketch's JL epsilon, per layer
-    or whole-vector, PowerSGD's error feedback."""
-
-    kind: str = "none"
-    ratio: float = 0.5
-    epsilon: float = 0.3
-    layerwise: bool = True
-    error_feedback: bool = True
-
-
-@dataclass(frozen=True)
-class RobustSettings:
-    """The Byzantine-robust line: the aggregation rule, the server's trust set, the rules' knobs."""
-
-    aggregator: str = "auto"  # parse_settings resolves it: gradbant for algorithm robust, else mean
-    trust_size: int = 0
-    trust_classes: tuple[int, ...] = ()
-    trust_shift: str = "none"
-    gradbant_beta: float = 0.5
-    #: L of the descent-lemma penalty, or "auto": a secant estimate on the trust set each round
-    gradbant_smoothness: float | str = 1.0
-    #: subtract the expected noise energy of an honest message (DP noise; with gradient messages
-    #: also the minibatch's sampling noise) from the norm penalty (docs/byzantine.md)
-    gradbant_noise_aware: bool = False
-    #: a public (smallest, largest) number of training records of any silo, for noise-aware
-    #: Grad-BANT when the server cannot read the partition (a deployment); () = from the partition
-    gradbant_silo_records: tuple[int, ...] = ()
-    cc_tau: float = 1.0
-    #: byzantine.f: the number of Byzantine silos the rule must tolerate, as the operator states
-    #: it; -1 = not stated (a simulation's attack harness then tells the rule each round's count)
-    byzantine_f: int = -1
-
-
-@dataclass(frozen=True)
-class AttackSettings:
-    """The experiment's Byzantine silos (app/attacks.py)."""
-
-    kind: str = "none"
-    fraction: float = 0.0
-    ipm_epsilon: float = 0.5
-    alie_z: float = 0.0
-    noise_std: float = 1.0
-
-
-#: the nested groups of Settings, by attribute name
-GROUPS = {"privacy": PrivacySettings, "shuffle": ShuffleSettings, "prox": ProxSettings, "spider": SpiderSettings, "svrg": SVRGSettings,
-          "plsvrg": PLSVRGSettings, "sketch": SketchSettings, "robust": RobustSettings, "attack": AttackSettings}
-
-
-@dataclass(frozen=True)
-class Settings:
-    algorithm: str = "mbsgd"
-    dataset: str = "wbcd"
-    data_dir: str = ""
-    partition: str = "label"
-    partition_alpha: float = 0.5
-    partition_p: float = 0.0
-    standardize: str = "pooled"
-    test_fraction: float = 0.2
-    #: share of each silo's training split held out for hyper-parameter selection (0 = none)
-    validation_fraction: float = 0.0
-    #: project the features on their top principal components (0 = off; fitted on the pooled
-    #: training records: non-private pre-processing, like pooled standardisation)
-    pca: int = 0
-    num_silos: int = 2
-    silos_per_round: int = 2
-    model: str = "mlp"
-    model_hidden: tuple[int, ...] = (5,)
-    #: your own model's keyword arguments, as canonical JSON ("" = none; app/models/custom.py)
-    model_kwargs: str = ""
-    num_rounds: int = 25
-    lr: float = 0.5
-    batch_size: int = 0
-    local_steps: int = 1
-    seed: int = 0
-    eval_every: int = 1
-    diff_clip: float = 0.0
-    output: str = "last"
-    prox: ProxSettings = field(default_factory=lambda: ProxSettings())
-    spider: SpiderSettings = field(default_factory=lambda: SpiderSettings())
-    svrg: SVRGSettings = field(default_factory=lambda: SVRGSettings())
-    plsvrg: PLSVRGSettings = field(default_factory=lambda: PLSVRGSettings())
-    sketch: SketchSettings = field(default_factory=lambda: SketchSettings())
-    robust: RobustSettings = field(default_factory=lambda: RobustSettings())
-    attack: AttackSettings = field(default_factory=lambda: AttackSettings())
-    privacy: PrivacySettings = field(default_factory=PrivacySettings)
-    shuffle: ShuffleSettings = field(default_factory=ShuffleSettings)
-    outputs_dir: str = "outputs"
-    run_name: str = ""
-    fail_on_client_error: bool = True
-    #: mark a run failed when the aggregator kept the model in at least half of its rounds
-    fail_on_no_progress: bool = False
-    round_timeout: float = 600.0
-    device: str = "cpu"
-    #: where the ServerApp computes (trust-set gradients, sketch lifts): "device" = the run's device
-    server_device: str = "device"
-    #: write every message the ServerApp receives under outputs/<run>/transcript/ (audits)
-    transcript: bool = False
-    #: seconds the server waits for num-silos silo nodes (at the start, or when fewer than
-    #: min-silos are connected); then it goes on with those present (the paper's M_r <= M)
-    node_wait: float = 120.0
-    #: the fewest connected silo nodes a round may run with; below it, after node-wait, the run fails
-    min_silos: int = 1
-    #: the server's longest pause between two pulls of replies (seconds; it starts at 5 ms)
-    poll_interval: float = 0.05
-    #: write the server's whole state to outputs/<run>/checkpoint/ after every round
-    checkpoint: bool = True
-    #: continue the run named run-name from its last checkpoint (same settings, same outputs)
-    resume: bool = False
-    #: the silos' per-run ledger name ("" = the Flower run id): a resumed run sets its
-    #: original's, so a silo with a per-run budget keeps spending the same budget
-    ledger_run_key: str = ""
+    prox: ProxSettings = group(ProxSettings)
+    spider: SpiderSettings = group(SpiderSettings)
+    svrg: SVRGSettings = group(SVRGSettings)
+    plsvrg: PLSVRGSettings = group(PLSVRGSettings)
+    sketch: SketchSettings = group(SketchSettings)
+    robust: RobustSettings = group(RobustSettings)
+    attack: AttackSettings = group(AttackSettings)
+    privacy: PrivacySettings = group(PrivacySettings)
+    shuffle: ShuffleSettings = group(ShuffleSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for summary.json."""
@@ -288,207 +101,20 @@ class Settings:
         return self.privacy.planned_rounds or self.num_rounds
 
 
-# (key, attribute path, parser) -- the run-config schema.
-def _str(choices: tuple[str, ...] | None = None, planned: tuple[str, ...] = ()) -> Any:
-    def parse(key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r} must be a string")
-        if choices is not None and value not in choices:
-            if value in planned:
-                raise ConfigError(f"{key} = {value!r} is not implemented yet; allowed: {', '.join(choices)}")
-            raise ConfigError(f"{key} = {value!r} is not allowed; allowed: {', '.join(choices)}")
-        return value
-
-    return parse
+_DECLARED = declared(Settings)
+#: run-config key -> its declaration (app.options.Option), in Settings' field order
+OPTIONS: dict[str, Option] = {key: opt for key, (_, opt) in _DECLARED.items()}
+#: run-config key -> (attribute path, parser): the run-config schema
+SCHEMA: dict[str, tuple[str, Any]] = {key: (attr, opt.parse) for key, (attr, opt) in _DECLARED.items()}
+#: the nested groups of Settings, by attribute name
+GROUPS = groups(Settings)
 
 
-def _num(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-         integer: bool = False, allow_inf: bool = False) -> Any:
-    def parse(key: str, value: Any) -> float | int:
-        if isinstance(value, str) and allow_inf and value.strip().lower() in ("inf", "infinity"):
-            return math.inf
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} = {value!r} must be a number; allowed: {_range(lo, hi, lo_open, hi_open)}")
-        if integer and (isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"{key} = {value!r} must be an integer; allowed: {_range(lo, hi, lo_open, hi_open)}")
-        v = float(value)
-        bad = math.isnan(v) or (math.isinf(v) and not allow_inf)
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            bad = True
-        if hi is not None and (v > hi or (hi_open and v == hi)):
-            bad = True
-        if bad:
-            raise ConfigError(f"{key} = {value!r} is out of range; allowed: {_range(lo, hi, lo_open, hi_open)}")
-        return int(v) if integer else v
-
-    return parse
-
-
-def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
-    left = "(" if lo_open or lo is None else "["
-    right = ")" if hi_open or hi is None else "]"
-    lo_s = "-inf" if lo is None else f"{lo:g}"
-    hi_s = "inf" if hi is None else f"{hi:g}"
-    return f"{left}{lo_s}, {hi_s}{right}"
-
-
-def _num_or_word(number: Any, word: str) -> Any:
-    """A number as ``number`` parses it, or the string ``word`` (e.g. "auto")."""
-    def parse(key: str, value: Any) -> float | int | str:
-        if isinstance(value, str) and value.strip().lower() == word:
-            return word
-        try:
-            return number(key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc}, or {word!r}") from None
-
-    return parse
-
-
-def _bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ConfigError(f"{key} = {value!r} must be true or false")
-
-
-def _int_tuple(lo: int, example: str, what: str) -> Any:
-    """A comma-separated list of integers >= ``lo`` (e.g. layer widths, class indices)."""
-    def parse(key: str, value: Any) -> tuple[int, ...]:
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}, e.g. {example}")
-        try:
-            out = tuple(int(v) for v in value.split(",") if v.strip())
-        except ValueError:
-            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}") from None
-        if any(v < lo for v in out):
-            raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}")
-        return out
-
-    return parse
-
-
-_hidden = _int_tuple(1, '"64" or "128,64"', "positive integers (layer widths)")
-_int_list = _int_tuple(0, '"0,1,2" ("": all)', "class indices >= 0")
-
-
-#: old algorithm names still accepted: "gradbant" ran the robust line with any ``aggregator``
-#: (Grad-BANT is the default rule), so ``algorithm=gradbant aggregator=krum`` ran Krum
-ALGORITHM_ALIASES = {"gradbant": "robust"}
-
-
-def _algorithm(key: str, value: Any) -> str:
-    if isinstance(value, str) and value in ALGORITHM_ALIASES:
-        return ALGORITHM_ALIASES[value]
-    return _str(ALGORITHMS)(key, value)
-
-
-def _delta(key: str, value: Any) -> float | None:
-    if isinstance(value, str) and value.strip().lower() in ("auto", "1/n^2", "1/n2"):
-        return None
-    v = _num(0.0, 1.0, lo_open=True, hi_open=True)(key, value)
-    return float(v)
-
-
-def _model(key: str, value: Any) -> str:
-    """A zoo model, or your own (app/models/custom.py): an import path or an entry-point name."""
-    from app.model_spec import check_model_spec  # no torch: the spec's form only
-
-    _str()(key, value)
-    if value in MODELS:
-        return value
-    return check_model_spec(key, value, MODELS, ConfigError)
-
-
-def _model_kwargs(key: str, value: Any) -> str:
-    from app.model_spec import parse_model_kwargs
-
-    return parse_model_kwargs(key, _str()(key, value), ConfigError)
-
-
-SCHEMA: dict[str, tuple[str, Any]] = {
-    "algorithm": ("algorithm", _algorithm),
-    "dataset": ("dataset", _str(DATASETS)),
-    "data-dir": ("data_dir", _str()),
-    "partition": ("partition", _str(PARTITIONS)),
-    "dirichlet-alpha": ("partition_alpha", _num(0, None, lo_open=True)),
-    "mixing-p": ("partition_p", _num(0, 1)),
-    "standardize": ("standardize", _str(STANDARDIZE)),
-    "test-fraction": ("test_fraction", _num(0, 1, lo_open=True, hi_open=True)),
-    "validation-fraction": ("validation_fraction", _num(0, 1, hi_open=True)),
-    "pca": ("pca", _num(0, 100_000, integer=True)),
-    "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
-    "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
-    "model": ("model", _model),
-    "model-kwargs": ("model_kwargs", _model_kwargs),
-    "mlp-hidden": ("model_hidden", _hidden),
-    "num-rounds": ("num_rounds", _num(1, 1_000_000, integer=True)),
-    "lr": ("lr", _num(0, None, lo_open=True)),
-    "batch-size": ("batch_size", _num(0, None, integer=True)),
-    "local-steps": ("local_steps", _num(1, 100_000, integer=True)),
-    "seed": ("seed", _num(0, 2**62, integer=True)),
-    "eval-every": ("eval_every", _num(0, None, integer=True)),
-    "prox.kind": ("prox.kind", _str(PROX_KINDS)),
-    "prox.strength": ("prox.strength", _num(0, None)),
-    "prox.l2": ("prox.l2", _num(0, None)),
-    "spider.q": ("spider.q", _num(1, 1_000_000, integer=True)),
-    "spider.anchor-batch": ("spider.anchor_batch", _num(0, None, integer=True)),
-    "diff-clip": ("diff_clip", _num(0, None)),
-    "svrg.inner-steps": ("svrg.inner_steps", _num(1, 1_000_000, integer=True)),
-    "plsvrg.restarts": ("plsvrg.restarts", _num(1, 1_000_000, integer=True)),
-    "output": ("output", _str(OUTPUTS)),
-    "sketch.kind": ("sketch.kind", _str(SKETCH_KINDS)),
-    "sketch.error-feedback": ("sketch.error_feedback", _bool),
-    "sketch.ratio": ("sketch.ratio", _num(0, 1, lo_open=True)),
-    "sketch.epsilon": ("sketch.epsilon", _num(0, 1, lo_open=True, hi_open=True)),
-    "sketch.layerwise": ("sketch.layerwise", _bool),
-    "aggregator": ("robust.aggregator", _str(("auto", *AGGREGATORS))),
-    "trust.size": ("robust.trust_size", _num(0, 1_000_000, integer=True)),
-    "trust.classes": ("robust.trust_classes", _int_list),
-    "trust.shift": ("robust.trust_shift", _str(TRUST_SHIFTS)),
-    "gradbant.beta": ("robust.gradbant_beta", _num(0, 1, lo_open=True)),
-    "gradbant.smoothness": ("robust.gradbant_smoothness", _num_or_word(_num(0, None), "auto")),
-    "gradbant.noise-aware": ("robust.gradbant_noise_aware", _bool),
-    "gradbant.silo-records": ("robust.gradbant_silo_records",
-                              _int_tuple(1, '"500,6000" (smallest,largest; "": from the partition)',
-                                         "two positive integers")),
-    "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
-    "byzantine.f": ("robust.byzantine_f", _num(-1, 10_000, integer=True)),
-    "attack.kind": ("attack.kind", _str(ATTACKS)),
-    "attack.fraction": ("attack.fraction", _num(0, 0.9)),
-    "attack.ipm-epsilon": ("attack.ipm_epsilon", _num(0, None, lo_open=True)),
-    "attack.alie-z": ("attack.alie_z", _num(0, None)),
-    "attack.noise-std": ("attack.noise_std", _num(0, None)),
-    "privacy.mode": ("privacy.mode", _str(PRIVACY_MODES, PLANNED_PRIVACY_MODES)),
-    "privacy.epsilon": ("privacy.epsilon", _num(0, None, lo_open=True, allow_inf=True)),
-    "privacy.delta": ("privacy.delta", _delta),
-    "privacy.clip": ("privacy.clip", _num(0, None, lo_open=True)),
-    "privacy.planned-rounds": ("privacy.planned_rounds", _num(0, 1_000_000, integer=True)),
-    "privacy.noise-seed": ("privacy.noise_seed", _str(NOISE_SEEDS)),
-    "privacy.anchor-noise-ratio": ("privacy.anchor_noise_ratio", _num(0, None, lo_open=True)),
-    "shuffle.levels": ("shuffle.levels", _num(0, 4096, integer=True)),
-    "shuffle.p": ("shuffle.p", _num(0, 1, lo_open=True, hi_open=True)),
-    "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
-    "shuffle.headroom": ("shuffle.headroom", _num(0, MAX_HEADROOM)),
-    "shuffle.amplification": ("shuffle.amplification", _str(AMPLIFICATIONS)),
-    "outputs-dir": ("outputs_dir", _str()),
-    "run-name": ("run_name", _str()),
-    "fail-on-client-error": ("fail_on_client_error", _bool),
-    "fail-on-no-progress": ("fail_on_no_progress", _bool),
-    "round-timeout": ("round_timeout", _num(1, None)),
-    "device": ("device", _str(DEVICES)),
-    "server-device": ("server_device", _str(SERVER_DEVICES)),
-    "transcript": ("transcript", _bool),
-    "node-wait": ("node_wait", _num(0, None)),
-    "min-silos": ("min_silos", _num(1, 1_000_000, integer=True)),
-    "poll-interval": ("poll_interval", _num(0, 10, lo_open=True)),
-    "checkpoint": ("checkpoint", _bool),
-    "resume": ("resume", _bool),
-    "ledger-run-key": ("ledger_run_key", _str()),
-}
+def inert_options(values: Mapping[str, Any]) -> set[str]:
+    """The run-config keys that do not act under ``values`` (a flat run config or a results.csv
+    row): each option's declared switch (``privacy.*`` without privacy, ``sketch.*`` without a
+    sketch, ``spider.q`` for another algorithm...). app.sweep and app.report both use it."""
+    return inert_keys(OPTIONS, values)
 
 
 #: nodes of the Hydra config (conf/config.yaml) that are not run config
@@ -527,7 +153,7 @@ def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
     flat = dict(run_config)
     dataset = flat.get("dataset", Settings.dataset)
     if not isinstance(dataset, str) or dataset not in PRESETS:
-        _str(DATASETS)("dataset", dataset)  # the one-line error naming the allowed values
+        choice(DATASETS)("dataset", dataset)  # the one-line error naming the allowed values
         raise ConfigError(f"dataset = {dataset!r} has no preset; add one to app/presets.py")
     model, algorithm = flat.get("model", PRESET), flat.get("algorithm", Settings.algorithm)
     model = model if isinstance(model, str) and model != PRESET else None
@@ -559,12 +185,12 @@ def _is_preset(run_config: Mapping[str, Any], key: str) -> bool:
 def parse_settings(run_config: Mapping[str, Any]) -> Settings:
     """Parse and validate a flat run config. Keys of :data:`app.presets.PRESET_KEYS` that are
     absent or ``"preset"`` take the dataset's preset (:func:`resolve_presets`), other absent keys
-    the defaults above; unknown keys are an error (a typo must not silently fall back to a default)."""
+    their declared defaults; unknown keys are an error (a typo must not silently fall back to a default)."""
     unknown = sorted(set(run_config) - set(SCHEMA))
     if unknown:
         raise ConfigError(unknown_key_message(unknown[0]))
     top: dict[str, Any] = {}
-    groups: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
+    nested: dict[str, dict[str, Any]] = {name: {} for name in GROUPS}
     for key, value in resolve_presets(run_config).items():
         attr, parser = SCHEMA[key]
         try:
@@ -573,9 +199,9 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
             if key in PRESET_KEYS:
                 raise ConfigError(f'{exc}; or "{PRESET}" (the dataset\'s preset, docs/presets.md)') from None
             raise
-        group, _, field_name = attr.rpartition(".")
-        (groups[group] if group else top)[field_name] = parsed
-    settings = Settings(**top, **{name: GROUPS[name](**values) for name, values in groups.items()})
+        group_name, _, field_name = attr.rpartition(".")
+        (nested[group_name] if group_name else top)[field_name] = parsed
+    settings = Settings(**top, **{name: GROUPS[name](**values) for name, values in nested.items()})
     _check_relations(settings)
     return settings
 
@@ -609,7 +235,7 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"plsvrg.restarts = {s.plsvrg.restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
-    _check_byzantine(s)
+    check_byzantine(s)
     _check_shuffle(s)
 
 
@@ -629,81 +255,6 @@ def _check_shuffle(s: Settings) -> None:
     if s.shuffle.count_on > s.silos_per_round:
         raise ConfigError(f"shuffle.count-on = {s.shuffle.count_on} is out of range; allowed: [0, silos-per-round = "
                           f"{s.silos_per_round}] (0 means silos-per-round)")
-
-
-def effective_aggregator(s: Settings) -> str:
-    """The run's aggregation rule: ``aggregator``, where ``auto`` (the default) is Grad-BANT for
-    algorithm robust and the mean for every other algorithm (strategies/aggregators.py)."""
-    if s.robust.aggregator == "auto":
-        return "gradbant" if s.algorithm == "robust" else "mean"
-    return s.robust.aggregator
-
-
-def _check_byzantine(s: Settings) -> None:
-    """The Byzantine-robust line's settings that depend on each other."""
-    agg = effective_aggregator(s)
-    _check_byzantine_f(s)
-    if s.algorithm != "robust":
-        from strategies.aggregators import refuse_combination
-
-        refuse_combination(s)  # ConfigError (one line) for a rule this algorithm cannot aggregate with
-        if agg == "mean" and s.attack.kind == "none":
-            return
-    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1:
-        raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {agg!r}; allowed: "
-                          "[1, number of records) (the server's trust set, e.g. 500)")
-    byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0
-    stated = s.robust.byzantine_f >= 0  # then _check_byzantine_f checks the rule against the stated f
-    if not stated and agg not in ("gradbant", "mean", "fltrust") and byz >= s.num_silos / 2:
-        raise ConfigError(
-            f"aggregator = {agg!r} needs an honest majority, but attack.fraction = {s.attack.fraction:g} "
-            f"makes {byz} of the {s.num_silos} silos Byzantine (f < N/2 = {s.num_silos / 2:g} required); "
-            "use gradbant, fltrust or mean, or a smaller fraction")
-    if not stated and agg in KRUM_AGGREGATORS and s.num_silos <= 2 * byz + 2:  # = min_clients
-        raise ConfigError(
-            f"aggregator = {agg!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
-            f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
-            "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
-    if s.robust.gradbant_noise_aware:
-        if agg != "gradbant":
-            raise ConfigError(f"gradbant.noise-aware = true needs aggregator = 'gradbant', got {agg!r}")
-        if s.privacy.enabled and s.privacy.mode != "isrl":
-            raise ConfigError(f"gradbant.noise-aware = true needs privacy.mode = 'isrl' or 'off', got {s.privacy.mode!r}")
-        if s.sketch.kind not in NOISE_AWARE_SKETCH_KINDS:
-            raise ConfigError(f"gradbant.noise-aware = true has an exact noise energy for sketch.kind in "
-                              f"{', '.join(NOISE_AWARE_SKETCH_KINDS)}; got {s.sketch.kind!r}")
-    bounds = s.robust.gradbant_silo_records
-    if bounds and (len(bounds) != 2 or bounds[0] > bounds[1]):
-        raise ConfigError(f"gradbant.silo-records = {','.join(map(str, bounds))!r} must be two numbers "
-                          "\"smallest,largest\" with smallest <= largest, or \"\" (from the partition)")
-    if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
-        raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
-                          f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")
-
-
-def _check_byzantine_f(s: Settings) -> None:
-    """byzantine.f: stated for a rule that needs it (F_AGGREGATORS) unless an attack is configured
-    (a simulation: its harness tells the rule each round's count), and within the rule's limit for
-    the silos-per-round replies it aggregates: n > 2f + 2 for Krum and Multi-Krum, n > 2f for the
-    other honest-majority rules; f > 0 with no rule that tolerates Byzantine silos is refused."""
-    f, rule, n = s.robust.byzantine_f, effective_aggregator(s), s.silos_per_round
-    robust = s.algorithm == "robust" or rule != "mean"
-    # the largest f the rule accepts from n replies (= strategies.aggregation.min_clients)
-    most = (n - 3) // 2 if rule in KRUM_AGGREGATORS else (n - 1) // 2
-    allowed = f"[0, {most}]" if most >= 0 else f"none (silos-per-round = {n}; {rule} needs at least 3)"
-    if f < 0:
-        if robust and rule in F_AGGREGATORS and s.attack.kind == "none":
-            raise ConfigError(f"aggregator = {rule!r} needs byzantine.f, the number of Byzantine silos it must tolerate "
-                              f"(not set; allowed: {allowed}, e.g. byzantine.f = 1)")
-        return
-    if f > 0 and (not robust or rule == "mean"):
-        what = "aggregator = 'mean'" if robust else f"algorithm = {s.algorithm!r}"
-        raise ConfigError(f"byzantine.f = {f} needs a Byzantine-robust rule, but {what} tolerates none; allowed: 0 "
-                          "(or algorithm = 'robust' with a robust aggregator)")
-    if robust and rule not in ("gradbant", "mean", "fltrust") and f > most:
-        why = "n > 2f + 2, Blanchard et al. 2017" if rule in KRUM_AGGREGATORS else "an honest majority, n > 2f"
-        raise ConfigError(f"byzantine.f = {f} is out of range for aggregator {rule!r}; allowed: {allowed} "
-                          f"({why}, of the silos-per-round = {n} replies)")
 
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
@@ -728,69 +279,6 @@ def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
                 f"batch-size = {s.batch_size} is out of range; allowed: [0, {smallest}] "
                 f"(the smallest silo has n = {smallest} training records; 0 means K = n)"
             )
-
-
-# -- the operator's --run-config text, checked before Flower's parser sees it ---------------------
-#: one ``key=value`` of Flower's ``--run-config`` (flwr.common.config.parse_config_args, flwr 1.42):
-#: a key, ``=``, and a '...' or "..." quoted value or one without spaces. Flower keeps what this
-#: finds and silently drops everything else in the string ("num-rounds=", "num-rounds = 3").
-RUN_CONFIG_PAIR = r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)"
-
-
-def check_run_config_args(args: list[str]) -> None:
-    """ConfigError (one line naming the fragment) unless every ``--run-config`` string is made of
-    ``key=value`` pairs that Flower's parser keeps, separated by spaces, each value a TOML value
-    (a string in double quotes, a number, true/false). A lone ``.toml`` path is Flower's file form
-    and is left to it."""
-    import re
-    import tomllib
-
-    pair = re.compile(RUN_CONFIG_PAIR)
-    if len(args) == 1 and args[0].endswith(".toml"):
-        return
-    for text in args:
-        pos = 0
-        while True:
-            while pos < len(text) and text[pos].isspace():
-                pos += 1
-            if pos >= len(text):
-                break
-            m = pair.match(text, pos)
-            end = m.end() if m else pos
-            if m is None or (end < len(text) and not text[end].isspace()):
-                fragment = text[pos:].split()[0] if m is None else text[pos:].split(None, 1)[0]
-                raise ConfigError(f"--run-config: cannot parse {fragment!r} (in {text!r}); write key=value pairs "
-                                  f"without spaces around '=', separated by spaces, e.g. 'num-rounds=3 "
-                                  f"dataset=\"digits\"'{_fragment_hint(fragment)}")
-            key, value = m.group(1), m.group(2)
-            try:
-                tomllib.loads(f"v = {value}")
-            except tomllib.TOMLDecodeError:
-                raise ConfigError(f"--run-config: {key}={value} is not a value Flower can read; "
-                                  f"{_value_hint(key, value)}") from None
-            pos = end
-
-
-def _fragment_hint(fragment: str) -> str:
-    if fragment.count('"') % 2 or fragment.count("'") % 2:
-        return " (a quote is not closed)"
-    if fragment.endswith("="):
-        return f" ({fragment[:-1]} has no value)"
-    if "=" not in fragment:
-        return " (no '=' in it)"
-    return ""
-
-
-def _value_hint(key: str, value: str) -> str:
-    if value.lower() in ("true", "false"):
-        return f"write {key}={value.lower()} (TOML booleans are lower case)"
-    if value[:1] in "\"'" and value[-1:] != value[:1] or len(value) == 1 and value in "\"'":
-        return "a quote is not closed"
-    if value[:1].isdigit() or value[:1] in "+-.":
-        return "not a number TOML reads (e.g. 3, 0.5, 1e-3, inf)"
-    shown = value.strip("\"'")
-    return (f"a string needs double quotes: {key}=\"{shown}\" (in a shell, quote the whole option: "
-            f"--run-config '{key}=\"{shown}\"')")
 
 
 def unknown_key_message(key: str) -> str:

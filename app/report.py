@@ -98,10 +98,6 @@ PERCENT_METRICS = frozenset({"test_error", "test_accuracy", "best_test_error", "
 #: settings drawn on a log axis when every value is positive
 LOG_KEYS = frozenset({"privacy.epsilon", "sketch.ratio", "lr", "num-silos", "privacy.clip", "privacy.delta"})
 #: settings that mean nothing unless another one has a value: (switch, values that turn them off, keys)
-IRRELEVANT = (("sketch.kind", ("none", ""),
-               ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")),
-              ("privacy.mode", ("off",), ("privacy.delta", "privacy.clip", "privacy.planned-rounds",
-                                          "privacy.noise-seed", "privacy.anchor-noise-ratio")))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
@@ -138,16 +134,16 @@ def effective_settings(df: Any) -> Any:
     """The settings as they acted: ε = inf where privacy is off, and no value for the settings
     that their switch turns off (sketch.ratio without a sketch, δ without privacy, ...), so that
     they neither make an axis nor split a cell."""
+    from app.config import OPTIONS
+
     df = df.copy()
+    for key, opt in OPTIONS.items():  # each option's declared switch (app.config.inert_options)
+        if opt.switch is None or key not in df or opt.switch not in df:
+            continue
+        switch = df[opt.switch].where(df[opt.switch] != "", str(OPTIONS[opt.switch].default)).astype(str)
+        df.loc[switch.isin(opt.values) != opt.acts_in, key] = ""
     if "privacy.mode" in df and "privacy.epsilon" in df:
         df.loc[df["privacy.mode"] == "off", "privacy.epsilon"] = "inf"
-    for switch, off_values, keys in IRRELEVANT:
-        if switch not in df:
-            continue
-        off = df[switch].isin(off_values)
-        for k in keys:
-            if k in df:
-                df.loc[off, k] = ""
     return df
 
 

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
+from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
 from app.engine_patches import (  # noqa: F401  (re-exported: the patches were this module's)
     FAST_POLL_ENV, FAST_POLL_S, LEAN_RAY_ENV, PATCHED_FLWR, PROMPT_WAIT_S, RAY_ADDRESS_ENV, fast_poll,
     fast_poll_setting, keep_engine_warm, lean_ray_start, prompt_engine_stop)
@@ -52,7 +52,7 @@ from app.presets import PRESET_KEYS
 from app.run_health import FINISHED, UNHEALTHY
 from app.sweep_progress import Progress, sweep_size
 from app.sweep_results import (  # noqa: F401  (re-exported)
-    INERT_UNLESS, RESULT_FIELDS, ResultsFile, acting_settings, job_key, same_federation)
+    RESULT_FIELDS, ResultsFile, acting_settings, job_key, same_federation)
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS_DIR = Path("outputs") / "sweeps"
@@ -126,9 +126,9 @@ def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
         return dict(flat)
 
 
-#: run-config keys that mean nothing without a sketch: setting one with sketch.kind none would
-#: run the same federation under another name (issue 27)
-SKETCH_ONLY_KEYS = ("sketch.ratio", "sketch.epsilon", "sketch.layerwise", "sketch.error-feedback")
+#: run-config keys that mean nothing without a sketch (declared ``inert=("sketch.kind", ...)``):
+#: setting one with sketch.kind none would run the same federation under another name (issue 27)
+SKETCH_ONLY_KEYS = tuple(k for k, opt in OPTIONS.items() if opt.switch == "sketch.kind")
 
 
 def override_keys(overrides: list[str]) -> list[str]:
@@ -213,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
+    from app.hydra_options import register
+
     argv = sys.argv[1:] if argv is None else argv
+    register()  # algorithm=<name>, +aggregator=<rule> for the registered ones conf/ has no file for
 
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import SCHEMA
+from app.config import SCHEMA, inert_options
 from app.filelock import exclusive_lock
 from app.run_health import FINISHED
 
@@ -63,20 +63,15 @@ def _cell(v: Any) -> Any:
     return v
 
 
-#: settings that do not act unless their switch has another value: (switch, its "off" value, keys)
-INERT_UNLESS = (("privacy.mode", "off", "privacy."), ("sketch.kind", "none", "sketch."))
-
-
 def acting_settings(flat: Mapping[str, Any]) -> dict[str, str]:
-    """The settings as results.csv holds them (strings), less those that do not act: the other
-    ``privacy.*`` keys when privacy.mode is off, ``sketch.*`` without a sketch (not ``attack.*``
-    without an attack: attack.fraction is also Krum's f). Two jobs with the same acting settings
-    run the same federation."""
+    """The settings as results.csv holds them (strings), less those that do not act, as each
+    option declares it (app.config.inert_options: the other ``privacy.*`` keys when privacy.mode
+    is off, ``sketch.*`` without a sketch, an algorithm's own knobs under another algorithm; not
+    ``attack.*`` without an attack: attack.fraction is also Krum's f). Two jobs with the same
+    acting settings run the same federation."""
     out = {k: str(_cell(flat[k])) for k in SCHEMA if k in flat}
-    for switch, off, prefix in INERT_UNLESS:
-        if out.get(switch) == off:
-            out = {k: v for k, v in out.items() if k == switch or not k.startswith(prefix)}
-    return out
+    inert = inert_options(out)
+    return {k: v for k, v in out.items() if k not in inert}
 
 
 def same_federation(results: ResultsFile, flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, str] | None:

@@ -300,21 +300,33 @@ def centered_clipping(updates: np.ndarray, center: np.ndarray, tau: float, iters
 
 @dataclass(frozen=True)
 class Rule:
-    """A registered aggregation rule: its function, whether it needs f < n/2, and its extra inputs
-    (``"f"``, ``"trust_update"``, ``"center"``, ``"tau"``) besides ``updates``."""
+    """A registered aggregation rule: its function, whether it needs f < n/2, its extra inputs
+    (``"f"``, ``"trust_update"``, ``"center"``, ``"tau"``) besides ``updates``, and what the config
+    derives from them: ``needs_f`` (its result depends on f, so it cannot run without f stated),
+    ``krum_bound`` (n > 2f + 2, Blanchard et al. 2017, not only n > 2f)."""
 
     fn: Callable[..., Aggregate]
     honest_majority: bool
     inputs: tuple[str, ...]
     summary: str
+    needs_f: bool = False
+    krum_bound: bool = False
+
+    @property
+    def trust(self) -> bool:
+        """Whether it scores updates against the server's trust set (``trust.size`` >= 1)."""
+        return "trust_update" in self.inputs
 
 
 RULES: dict[str, Rule] = {
     "mean": Rule(mean, False, (), "FedAvg: uniform mean"),
     "fltrust": Rule(fltrust, False, ("trust_update",), "FLTrust: ReLU-cosine trust vs a server root update"),
-    "krum": Rule(krum, True, ("f",), "Krum: the update closest to its n-f-2 neighbours"),
-    "multi-krum": Rule(multi_krum, True, ("f",), "Multi-Krum: mean of the n-f lowest Krum scores"),
-    "trimmed-mean": Rule(trimmed_mean, True, ("f",), "coordinate-wise mean without the f largest/smallest"),
+    "krum": Rule(krum, True, ("f",), "Krum: the update closest to its n-f-2 neighbours", needs_f=True,
+                 krum_bound=True),
+    "multi-krum": Rule(multi_krum, True, ("f",), "Multi-Krum: mean of the n-f lowest Krum scores", needs_f=True,
+                       krum_bound=True),
+    "trimmed-mean": Rule(trimmed_mean, True, ("f",), "coordinate-wise mean without the f largest/smallest",
+                         needs_f=True),
     "median": Rule(coordinate_median, True, ("f",), "coordinate-wise median"),
     "geometric-median": Rule(geometric_median, True, ("f",), "geometric median (smoothed Weiszfeld, RFA)"),
     "centered-clipping": Rule(centered_clipping, True, ("center", "tau", "f"),
@@ -323,11 +335,11 @@ RULES: dict[str, Rule] = {
 
 
 #: rules whose guarantee needs n > 2f + 2 (Blanchard et al. 2017), not only n > 2f
-KRUM_RULES = ("krum", "multi-krum")
+KRUM_RULES = tuple(name for name, rule in RULES.items() if rule.krum_bound)
 
 #: rules whose result depends on f, so they cannot run without it being stated (with f = 0 the
 #: trimmed mean and Multi-Krum are the plain mean); the other honest-majority rules only check it
-F_RULES = ("krum", "multi-krum", "trimmed-mean")
+F_RULES = tuple(name for name, rule in RULES.items() if rule.needs_f)
 
 
 def min_clients(name: str, f: int) -> int:

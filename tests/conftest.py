@@ -23,6 +23,13 @@ import pytest
 from tests.helpers import FlowerStarted, missing_data, run
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Hydra's options for the registered algorithms and rules without a file in conf/ (as app.sweep)."""
+    from app.hydra_options import register
+
+    register()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the tests whose optional data is absent (those of SILOFL_REQUIRE_DATA run, and fail)."""
     import os

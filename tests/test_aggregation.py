@@ -277,9 +277,31 @@ def test_honest_majority_messages():
     coordinate_median(u10, f=4)
 
 
+def _call(name: str, u: np.ndarray, f: int):
+    """Rule ``name`` on ``u`` with the inputs it declares (a neutral trust update and centre)."""
+    extra = {"f": f, "trust_update": u.mean(axis=0) + 1.0, "center": np.zeros(u.shape[1]), "tau": 1.0}
+    return RULES[name].fn(u, **{k: extra[k] for k in RULES[name].inputs})
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_every_rule_keeps_its_declared_needs(name: str):
+    """What a rule declares (honest majority, the Krum bound, needing f) is what it does: every
+    registered rule, so a new rule is covered without listing it here."""
+    rule, rng = RULES[name], np.random.default_rng(0)
+    assert not rule.needs_f or "f" in rule.inputs, name
+    assert not rule.krum_bound or rule.honest_majority, name
+    expected = 2 * 4 + 3 if rule.krum_bound else 2 * 4 + 1 if rule.honest_majority else 1
+    assert min_clients(name, 4) == expected, name
+    out = _call(name, rng.normal(size=(max(expected, 2), 3)), 4)  # the fewest clients it accepts f = 4 of
+    assert out.vector.shape == (3,) and np.all(np.isfinite(out.vector)), name
+    if expected > 1 and "f" in rule.inputs:
+        with pytest.raises(ValueError):  # one client fewer: refused (HonestMajorityRequired or the Krum bound)
+            _call(name, rng.normal(size=(expected - 1, 3)), 4)
+
+
 def test_registry_and_min_clients():
-    assert set(RULES) == {"mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
-                          "centered-clipping"}
+    assert {"mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
+            "centered-clipping"} <= set(RULES)
     assert min_clients("mean", 4) == 1 and min_clients("fltrust", 4) == 1
     for name in ("trimmed-mean", "median", "geometric-median", "centered-clipping"):
         assert min_clients(name, 4) == 9, name  # f < n/2

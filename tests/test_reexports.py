@@ -18,7 +18,7 @@ MOVED = {
     },
     "app.sweep": {
         "app.federation": ["engine_env", "simulation_apps", "engine_backend_config", "run_federation"],
-        "app.sweep_results": ["RESULT_FIELDS", "job_key", "ResultsFile", "INERT_UNLESS", "acting_settings",
+        "app.sweep_results": ["RESULT_FIELDS", "job_key", "ResultsFile", "acting_settings",
                               "same_federation"],
         "app.sweep_progress": ["Progress", "sweep_size"],
     },

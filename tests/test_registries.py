@@ -54,16 +54,49 @@ def test_every_registered_option_is_accepted_and_nothing_else(key: str) -> None:
 
 
 def test_copied_option_lists_equal_their_registries() -> None:
+    # the rule lists are derived from each rule's declared needs (strategies/options.py)
     assert config.AGGREGATORS == ("gradbant", *RULES)
-    assert config.KRUM_AGGREGATORS == KRUM_RULES
+    assert config.KRUM_AGGREGATORS == KRUM_RULES == ("krum", "multi-krum")  # n > 2f + 2, Blanchard et al. 2017
     assert config.F_AGGREGATORS == F_RULES and all("f" in RULES[r].inputs for r in F_RULES)
+    assert {"krum", "multi-krum", "trimmed-mean"} <= set(F_RULES) and "mean" not in F_RULES
+    assert config.TRUST_AGGREGATORS == ("gradbant", "fltrust")
     assert config.MODELS == MODELS and config.SKETCH_KINDS == ("none", *SKETCH_KINDS)
     assert config.PRIVACY_MODES == ("off", *MECHANISMS) and config.TRUST_SHIFTS == TRUST_SHIFTS
 
 
-def test_every_algorithm_has_a_server_step_and_a_conf_file() -> None:
+def test_every_algorithm_has_a_server_step_and_a_hydra_option() -> None:
+    """A file in conf/algorithm/ is optional (app/hydra_options.py stores the others); none names
+    an algorithm that is not registered."""
+    from hydra import compose, initialize_config_dir
+
     assert set(STRATEGIES) == set(ALGORITHMS)
     for name, cls in STRATEGIES.items():
         assert name in cls.algorithms
-        assert (CONF / "algorithm" / f"{name}.yaml").exists(), name
-    assert {p.stem for p in (CONF / "algorithm").glob("*.yaml")} == set(ALGORITHMS)
+    assert {p.stem for p in (CONF / "algorithm").glob("*.yaml")} <= set(ALGORITHMS)
+    assert {p.stem for p in (CONF / "aggregator").glob("*.yaml")} <= set(config.AGGREGATORS)
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        for name in ALGORITHMS:
+            assert compose("config", overrides=[f"algorithm={name}"])["algorithm"] == name
+        for rule in config.AGGREGATORS:
+            cfg = compose("config", overrides=[f"+aggregator={rule}"])
+            assert (cfg["algorithm"], cfg["aggregator"]) == ("robust", rule)
+
+
+def test_hydra_options_come_from_the_registries_where_conf_has_no_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import copy
+    import shutil
+
+    from hydra.core.config_store import ConfigStore
+
+    from app.hydra_options import register
+
+    store = ConfigStore.instance()
+    monkeypatch.setattr(store, "repo", copy.deepcopy(store.repo))  # this test's entries go with it
+
+    shutil.copytree(CONF, tmp_path / "conf")
+    (tmp_path / "conf" / "algorithm" / "spider.yaml").unlink()
+    (tmp_path / "conf" / "aggregator" / "krum.yaml").unlink()
+    stored = register(tmp_path / "conf")
+    assert {"algorithm/spider", "aggregator/krum"} <= set(stored)
+    assert not {"algorithm/mbsgd", "algorithm/localsgd", "aggregator/mean"} & set(stored)  # their files win

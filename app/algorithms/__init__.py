@@ -4,8 +4,10 @@ Flower, no torch). The registry is built from the modules of this package, each 
 
 Adding an algorithm ``foo``: ``app/algorithms/foo.py`` with ``ALGORITHM = Foo()`` (its phases,
 ``round_phases`` and, if its releases differ from a plain minibatch gradient, ``release``), its
-server step as a ``FederatedOptimizer`` subclass with ``algorithm = "foo"`` in ``strategies/foo.py``,
-and ``conf/algorithm/foo.yaml``. Nothing else lists algorithms.
+server step as a ``FederatedOptimizer`` subclass with ``algorithms = ("foo",)`` in ``strategies/foo.py``
+(its options, if any: a dataclass of ``app.options.option`` fields in foo.py and one ``group`` line in
+``app.config.Settings``, then ``python -m app.config_sync --write``). Hydra's ``algorithm=foo`` needs
+no file (app/hydra_options.py); ``conf/algorithm/foo.yaml`` only to set more. Nothing else lists algorithms.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from app.algorithms.base import (
 def _discover() -> dict[str, Algorithm]:
     found: dict[str, Algorithm] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name == "base":
+        if info.name in ("base", "options"):  # options.py: the training options (app/config.py)
             continue
         algorithm = getattr(importlib.import_module(f"{__name__}.{info.name}"), "ALGORITHM", None)
         if isinstance(algorithm, Algorithm):

@@ -5,12 +5,22 @@ stage starts with an ``anchor``."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.algorithms.svrg import FedProxSVRG
+from app.options import number, option
 
 if TYPE_CHECKING:
     from app.config import Settings
+
+
+@dataclass(frozen=True)
+class PLSVRGSettings:
+    #: S stages (restarts)
+    restarts: int = option("plsvrg.restarts", number(1, 1_000_000, integer=True), 2,
+                           "S stages of ceil(R/S) rounds, each restarted from the last",
+                           only=("algorithm", ("plsvrg",)))
 
 
 def stage_length(s: Settings) -> int:

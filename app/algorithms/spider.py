@@ -4,13 +4,26 @@ otherwise."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.options import number, option
 from app.privacy.sensitivity import difference_sensitivity, mean_sensitivity
 
 if TYPE_CHECKING:
     from app.config import Settings
+
+
+@dataclass(frozen=True)
+class SpiderSettings:
+    """``spider.*`` (app/options.py): an anchor every q rounds, of K1 records."""
+
+    q: int = option("spider.q", number(1, 1_000_000, integer=True), 5, "an anchor round every q rounds",
+                    only=("algorithm", ("spider",)))
+    #: K1 of the anchors (0: the full batch n)
+    anchor_batch: int = option("spider.anchor-batch", number(0, None, integer=True), 0,
+                               "K1, the anchor's records (0: K1 = n)", only=("algorithm", ("spider",)))
 
 
 def difference_release(s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:

@@ -4,13 +4,23 @@ others are inner-step ``diff`` releases against the snapshot."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
 from app.algorithms.spider import anchor_release, difference_release
+from app.options import number, option
 
 if TYPE_CHECKING:
     from app.config import Settings
+
+
+@dataclass(frozen=True)
+class SVRGSettings:
+    #: inner steps Q per snapshot
+    inner_steps: int = option("svrg.inner-steps", number(1, 1_000_000, integer=True), 5,
+                              "Q inner rounds after each full-batch snapshot round",
+                              only=("algorithm", ("svrg", "plsvrg")))
 
 
 class FedProxSVRG(Algorithm):

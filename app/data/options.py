@@ -1,0 +1,34 @@
+"""The data options (dataset, partition, pre-processing, silos), declared once (app/options.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.data.partition import PARTITIONS
+from app.data.preprocess import STANDARDIZE_MODES
+from app.data.sources import SOURCES
+from app.options import choice, number, option
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """The top-level data options of app.config.Settings."""
+
+    dataset: str = option("dataset", choice(SOURCES), "wbcd", "the data source")
+    data_dir: str = option("data-dir", choice(), "", "where the data files are (\"\": the source's default)")
+    partition: str = option("partition", choice(PARTITIONS), "preset", "how the records are split among silos")
+    partition_alpha: float = option("dirichlet-alpha", number(0, None, lo_open=True), 0.5,
+                                    "Dirichlet concentration of partition dirichlet")
+    partition_p: float = option("mixing-p", number(0, 1), 0.0, "partition mixing: the share drawn from all data")
+    standardize: str = option("standardize", choice(STANDARDIZE_MODES), "pooled", "feature standardisation")
+    test_fraction: float = option("test-fraction", number(0, 1, lo_open=True, hi_open=True), 0.2,
+                                  "each silo's held-out share")
+    #: share of each silo's training split held out for hyper-parameter selection (0 = none)
+    validation_fraction: float = option("validation-fraction", number(0, 1, hi_open=True), 0.0,
+                                        "share of each silo's training split held out for validation")
+    #: project the features on their top principal components (0 = off; fitted on the pooled
+    #: training records: non-private pre-processing, like pooled standardisation)
+    pca: int = option("pca", number(0, 100_000, integer=True), "preset", "top-d principal components (0: off)")
+    num_silos: int = option("num-silos", number(1, 10_000, integer=True), "preset", "N, the number of silos")
+    silos_per_round: int = option("silos-per-round", number(1, 10_000, integer=True), "preset",
+                                  "M <= N silos sampled each round")

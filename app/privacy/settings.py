@@ -1,0 +1,80 @@
+"""The privacy options (``privacy.*``, ``shuffle.*``), declared once (app/options.py). No torch."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.options import choice, number, option
+from app.privacy.amplification import AMPLIFICATIONS
+from app.privacy.policy import NOISE_SEEDS
+from app.privacy.shuffle import MAX_HEADROOM, auto_levels
+
+#: "off" + app.privacy.mechanism.MECHANISMS (a copy: that module imports torch; tests/test_registries.py)
+PRIVACY_MODES = ("off", "isrl", "shuffle")
+PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
+_OFF = ("privacy.mode", ("off",))
+
+
+def _delta(key: str, value: object) -> float | None:
+    if isinstance(value, str) and value.strip().lower() in ("auto", "1/n^2", "1/n2"):
+        return None
+    return float(number(0.0, 1.0, lo_open=True, hi_open=True)(key, value))
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    mode: str = option("privacy.mode", choice(PRIVACY_MODES, PLANNED_PRIVACY_MODES), "isrl",
+                       "isrl (Gaussian noise on each silo), shuffle (shuffle DP) or off")
+    epsilon: float = option("privacy.epsilon", number(0, None, lo_open=True, allow_inf=True), 3.0,
+                            "each silo's epsilon budget (inf: non-private)", inert=_OFF)
+    #: delta in (0, 1), or None for the paper's 1/n^2 with each silo's own n.
+    delta: float | None = option("privacy.delta", _delta, "auto", "each silo's delta; auto: 1/n^2", inert=_OFF)
+    clip: float = option("privacy.clip", number(0, None, lo_open=True), "preset", "per-record clip norm L",
+                         inert=_OFF)
+    #: rounds each silo plans its noise for; 0 means num-rounds (every round, worst case).
+    planned_rounds: int = option("privacy.planned-rounds", number(0, 1_000_000, integer=True), 0,
+                                 "rounds the silos calibrate for (0: num-rounds)", inert=_OFF)
+    #: "run": noise and batch sampling seeded from the run seed (reproducible research runs,
+    #: NOT secret from the server); "os": from the operating system's CSPRNG (deployments).
+    noise_seed: str = option("privacy.noise-seed", choice(NOISE_SEEDS), "run",
+                             "run: noise from the run seed (research); os: from the OS CSPRNG", inert=_OFF)
+    #: the budget split between release kinds: noise multiplier of full-gradient releases
+    #: (SPIDER/SVRG anchors, Fed-SPIDER's fresh gradients) relative to difference releases.
+    #: 1 = equal multipliers z (each kind's sigma proportional to its sensitivity).
+    anchor_noise_ratio: float = option("privacy.anchor-noise-ratio", number(0, None, lo_open=True), 1.0,
+                                       "noise multiplier of full-gradient releases relative to differences",
+                                       inert=_OFF)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" and not math.isinf(self.epsilon)
+
+
+@dataclass(frozen=True)
+class ShuffleSettings:
+    """Shuffle DP's binomial encoding (app/privacy/shuffle.py): g levels (0: chosen from the model
+    size d, app.privacy.shuffle_plan.auto_levels), the noise bits' probability p, and how many
+    silos' noise a silo counts on (0: silos-per-round)."""
+
+    levels: int = option("shuffle.levels", number(0, 4096, integer=True), 0,
+                         "shuffle DP: g, the levels each coordinate is rounded to (0: from d)")
+    p: float = option("shuffle.p", number(0, 1, lo_open=True, hi_open=True), 0.25,
+                      "shuffle DP: the probability of each binomial noise bit")
+    count_on: int = option("shuffle.count-on", number(0, 10_000, integer=True), 0,
+                           "shuffle DP: how many silos' noise each silo counts on (0: silos-per-round)")
+    #: each silo carries (1 + headroom) / count-on of the noise trials it needs, so that silos
+    #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
+    headroom: float = option("shuffle.headroom", number(0, MAX_HEADROOM), 0.1,
+                             "shuffle DP: each silo carries (1 + headroom)/count-on of the noise it needs")
+    #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
+    #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
+    #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
+    amplification: str = option("shuffle.amplification", choice(AMPLIFICATIONS), "none",
+                                "shuffle DP: sampling claims record-level amplification; none does not")
+
+    def levels_for(self, dim: int) -> int:
+        """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
+        choice (app.privacy.shuffle.auto_levels). Silos and server both take it from here."""
+        return self.levels or auto_levels(dim)
+
