@@ -210,6 +210,14 @@ class Settings:
     #: project the features on their top principal components (0 = off; fitted on the pooled
     #: training records: non-private pre-processing, like pooled standardisation)
     pca: int = 0
+    #: the schema every silo's own records must match (app/data/schema.py): a JSON/YAML path or
+    #: inline JSON; "" = the built-in ``dataset``'s records
+    data_schema: str = ""
+    #: a simulation's stand-in for the silos' own files: one file split by ``partition``
+    data_simulation_file: str = ""
+    #: the server's own trust set (Grad-BANT / FLTrust) and test set, read by the ServerApp
+    server_trust_file: str = ""
+    server_test_file: str = ""
     num_silos: int = 2
     silos_per_round: int = 2
     model: str = "mlp"
@@ -398,6 +406,10 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "test-fraction": ("test_fraction", _num(0, 1, lo_open=True, hi_open=True)),
     "validation-fraction": ("validation_fraction", _num(0, 1, hi_open=True)),
     "pca": ("pca", _num(0, 100_000, integer=True)),
+    "data.schema": ("data_schema", _str()),
+    "data.simulation-file": ("data_simulation_file", _str()),
+    "server.trust-file": ("server_trust_file", _str()),
+    "server.test-file": ("server_test_file", _str()),
     "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
     "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
     "model": ("model", _str(MODELS)),
@@ -537,6 +549,10 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
     absent or ``"preset"`` take the dataset's preset (:func:`resolve_presets`), other absent keys
     the defaults above; unknown keys are an error (a typo must not silently fall back to a default)."""
     unknown = sorted(set(run_config) - set(SCHEMA))
+    node_only = [k for k in unknown if k in NODE_ONLY_KEYS]
+    if node_only:
+        raise ConfigError(f"{node_only[0]} is a silo's node-config key (its own records, set with flower-supernode "
+                          "--node-config); a run config cannot set or override it (docs/your-data.md)")
     if unknown:
         raise ConfigError(unknown_key_message(unknown[0]))
     top: dict[str, Any] = {}
@@ -584,6 +600,23 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
     _check_byzantine(s)
     _check_shuffle(s)
+    _check_own_data(s)
+
+
+#: node-config keys naming a silo's own records: the run config may not set them
+NODE_ONLY_KEYS = ("data-file", "data-format")
+
+
+def _check_own_data(s: Settings) -> None:
+    """Own records (docs/your-data.md): files need the schema they are checked against, and
+    the server's own files cannot share the pooled PCA fitted on the silos' records."""
+    named = [k for k, v in (("data.simulation-file", s.data_simulation_file), ("server.trust-file", s.server_trust_file),
+                            ("server.test-file", s.server_test_file)) if v]
+    if named and not s.data_schema:
+        raise ConfigError(f"{named[0]} needs data.schema: the schema its records are checked against")
+    if s.pca and (s.server_trust_file or s.server_test_file):
+        raise ConfigError(f"pca = {s.pca} is not allowed with the server's own files (server.trust-file, "
+                          "server.test-file): the projection is fitted on the silos' pooled records; allowed: 0")
 
 
 def _check_shuffle(s: Settings) -> None:
@@ -622,7 +655,7 @@ def _check_byzantine(s: Settings) -> None:
         refuse_combination(s)  # ConfigError (one line) for a rule this algorithm cannot aggregate with
         if agg == "mean" and s.attack.kind == "none":
             return
-    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1:
+    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1 and not s.server_trust_file:
         raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {agg!r}; allowed: "
                           "[1, number of records) (the server's trust set, e.g. 500)")
     byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0
