@@ -83,7 +83,7 @@ class DataSchema:
 
 
 def _strings(key: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
         raise SchemaError(f"data.schema: {key} must be a list of names, got {value!r}")
     out = tuple(str(v) for v in value)
     dupes = sorted({v for v in out if out.count(v) > 1})
@@ -157,13 +157,25 @@ def schema_path(value: str) -> Path:
     return APP_ROOT / path
 
 
-@functools.lru_cache(maxsize=8)
 def load_schema(value: str) -> DataSchema:
     """The run config's ``data.schema``: inline JSON (it starts with ``{``) or a .json / .yaml
-    file; SchemaError (one line) when it cannot be read or is malformed."""
+    file; SchemaError (one line) when it cannot be read or is malformed. Cached by the text, and
+    for a file by its modification time and size (an edited file is read again)."""
     text = value.strip()
     if not text:
         raise SchemaError("data.schema is empty")
+    stamp: tuple[int, int] | None = None
+    if not text.startswith("{"):
+        try:
+            st = schema_path(text).stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+    return _load_schema(text, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_schema(text: str, _stamp: tuple[int, int] | None) -> DataSchema:
     if text.startswith("{"):
         try:
             return parse_schema(json.loads(text))
