@@ -34,7 +34,7 @@ from app.data.federated import dataset_meta, silo_splits
 from app.models import build_model
 from app.results import RunRecorder, run_name
 from app.run_health import NO_PROGRESS, diagnose
-from app.server_test import load_server_test, server_test_metrics
+from app.server_eval import load_server_test, server_test_metrics
 from app.seeding import torch_gen
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
