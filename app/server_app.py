@@ -84,7 +84,8 @@ def validate(run_config: dict[str, Any]) -> Settings:
     try:
         _, splits, _, _ = silo_splits(s)
     except (OSError, DataUnavailableError) as exc:
-        log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves", s.dataset, exc)
+        log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves",
+            "the silos' own records" if s.data_schema else s.dataset, exc)
         return s
     except SchemaError as exc:  # data.simulation-file does not match the schema
         raise ConfigError(str(exc)) from None

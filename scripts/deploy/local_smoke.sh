@@ -6,8 +6,11 @@
 # noise-seed='os', epsilon-cap=3.0), then the embedded default through the launcher
 # (python -m app.launch --superlink smoke) and the two ledgers.
 #
-#   bash scripts/deploy/local_smoke.sh [ROUNDS] [--insecure] [--own-data]
+#   bash scripts/deploy/local_smoke.sh [ROUNDS] [--insecure] [--own-data] [--executor]
 #
+# --executor: each SuperNode runs its ClientApp tasks in one long-lived silofl executor
+# (supernode.sh --executor) instead of a flwr-clientapp process per message; on a loaded machine a
+# fresh process may not start within Flower's 60 s task-token lifetime.
 # --own-data (make deploy-smoke-own-data; docs/your-data.md): three SuperNodes, each reading its own
 # CSV (node config data-file; written here from scikit-learn's WBCD by own_data_files.py, split
 # three ways), the run checks them against data.schema, and the server reads its own trust file
@@ -21,11 +24,12 @@ set -euo pipefail
 # shellcheck source=_common.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
-ROUNDS="" INSECURE=0 OWN=0
+ROUNDS="" INSECURE=0 OWN=0 SN_MODE=()
 for a in "$@"; do
   case "$a" in
     --insecure) INSECURE=1 ;;
     --own-data) OWN=1 ;;
+    --executor) SN_MODE=(--executor) ;;
     -h|--help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) [[ "$a" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer, not $a"; ROUNDS=$a ;;
   esac
@@ -100,7 +104,7 @@ fi
 for ((i = 0; i < NODES; i++)); do
   [[ $INSECURE == 1 ]] || SN_TLS=(--root-cert "$WORK/certs/ca.crt" --auth-key "$WORK/keys/silo$i.key")
   FLWR_HOME="$WORK/state$i/flwr-home" "$DEPLOY_DIR/supernode.sh" --superlink "127.0.0.1:$SL_PORT" "${SN_TLS[@]}" \
-    --state-dir "$WORK/state$i" --runtime-port "${PORTS[$((i + 1))]}" \
+    --state-dir "$WORK/state$i" "${SN_MODE[@]}" --runtime-port "${PORTS[$((i + 1))]}" \
     --node-config "partition-id=$i num-partitions=$NODES noise-seed='os' epsilon-cap=3.0${NODE_EXTRA[i]:-}" \
     >"$WORK/supernode$i.log" 2>&1 &
   PIDS+=($!)
