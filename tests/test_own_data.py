@@ -184,3 +184,27 @@ def test_three_silos_with_their_own_files_and_the_servers_own_trust_and_test_fil
         assert 0 < silos[i]["eps_spent"] <= 3.0 + 1e-9
     assert summary["server_test_records"] == 100
     assert summary["server_test_accuracy"] >= 0.85
+
+
+def test_the_servers_trust_file_gives_a_stratified_trust_size_and_a_bad_test_file_stops_the_run(tmp_path: Path) -> None:
+    """trust.size of the server's own file is drawn stratified by label (largest remainders:
+    212 malignant / 357 benign of 569 -> 4 + 6 of 10); a test file that does not match the
+    schema is a one-line ConfigError before round 1, as is a malformed schema at the launcher."""
+    from app.data.federated import build_trust_set
+    from app.launch import preflight
+    from app.server_eval import load_server_test
+
+    df, names, _, _ = wbcd_frame()
+    df.to_csv(tmp_path / "trust.csv", index=False)
+    cfg = {"data.schema": write_schema(tmp_path, names), "server.trust-file": str(tmp_path / "trust.csv"),
+           "algorithm": "robust", "trust.size": 10}
+    trust = build_trust_set(parse_settings(cfg))
+    assert np.bincount(trust.y.numpy()).tolist() == [4, 6]
+    assert len(build_trust_set(parse_settings(cfg | {"trust.size": 0})).y) == 569  # 0: all of it
+    df.drop(columns=["diagnosis"]).to_csv(tmp_path / "test.csv", index=False)
+    with pytest.raises(ConfigError) as info:
+        load_server_test(parse_settings(cfg | {"server.test-file": str(tmp_path / "test.csv")}))
+    assert str(info.value) == (f"server.test-file: data-file {tmp_path / 'test.csv'}: the label column 'diagnosis' "
+                               "of the schema is missing")
+    with pytest.raises(ConfigError, match="data.schema: classes .* is required"):
+        preflight({"data.schema": '{"features": ["a"]}'})
