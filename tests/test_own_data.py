@@ -150,6 +150,8 @@ def test_a_deployed_node_without_its_own_file_refuses(tmp_path: Path) -> None:
     df.iloc[:100].to_csv(tmp_path / "mine.csv", index=False)
     data, classes, shape = silo_records(s, {"data-file": str(tmp_path / "mine.csv")}, 0, deployed=True)
     assert (data.n, len(data.test_y), classes, shape) == (80, 20, 2, (30,))  # n is the silo's own: 100 * 0.8
+    with pytest.raises(SchemaError, match="needs the run's data.schema"):  # never the benchmark instead
+        silo_records(parse_settings({}), {"data-file": str(tmp_path / "mine.csv")}, 0, deployed=False)
     with pytest.raises(SchemaError, match="standardize = 'pooled' needs every silo's records"):
         silo_records(parse_settings({"data.schema": s.data_schema}), {"data-file": str(tmp_path / "mine.csv")}, 0, True)
 
