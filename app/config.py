@@ -25,7 +25,7 @@ from app.algorithms.plsvrg import PLSVRGSettings
 from app.algorithms.spider import SpiderSettings
 from app.algorithms.svrg import SVRGSettings
 from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings
-from app.data.options import DataOptions
+from app.data.options import NODE_ONLY_KEYS, DataOptions, check_own_data
 from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
@@ -187,6 +187,10 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
     absent or ``"preset"`` take the dataset's preset (:func:`resolve_presets`), other absent keys
     their declared defaults; unknown keys are an error (a typo must not silently fall back to a default)."""
     unknown = sorted(set(run_config) - set(SCHEMA))
+    node_only = [k for k in unknown if k in NODE_ONLY_KEYS]
+    if node_only:
+        raise ConfigError(f"{node_only[0]} is a silo's node-config key (its own records, set with flower-supernode "
+                          "--node-config); a run config cannot set or override it (docs/your-data.md)")
     if unknown:
         raise ConfigError(unknown_key_message(unknown[0]))
     top: dict[str, Any] = {}
@@ -237,6 +241,7 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
     check_byzantine(s)
     _check_shuffle(s)
+    check_own_data(s, ConfigError)
 
 
 def _check_shuffle(s: Settings) -> None:

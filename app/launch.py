@@ -114,7 +114,19 @@ def preflight(cfg: dict[str, Any]) -> Any:
     from app.data.federated import silo_splits
 
     settings = parse_settings(cfg)
-    _, splits, _, _ = silo_splits(settings)
+    if settings.data_schema:  # own records (docs/your-data.md): the schema, and a simulation's file, here
+        from app.config import ConfigError
+        from app.data.schema import SchemaError, load_schema
+
+        try:
+            load_schema(settings.data_schema)
+            if not settings.data_simulation_file:
+                return settings  # the records are the silos' own files: each silo checks K <= n itself
+            _, splits, _, _ = silo_splits(settings)
+        except SchemaError as exc:
+            raise ConfigError(str(exc)) from None
+    else:
+        _, splits, _, _ = silo_splits(settings)
     check_silo_sizes(settings, [len(train) for train, _ in splits])
     from app.config import MODELS
 

@@ -24,15 +24,19 @@ class InProcessGrid:
     """Implements what FederatedOptimizer uses of flwr.serverapp.Grid."""
 
     def __init__(self, run_config: dict[str, Any], num_nodes: int, state_dir: str, run_id: int = 1,
-                 hook: ReplyHook | None = None, node_config: dict[str, Any] | None = None,
+                 hook: ReplyHook | None = None,
+                 node_config: dict[str, Any] | Callable[[int], dict[str, Any]] | None = None,
                  client: ClientApp | None = None) -> None:
-        """``client``: the ClientApp every node runs (None: silofl's, app/client_app.py)."""
+        """``client``: the ClientApp every node runs (None: silofl's, app/client_app.py).
+        ``node_config``: added to every node's config, or a function of the node's index giving
+        its own (e.g. each silo's own data-file)."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.node_ids = [1000 + i for i in range(num_nodes)]
+        extra = node_config if callable(node_config) else (lambda i: node_config or {})
         self.contexts = {
             nid: Context(run_id=run_id, node_id=nid,
                          node_config={"partition-id": i, "num-partitions": num_nodes, "state-dir": state_dir}
-                         | (node_config or {}),
+                         | extra(i),
                          state=RecordDict(), run_config=dict(run_config))
             for i, nid in enumerate(self.node_ids)
         }
@@ -70,7 +74,8 @@ def simulation_nodes(run_config: dict[str, Any]) -> int:
 
 
 def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = None, hook: ReplyHook | None = None,
-              node_config: dict[str, Any] | None = None, client: ClientApp | None = None) -> InProcessGrid:
+              node_config: dict[str, Any] | Callable[[int], dict[str, Any]] | None = None,
+              client: ClientApp | None = None) -> InProcessGrid:
     """Run the ServerApp's main on an in-process grid with ``run_config`` (merged over the
     defaults by the caller); outputs go where the run config says. ``client``: the ClientApp
     the nodes run (None: silofl's; a user's own, e.g. with clients/private_silo.py)."""

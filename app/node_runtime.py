@@ -11,7 +11,8 @@ One implementation for both ways a node runs (DESIGN.md section 2, composition r
 Node config (the node operator's, never the run's): ``partition-id`` (this silo's index),
 ``num-partitions`` (must equal num-silos), ``state-dir`` (where the privacy ledger lives;
 default ``$FLWR_HOME/silofl-state``), ``ledger-mark-dir`` (the ledger's high-water marks, best on
-another volume; default ``<state-dir>/ledger-marks``), ``data-dir`` (overrides the run's data-dir), ``role``, the
+another volume; default ``<state-dir>/ledger-marks``), ``data-dir`` (overrides the run's data-dir), ``data-file`` /
+``data-format`` (the silo's own records, docs/your-data.md), ``role``, the
 shuffle-DP pins ``shuffler-public-key`` / ``silo-keys``, and the silo's own privacy policy
 (app/privacy/policy.py: a node that sets a cap, or a deployed node, gets OS randomness, no
 evaluation replies and no runs without privacy unless its operator says otherwise; a node with
@@ -40,7 +41,9 @@ from flwr.app import Context, MessageType, RecordDict
 from app import wire
 from app.admission import Rejection, check_shuffle_request
 from app.config import Settings, parse_settings
-from app.data.federated import build_federated_data
+from app.data.federated import SiloData, build_federated_data
+from app.data.schema import SchemaError
+from app.data.sources import DataUnavailableError
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
 from app.privacy.ledger import LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
@@ -151,11 +154,14 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         # after run: keep only the silos of this run, or the old runs' data would pile up in memory
         for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
             del _SILOS[old]
-        fed = build_federated_data(s)
-        data = fed.silos[index]
+        try:
+            data, num_classes, feature_shape = silo_records(s, node, index, deployed)
+        except (SchemaError, DataUnavailableError) as exc:  # before any ledger: nothing is spent, one line says why
+            _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_CONFIG)
+            return _SILOS[key]
+        n = data.n
         if s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
-            data = poison_labels(data, s, fed.num_classes)
-        n = fed.silos[index].n
+            data = poison_labels(data, s, num_classes)
         ledger_budget = None
         if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
             # (epsilon-cap, delta-cap), or delta = 1/n^2 without a delta cap: never what one run asks
@@ -177,7 +183,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         if violation is None and s.privacy.mode == "shuffle":
             violation = shuffle_trust_violation(policy, s.shuffle.count_on or s.silos_per_round)
         try:
-            _SILOS[key] = Silo(s, data, fed.num_classes, fed.feature_shape, where, ledger_key,
+            _SILOS[key] = Silo(s, data, num_classes, feature_shape, where, ledger_key,
                                policy_violation=violation, ledger_budget=ledger_budget,
                                evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio,
                                run_id=context.run_id, shuffler_pin=pin,
@@ -185,6 +191,26 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, str(exc))
     return _SILOS[key]
+
+
+def silo_records(s: Settings, node: Mapping[str, Any], index: int,
+                 deployed: bool) -> tuple[SiloData, int, tuple[int, ...]]:
+    """(this silo's records, number of classes, feature shape): from its own ``data-file`` (node
+    config; ``data-format`` when the name does not tell), checked against the run's data.schema,
+    or its part of the run's data set. A deployed silo of an own-data run (data.schema) reads
+    only its own file, never one the run config names. SchemaError / DataUnavailableError: one line."""
+    own_file = str(node.get("data-file", "") or "")
+    if own_file:
+        from app.data.own_data import own_silo_data, run_schema
+
+        schema = run_schema(s)
+        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index)
+        return data, schema.num_classes, schema.feature_shape
+    if s.data_schema and deployed:
+        raise SchemaError("this run trains on the silos' own records (data.schema) and this node config names no "
+                          "data-file; set data-file=<path of this silo's records> (docs/your-data.md)")
+    fed = build_federated_data(s)
+    return fed.silos[index], fed.num_classes, fed.feature_shape
 
 
 # -- one function per message type: (content, context, deployed) -> reply content ----------------

@@ -36,6 +36,7 @@ from app.results import RunRecorder, run_name
 from app.run_health import NO_PROGRESS, diagnose
 from app.seeding import torch_gen
 from app.server_device import server_device
+from app.server_eval import load_server_test, server_test_metrics
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
 from strategies.loop import ClientAppsFailed, TooFewSilos
@@ -67,13 +68,28 @@ def validate(run_config: dict[str, Any]) -> Settings:
     the data (a deployment whose data lives only on the silos skips that part: each silo
     refuses what does not fit its own data, with the reason)."""
     s = parse_settings(run_config)
+    from app.data.schema import SchemaError, load_schema
     from app.data.sources import DataUnavailableError
+
+    if s.data_schema:  # the silos' own records: the schema they must match is the server's metadata
+        try:
+            load_schema(s.data_schema)
+            if s.server_trust_file:  # the server's own trust file matches it too
+                from app.data.own_data import server_records
+
+                server_records(s, s.server_trust_file)
+        except SchemaError as exc:
+            raise ConfigError(f"server.trust-file: {exc}" if s.server_trust_file and "data-file" in str(exc)
+                              else str(exc)) from None
 
     try:
         _, splits, _, _ = silo_splits(s)
     except (OSError, DataUnavailableError) as exc:
-        log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves", s.dataset, exc)
+        log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves",
+            "the silos' own records" if s.data_schema else s.dataset, exc)
         return s
+    except SchemaError as exc:  # data.simulation-file does not match the schema
+        raise ConfigError(str(exc)) from None
     check_silo_sizes(s, [len(train) for train, _ in splits])
     return s
 
@@ -175,6 +191,7 @@ def main(grid: Grid, context: Context) -> None:
         model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden,
                             generator=torch_gen(s.seed, "init"), kwargs=s.model_kwargs)
         server_device(s)  # "cuda" without CUDA: one line, before round 1
+        server_test = load_server_test(s)  # the server's own test file, checked before round 1
     except ConfigError as exc:
         log(ERROR, "config error: %s", exc)
         raise
@@ -242,6 +259,7 @@ def main(grid: Grid, context: Context) -> None:
     if health.blame is not None and not (stopped or nothing_trained(strategy.rows)):
         log(WARNING, "run %s %s: %s", name, health.label.upper(), health.reason)
         log(WARNING, "run %s: most likely %s", name, health.blame.suggestion)
+    own_test = server_test_metrics(model, None if result is None else result.model, server_test)
     summary = {
         "status": "failed" if failed else health.status,
         "status_reason": "; ".join(reasons) if reasons else (None if health.blame is None else health.message()),
@@ -272,12 +290,16 @@ def main(grid: Grid, context: Context) -> None:
         "dropped": {k: sum(r[k] for r in strategy.rows) for k in ("refused", "malformed", "failed", "missing")},
         "config": s.to_dict() | {"run_config": dict(context.run_config)},
         "silos": silos,
+        **own_test,  # server.test-file: the output model on the server's own test records
     }
     recorder.summary(summary)
     te = summary["test_error"]
     print(f"[silofl] done in {summary['wall_s']:.1f}s: test error {'-' if te is None else f'{te:.2%}'}, "
           f"max eps spent {summary['eps_max_spent']}, dropped replies {summary['dropped']}; "
           f"summary -> {recorder.summary_path}", flush=True)
+    if own_test:
+        print(f"[silofl] server test set ({own_test['server_test_records']} records of {s.server_test_file}): "
+              f"accuracy {own_test['server_test_accuracy']:.2%}", flush=True)
     if failed:
         print(f"[silofl] run FAILED: {summary['status_reason']}", flush=True)
         if strategy.client_errors and s.fail_on_client_error:

@@ -552,12 +552,13 @@ class RefusingSilo:
     """A silo whose ledger cannot be used (unreadable, or written for another budget): without a
     trustworthy record of what it has spent it releases nothing and says why, to every request."""
 
-    def __init__(self, index: int, reason: str) -> None:
+    def __init__(self, index: int, reason: str, code: str = wire.REFUSED_LEDGER) -> None:
         self.index = index
         self.reason = reason
+        self.code = code  # REFUSED_CONFIG: its records do not fit the run (it holds no ledger either)
 
     def train(self, content: RecordDict) -> RecordDict:
-        return wire.Refusal(wire.REFUSED_LEDGER, self.reason, math.nan).encode()
+        return wire.Refusal(self.code, self.reason, math.nan).encode()
 
     evaluate = train
 

@@ -85,7 +85,7 @@ def check_byzantine(s: Settings) -> None:
         refuse_combination(s)  # ConfigError (one line) for a rule this algorithm cannot aggregate with
         if agg == "mean" and s.attack.kind == "none":
             return
-    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1:
+    if agg in TRUST_AGGREGATORS and s.robust.trust_size < 1 and not s.server_trust_file:
         raise ConfigError(f"trust.size = {s.robust.trust_size} is out of range for aggregator {agg!r}; allowed: "
                           "[1, number of records) (the server's trust set, e.g. 500)")
     byz = byzantine_count(s.num_silos, s.attack.fraction) if s.attack.kind != "none" else 0

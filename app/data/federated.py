@@ -57,8 +57,10 @@ class FederatedData:
 
 def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
+    trust_size = 0 if s.server_trust_file else s.robust.trust_size  # the server's own file: nothing carved out
+    own = (s.data_schema, s.data_simulation_file) if s.data_schema else None
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
-            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, s.robust.trust_size)
+            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, trust_size, own)
 
 
 def build_federated_data(s: Settings) -> FederatedData:
@@ -76,8 +78,11 @@ def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]
 
 @functools.lru_cache(maxsize=4)
 def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int, list[np.ndarray]]:
-    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca, trust_size = key
-    source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
+    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca, trust_size, own = key
+    if own is not None:  # a simulation of own files: the researcher's one file, split like a built-in source
+        source = _own_source(own)
+    else:
+        source = load_source(dataset, data_dir or None, rng=np_rng(seed, "synthetic-data"))
     labels = source.y
     num_classes = source.num_classes
     # the server's trust set comes out first, so it is disjoint from every silo
@@ -97,6 +102,19 @@ def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np
         splits[i] = (tr, te)
         vals.append(va)
     return source, splits, labels, num_classes, vals, trust
+
+
+def _own_source(own: tuple[str, str]) -> object:
+    """``data.simulation-file`` read against ``data.schema``; without a file the records live
+    only on the silos (a deployment): DataUnavailableError, as for a data set not on this disk."""
+    from app.data.own_data import simulation_source
+    from app.data.sources import DataUnavailableError
+
+    schema, path = own
+    if not path:
+        raise DataUnavailableError("data.schema is set and data.simulation-file is not: the records are the silos' "
+                                   "own files (node config data-file), not readable here")
+    return simulation_source(schema, path)
 
 
 @functools.lru_cache(maxsize=4)
@@ -139,15 +157,29 @@ class TrustSet:
 
 def build_trust_set(s: Settings) -> TrustSet:
     """``trust.size`` records drawn stratified by label before the silos' partition (so no silo
-    holds them), restricted to ``trust.classes`` if given, with the ``trust.shift`` applied."""
-    import torch
+    holds them), restricted to ``trust.classes`` if given, with the ``trust.shift`` applied; or
+    the server's own ``server.trust-file`` (all of it, or a stratified ``trust.size`` of it)."""
+    if s.server_trust_file:  # the server's own file, checked against the run's schema
+        from app.data.own_data import server_records
 
+        tx, ty = server_records(s, s.server_trust_file)
+        if s.robust.trust_size and s.robust.trust_size < len(ty):
+            keep = stratified_sample(ty, s.robust.trust_size, np_rng(s.seed, "trust-set"))
+            tx, ty = tx[keep], ty[keep]
+        return _trust_set(s, tx, ty)
     _, _, labels, _, _, trust = _splits(data_key(s))
     if not len(trust):
         raise ValueError("trust.size = 0: this run has no trust set")
     x, scalers = _features(data_key(s))
     scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity)
     tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
+    return _trust_set(s, tx, ty)
+
+
+def _trust_set(s: Settings, tx: np.ndarray, ty: np.ndarray) -> TrustSet:
+    """The trust set restricted to ``trust.classes`` and with ``trust.shift`` applied."""
+    import torch
+
     if s.robust.trust_classes:
         keep = np.isin(ty, s.robust.trust_classes)
         if not keep.any():
@@ -194,7 +226,13 @@ SOURCE_META: dict[str, tuple[tuple[int, ...], int]] = {
 
 def dataset_meta(s: Settings) -> tuple[tuple[int, ...], int]:
     """(feature shape, number of classes) of the task the settings describe."""
-    shape, classes = SOURCE_META[s.dataset]
+    if s.data_schema:  # own records: the schema is the public metadata
+        from app.data.schema import load_schema
+
+        schema = load_schema(s.data_schema)
+        shape, classes = schema.feature_shape, schema.num_classes
+    else:
+        shape, classes = SOURCE_META[s.dataset]
     if s.pca:
         shape = (s.pca,)
     if s.partition == "even-odd-pairs":

@@ -29,6 +29,31 @@ class DataOptions:
     #: project the features on their top principal components (0 = off; fitted on the pooled
     #: training records: non-private pre-processing, like pooled standardisation)
     pca: int = option("pca", number(0, 100_000, integer=True), "preset", "top-d principal components (0: off)")
+    #: the schema every silo's own records must match (app/data/schema.py): a JSON/YAML path or
+    #: inline JSON; "" = the built-in ``dataset``'s records
+    data_schema: str = option("data.schema", choice(), "", "the schema of the silos' own records (docs/your-data.md)")
+    #: a simulation's stand-in for the silos' own files: one file split by ``partition``
+    data_simulation_file: str = option("data.simulation-file", choice(), "",
+                                       "a simulation's own file, split among the virtual silos")
+    #: the server's own trust set (Grad-BANT / FLTrust) and test set, read by the ServerApp
+    server_trust_file: str = option("server.trust-file", choice(), "", "the server's own trust-set file")
+    server_test_file: str = option("server.test-file", choice(), "", "the server's own test-set file")
     num_silos: int = option("num-silos", number(1, 10_000, integer=True), "preset", "N, the number of silos")
     silos_per_round: int = option("silos-per-round", number(1, 10_000, integer=True), "preset",
                                   "M <= N silos sampled each round")
+
+
+#: node-config keys naming a silo's own records: the run config may not set them
+NODE_ONLY_KEYS = ("data-file", "data-format")
+
+
+def check_own_data(s: DataOptions, error: type[Exception]) -> None:
+    """Own records (docs/your-data.md): files need the schema they are checked against, and
+    the server's own files cannot share the pooled PCA fitted on the silos' records."""
+    named = [k for k, v in (("data.simulation-file", s.data_simulation_file), ("server.trust-file", s.server_trust_file),
+                            ("server.test-file", s.server_test_file)) if v]
+    if named and not s.data_schema:
+        raise error(f"{named[0]} needs data.schema: the schema its records are checked against")
+    if s.pca and (s.server_trust_file or s.server_test_file):
+        raise error(f"pca = {s.pca} is not allowed with the server's own files (server.trust-file, "
+                    "server.test-file): the projection is fitted on the silos' pooled records; allowed: 0")
