@@ -111,3 +111,37 @@ def test_private_spider_gradbant_weights_honest_differences(federation) -> None:
         if r["round"] % 2 == 0:  # a difference round: its allowance is the difference's noise
             assert r["gradbant_noise_energy"] > 10 * rows[0]["gradbant_noise_energy"]
     assert np.mean(byz) / 2 < 0.5 * (1 - np.mean(byz)) / 8
+
+
+@pytest.mark.parametrize("kind", ["none", "gaussian", "srht"])
+def test_expected_score_of_a_sketched_noisy_difference(kind: str) -> None:
+    """Synthetic per-record differences (unequal, correlated coordinates), a batch of K drawn without
+    replacement, N(0, sigma^2 I) noise, a fresh sketch each trial: the mean of <g0, u> -
+    (L gamma / 2)(||u||^2 - c) with c = sigma^2 E||S^T S||_F^2 + Cochran's lifted sampling term matches
+    <g0, rbar> - (L gamma / 2) kappa . rbar^2 within 5 standard errors, and leaving out either term of c
+    misses it by more than 5."""
+    from app.sketch.base import make_sketch
+    from app.sketch.noise import lift_noise_factor, lift_noise_weights
+
+    layout = [(25,), (5, 3)]
+    d, n, k, sigma, trials, L, gamma = 40, 60, 8, 0.3, 2500, 1.0, 0.5
+    rng = np.random.default_rng(7)
+    mix = rng.normal(size=(d, d)) * rng.uniform(0.05, 0.6, size=d)
+    rows = rng.normal(size=(n, d)) @ mix.T + rng.normal(0, 0.3, size=d)  # the silo's n per-record differences
+    rbar = rows.mean(axis=0)
+    g0 = rbar + rng.normal(0, 0.05, size=d)  # the trust set's own difference: close, not equal
+    sketches = [None if kind == "none" else make_sketch(kind, layout, seed=3, round=r, ratio=0.5)
+                for r in range(1, trials + 1)]
+    kappa = lift_noise_weights(sketches[0], d)
+    c_dp, c_samp = sigma**2 * lift_noise_factor(sketches[0], d), minibatch_noise_energy(rows, k, n, kappa)
+    lin = []
+    for sk in sketches:
+        v = rows[rng.choice(n, size=k, replace=False)].mean(axis=0) + rng.normal(0, sigma, size=d)
+        u = v if sk is None else sk.decompress(sk.compress(torch.as_tensor(v))).numpy()
+        lin.append((u @ g0, u @ u))
+    align, energy = np.array(lin).T
+    expected = expected_honest_score(g0, rbar, L, gamma, kappa)
+    for c, ok in ((c_dp + c_samp, True), (c_dp, False), (c_samp, False)):
+        scores = align - 0.5 * L * gamma * (energy - c)
+        mean, se = scores.mean(), scores.std(ddof=1) / np.sqrt(trials)
+        assert (abs(mean - expected) < 5 * se) == ok, (c, mean, expected, se)
