@@ -106,7 +106,8 @@ class RobustAggregator:
     """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages: the
     aggregation component (strategies/aggregators.py) of any optimiser. ``phase``: the phase of
     the run's messages when it is one for the whole run (algorithm robust: grad, or local with
-    Q > 1), for noise-aware Grad-BANT's sampling noise."""
+    Q > 1); otherwise each exchange's own phase sets noise-aware Grad-BANT's reference and
+    allowance (strategies/phase_noise.py)."""
 
     state_attrs = tuple(RobustState.__annotations__)
 
