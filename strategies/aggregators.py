@@ -125,6 +125,3 @@ def refuse_combination(s: Settings) -> None:
     if rule != "mean" and s.privacy.mode == "shuffle":
         raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
                           "server only their sum; allowed: mean")
-    if s.robust.gradbant_noise_aware and s.algorithm != "robust":
-        raise ConfigError(f"gradbant.noise-aware = true needs algorithm = 'robust' (its noise energy is that of "
-                          f"robust's gradient messages), got algorithm = {s.algorithm!r}")

@@ -53,6 +53,10 @@ from app.seeding import np_rng
 from app.server_device import server_device
 from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
 from strategies.exchange import Exchange
+from strategies.phase_noise import (  # noqa: F401 (re-exported: the noise-aware allowance's pieces)
+    ROW_PHASES, block_shaped_sketch, difference_rows, honest_noise_energy, honest_noise_variance,
+    minibatch_noise_energy, noise_aware_scores, phase_batch, silo_record_bounds,
+)
 from strategies.replies import NodeRoster, Params, Updates, flatten
 
 
@@ -65,10 +69,7 @@ def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.nd
     Returns (direction sum_i a_i u_i, or None when every score is 0; the new p; the active
     weights a [m]; the scores theta [m])."""
     u = np.asarray(updates, dtype=np.float64)
-    energy = (u * u).sum(axis=1)
-    if noise_energy > 0:
-        energy = np.maximum(energy - noise_energy, 0.0)
-    theta = np.maximum(0.0, u @ np.asarray(g0, dtype=np.float64) - 0.5 * smoothness * gamma * energy)
+    theta = np.maximum(0.0, noise_aware_scores(g0, u, smoothness, gamma, noise_energy))
     n = len(p)
     if theta.sum() <= 0:
         return None, (1 - beta) * p + beta / n, np.zeros(len(u)), theta
@@ -78,39 +79,6 @@ def gradbant_step(g0: np.ndarray, updates: np.ndarray, p: np.ndarray, idx: np.nd
     active = p_new[idx] * (theta > 0)
     a = active / active.sum()
     return a @ u, p_new, a, theta
-
-
-def silo_record_bounds(s: Settings) -> tuple[int, int]:
-    """(smallest, largest) number of training records of any silo: ``gradbant.silo-records``
-    when set (a deployment: a public bound the operators state), else the run's partition
-    (``silo_splits``). Raises ConfigError when neither is available."""
-    if s.robust.gradbant_silo_records:
-        lo, hi = s.robust.gradbant_silo_records
-        return lo, hi
-    from app.config import ConfigError
-    from app.data.federated import silo_splits
-    from app.data.sources import DataUnavailableError
-
-    try:
-        sizes = [len(train) for train, _ in silo_splits(s)[1]]
-    except (OSError, DataUnavailableError) as exc:
-        raise ConfigError(f"gradbant.noise-aware = true needs the silos' record counts, but the server cannot read "
-                          f"{s.dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None
-    return min(sizes), max(sizes)
-
-
-def minibatch_noise_energy(rows: np.ndarray, batch: int, n: int, kappa: np.ndarray) -> float:
-    """E||S^T S (mean_B - mean)||^2 for a batch B of K = ``batch`` of a silo's n records drawn
-    without replacement (clients/silo.py), whose per-record gradients have per-coordinate
-    variance s_j^2, estimated by the sample variance of ``rows`` [T, d] (the trust set's
-    per-record gradients, clipped as the silos clip): Var(mean_B)_j = (1 - K/n) s_j^2 / K
-    (Cochran, sampling without replacement), lifted with kappa (app/sketch/noise.py):
-
-        c_sampling = (1 - K/n) / K * sum_j kappa_j s_j^2.   K >= n (full batch): 0."""
-    if batch >= n or len(rows) < 2:
-        return 0.0
-    var = np.var(np.asarray(rows, dtype=np.float64), axis=0, ddof=1)
-    return float((1.0 - batch / n) / batch * (kappa @ var))
 
 
 def secant_smoothness(grad_at: Any, w: dict[str, np.ndarray], g0: np.ndarray, gamma: float,
@@ -128,49 +96,6 @@ def secant_smoothness(grad_at: Any, w: dict[str, np.ndarray], g0: np.ndarray, ga
     return est if np.isfinite(est) else float(np.finfo(np.float64).max)
 
 
-def honest_noise_variance(s: Settings) -> float:
-    """The per-coordinate noise variance of an honest silo's pseudo-gradient under ISRL-DP, from
-    public quantities only (the run's settings and the partition's largest silo, or
-    ``gradbant.silo-records``), never from a reply: Q sigma^2 with sigma = z * 2L/K, z calibrated exactly as clients/silo.py does for the
-    silo with the most records (the smallest sigma of any honest silo: z and 2L/K both shrink as
-    n grows) and no private evaluations (they would only raise an honest silo's noise). 0
-    without privacy."""
-    if not s.privacy.enabled:
-        return 0.0
-    from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
-    from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
-
-    n = silo_record_bounds(s)[1]
-    plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
-    z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
-                                   s.privacy.epsilon, s.delta_for(n))
-    spec = next(r for r in plan if r.phase in TRAINING_PHASES)
-    sigma = z * spec.weight * spec.sensitivity
-    steps = s.local_steps if spec.phase == Phase.LOCAL else 1
-    return steps * sigma**2
-
-
-def block_shaped_sketch(s: Settings, layout: list[tuple[int, ...]]) -> Any:
-    """A sketch of the run's kind and blocks (None without one), for the lift's noise factors,
-    which depend on the block sizes only, not on the seed or the round."""
-    from app.sketch.base import make_sketch
-
-    return None if s.sketch.kind == "none" else make_sketch(
-        s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
-
-
-def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]]) -> float:
-    """c = E||S^T S xi||^2 of an honest message's noise xi (variance :func:`honest_noise_variance`
-    per coordinate) after the run's sketch and its lift (app/sketch/noise.py)."""
-    var = honest_noise_variance(s)
-    if var == 0:
-        return 0.0
-    from app.sketch.noise import lift_noise_factor
-
-    n = sum(int(np.prod(shape)) for shape in layout)
-    return var * lift_noise_factor(block_shaped_sketch(s, layout), n)
-
-
 class RobustState(TypedDict):
     """What a robust rule carries across rounds: Grad-BANT's trust weights p and centered
     clipping's last aggregate."""
@@ -183,7 +108,8 @@ class RobustAggregator:
     """Grad-BANT or a baseline rule over (possibly sketched, possibly attacked) silo messages: the
     aggregation component (strategies/aggregators.py) of any optimiser. ``phase``: the phase of
     the run's messages when it is one for the whole run (algorithm robust: grad, or local with
-    Q > 1), for noise-aware Grad-BANT's sampling noise."""
+    Q > 1); otherwise each exchange's own phase sets noise-aware Grad-BANT's reference and
+    allowance (strategies/phase_noise.py)."""
 
     state_attrs = tuple(RobustState.__annotations__)
 
@@ -203,14 +129,16 @@ class RobustAggregator:
             self.trust = replace(self.trust, x=self.trust.x.to(self.device), y=self.trust.y.to(self.device))
         shape, classes = dataset_meta(s)
         self.model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs).to(self.device)
-        aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
-        #: noise-aware Grad-BANT: the expected DP-noise energy c of an honest lifted message
-        self.noise_energy = honest_noise_energy(s, [tuple(v) for v in self.layout.values()]) if aware else 0.0
-        #: ... and with gradient messages (Q = 1) also its minibatch's sampling noise, estimated
-        #: each round on the trust set: kappa (the lift's weights) and the smallest silo's n
-        self.sampling_aware = aware and self.phase == Phase.GRAD
+        #: noise-aware Grad-BANT (strategies/phase_noise.py): c of an honest lifted message, per phase
+        self.aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
+        self._dp_energy: dict[Phase | None, float] = {}
+        #: ... and with batch-mean messages (grad, anchor, diff) also its batch's sampling noise,
+        #: estimated each round on the trust set: kappa (the lift's weights), the smallest silo's n
+        self.sampling_aware = self.aware and self.phase != Phase.LOCAL
         self.lift_kappa = self._lift_kappa() if self.sampling_aware else None
         self.fewest_records = silo_record_bounds(s)[0] if self.sampling_aware else 0
+        if self.aware and s.privacy.enabled:
+            self.dp_energy(self.phase)  # the silos' record counts, read once, now (ConfigError if unreadable)
         #: the last round's score terms (L used, noise energy c), reported in its row
         self.score_terms: dict[str, float] = {}
         rule = RULES.get(s.robust.aggregator)
@@ -275,20 +203,47 @@ class RobustAggregator:
             rows = clip_rows(rows, self.s.privacy.clip)
         return rows.double().cpu().numpy()
 
+    def dp_energy(self, phase: Phase | None) -> float:
+        """c_dp of an honest ``phase`` message (:func:`honest_noise_energy`), once per phase; 0 unless noise-aware."""
+        if not self.aware:
+            return 0.0
+        if phase not in self._dp_energy:
+            self._dp_energy[phase] = honest_noise_energy(self.s, [tuple(v) for v in self.layout.values()], phase)
+        return self._dp_energy[phase]
+
+    def difference_trust_rows(self, at: dict[str, np.ndarray], prev: dict[str, np.ndarray]) -> np.ndarray:
+        """The trust set's per-record differences between ``at`` and ``prev`` [T, d], formed as an
+        honest silo forms its difference release's rows (:func:`difference_rows`)."""
+        from app.privacy.per_sample import per_sample_grads
+
+        assert self.trust is not None
+        now, before = (per_sample_grads(self.model, self._on_device(p), self.trust.x, self.trust.y) for p in (at, prev))
+        private = self.s.privacy.enabled
+        rows = difference_rows(now, before, self.s.privacy.clip, self.s.diff_clip, private)
+        return rows.double().cpu().numpy()
+
     def score_inputs(self, w: dict[str, np.ndarray], server_round: int,
                      ex: Exchange | None = None) -> tuple[np.ndarray, float, float]:
-        """(g0, L, c) of this round's Grad-BANT scores. Noise-aware with gradient messages: g0 is
-        the mean of the trust set's (clipped) per-record gradients and c adds their minibatch
-        sampling noise (:func:`minibatch_noise_energy`); otherwise g0 is :meth:`reference` and c
-        the DP-noise energy. ``gradbant.smoothness = auto``: L = :func:`secant_smoothness`."""
-        if self.sampling_aware:
+        """(g0, L, c) of this round's Grad-BANT scores. Noise-aware with batch-mean messages (grad,
+        anchor, SPIDER's and SVRG's differences): g0 is the mean of the trust set's own per-record
+        rows for the exchange (clipped as the silos clip: gradients at w, or differences between
+        the exchange's two points) and c = the phase's DP-noise energy plus the batch's sampling
+        noise (strategies/phase_noise.py); otherwise g0 is :meth:`reference` (a difference: the
+        trust set's own) and c the DP-noise energy (0 unless noise-aware).
+        ``gradbant.smoothness = auto``: L = :func:`secant_smoothness`."""
+        phase = self.phase if ex is None else ex.phase
+        if self.sampling_aware and phase in ROW_PHASES and (phase != Phase.DIFF or ex is not None):
             assert self.lift_kappa is not None
-            rows = self.trust_rows(w)
+            if phase == Phase.DIFF:
+                assert ex is not None and ex.prev is not None
+                rows = self.difference_trust_rows(ex.at, ex.prev)
+            else:
+                rows = self.trust_rows(w)
             g0 = rows.mean(axis=0)
-            batch = self.s.batch_size or self.fewest_records
-            c = self.noise_energy + minibatch_noise_energy(rows, batch, self.fewest_records, self.lift_kappa)
+            n = self.fewest_records
+            c = self.dp_energy(phase) + minibatch_noise_energy(rows, phase_batch(self.s, phase, n), n, self.lift_kappa)
         else:
-            g0, c = self._reference_for(ex, w, server_round).astype(np.float64), self.noise_energy
+            g0, c = self._reference_for(ex, w, server_round).astype(np.float64), self.dp_energy(phase)
         smooth = self.s.robust.gradbant_smoothness
         if smooth == "auto":
             smooth = secant_smoothness(self.trust_gradient, w, g0, self.s.lr, self.layout)

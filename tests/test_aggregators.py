@@ -72,8 +72,11 @@ def test_combinations_that_cannot_work_are_refused_with_one_line() -> None:
                         "num-silos": 5, "silos-per-round": 5})
     assert "\n" not in str(exc.value)
     with pytest.raises(ConfigError, match="noise-aware"):
-        parse_settings({"algorithm": "spider", "aggregator": "gradbant", "trust.size": 40,
+        parse_settings({"algorithm": "spider", "aggregator": "fltrust", "trust.size": 40,
                         "gradbant.noise-aware": True})
+    # accepted for every optimiser: each exchange's allowance is its own release's (tests/test_spider_gradbant.py)
+    assert parse_settings({"algorithm": "spider", "aggregator": "gradbant", "trust.size": 40,
+                           "gradbant.noise-aware": True}).robust.gradbant_noise_aware
     with pytest.raises(ValueError, match="unknown knob"):
         GradBANT(betta=0.3)
 

@@ -86,24 +86,33 @@ def test_a_round_of_several_exchanges_is_refused_under_flowers_start(tmp_path: P
 
 
 def test_the_documented_serverapp_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/flower-library.md's ServerApp (SPIDER + Grad-BANT under Flower's start) runs as written."""
+    """docs/flower-library.md's ServerApp (SPIDER + noise-aware Grad-BANT under Flower's start) runs as
+    written, with the run config written there: the sign-flipper gets no weight in the anchor rounds,
+    and honest silos get weight in the difference rounds (ISRL-DP; the paper's score gives them 0)."""
+    import shlex
+
     from flwr.app import Context, RecordDict
 
     doc = (Path(__file__).parent.parent / "docs" / "flower-library.md").read_text()
     code = doc.split('"""serverapp.py:', 1)[1].split("```", 1)[0]
+    run_config = shlex.split(doc.split("--run-config ", 1)[1].split("\n", 1)[0])
+    assert len(run_config) == 1
     namespace: dict[str, Any] = {}
     exec(compile('"""serverapp.py:' + code, "serverapp.py", "exec"), namespace)  # noqa: S102 (our own doc)
-    cfg = merged_run_config([]) | {"algorithm": "spider", "spider.q": 2, "num-silos": 4, "silos-per-round": 4,
-                                   "partition": "iid", "attack.kind": "sign-flip", "attack.fraction": 0.25,
-                                   "num-rounds": 4, "eval-every": 1}
+    cfg = merged_run_config(run_config)
+    assert cfg["algorithm"] == "spider" and cfg["num-rounds"] == 4 and cfg["privacy.mode"] == "isrl"
     grid = InProcessGrid(cfg, simulation_nodes(cfg), str(tmp_path), run_id=1)
     namespace["main"](grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     out = capsys.readouterr().out
     print(out)
     lines = [line for line in out.splitlines() if line.startswith("round ")]
     assert len(lines) == 4 and all("answered 4" in line for line in lines)
-    assert "Byzantine weight 0.00" in lines[0]  # round 1 (an anchor): the sign-flipper gets no weight
+    assert "Byzantine weight 0.00" in lines[0] and "Byzantine weight 0.00" in lines[2]  # anchors: the flipper 0
+    for line in (lines[1], lines[3]):  # difference rounds: some silo weighted, not only the flipper
+        assert "silos weighted 0" not in line and "Byzantine weight 1.00" not in line, line
     assert "final model:" in out
+    documented = doc.split("--run-config ", 1)[1].split("```", 2)[1].strip()  # the output shown after it
+    assert [line for line in out.splitlines() if line.startswith(("round ", "final"))] == documented.splitlines()
 
 
 def test_a_clientapp_failure_stops_flowers_start_as_it_stops_silofls(tmp_path: Path) -> None:
