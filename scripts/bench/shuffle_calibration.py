@@ -9,6 +9,13 @@ calibrations one after another in one process, as a simulation runs them:
     python scripts/bench/shuffle_calibration.py                      # digits, 10 silos, eps 3
     python scripts/bench/shuffle_calibration.py --set batch-size=32 --eps 0.75 3
     python scripts/bench/shuffle_calibration.py --cold               # every cache cleared per silo
+    python scripts/bench/shuffle_calibration.py --suite [a b c]      # the issue-24 table, cold caches
+
+``--suite``: (a) the 10 digits silos (eps 3, full batches), (b) 25 distinct plans (n from 1,035
+to 2,872 as in the Dirichlet Fashion-MNIST run of docs/results.md, K in {32, 64, 128}, d in
+{3394, 4810}, 25 rounds, eps 0.75, amplified), (c) the Fashion-MNIST pairs plan (n = 1,792,
+K = 64, 25 rounds, d = 3394) and digits K = 32 at eps 0.75 and 1.5; (b) and (c) both
+unamplified and amplified. Every calibration starts from cold caches (a silo in its own process).
 
 ``--cold`` clears the accountant's caches before each silo (a silo in its own process); the
 default keeps them (a simulation's silos share one process). It prints one line per silo (n,
@@ -52,13 +59,61 @@ def silo_inputs(overrides: dict) -> list[dict]:
 
 
 def clear_caches() -> None:
-    from app.privacy import accounting, binomial
+    """Every lru cache of every loaded app.privacy module (a silo in its own process)."""
+    import sys
 
-    for mod in (accounting, binomial):
+    from app.privacy import accounting, binomial  # noqa: F401  (loaded)
+
+    for mod in [m for k, m in list(sys.modules.items()) if k.startswith("app.privacy") and m is not None]:
         for name in dir(mod):
             fn = getattr(mod, name)
             if hasattr(fn, "cache_clear"):
                 fn.cache_clear()
+
+
+def suite_rows(parts: list[str]) -> list[tuple]:
+    """(set, label, plan, epsilon, delta, p, g, d, amplification) of the ``--suite`` table."""
+    from app.privacy.accounting import PlannedRelease
+    from app.privacy.shuffle import auto_levels
+
+    rows = []
+    if "a" in parts:
+        for si in silo_inputs({}):
+            rows.append(("a digits", f"silo {si['silo']} n={si['n']}", tuple(si["planned"]), 3.0, si["delta"],
+                         si["p"], si["levels"], si["dim"], "none"))
+    if "b" in parts:
+        for i in range(25):
+            n = 1035 + round(i * (2872 - 1035) / 24)
+            k, d = (32, 64, 128)[i % 3], (3394, 4810)[i % 2]
+            for amp in ("none", "sampling"):
+                rows.append((f"b 25 plans {amp}", f"n={n} K={k} d={d}", (PlannedRelease("grad", n, k, 25),), 0.75,
+                             1.0 / n ** 2, 0.25, auto_levels(d), d, amp))
+    if "c" in parts:
+        for name, n, k, rounds, d in (("fmnist-pairs", 1792, 64, 25, 3394), ("digits K=32", 142, 32, 15, 4810)):
+            for eps in (0.75, 1.5):
+                for amp in ("none", "sampling"):
+                    rows.append((f"c small eps {amp}", f"{name} eps={eps:g}", (PlannedRelease("grad", n, k, rounds),),
+                                 eps, 1.0 / n ** 2, 0.25, auto_levels(d), d, amp))
+    return rows
+
+
+def run_suite(parts: list[str]) -> None:
+    """Time every row of :func:`suite_rows` from cold caches; one line each, then a summary per set."""
+    from app.privacy.accounting import calibrate_trial_scale
+
+    by_set: dict[str, list[float]] = {}
+    for set_, label, plan, eps, delta, p, g, d, amp in suite_rows(parts):
+        clear_caches()
+        t0 = time.perf_counter()
+        trials = calibrate_trial_scale(list(plan), eps, delta, p=p, levels=g, dim=d, amplification=amp)
+        dt = time.perf_counter() - t0
+        by_set.setdefault(set_, []).append(dt)
+        print(f"{set_} | {label} | eps={eps:g} g={g} | trials={trials} | {dt:.3f} s", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
+    print("| set | calibrations | mean s/silo | max s/silo | total s |")
+    print("|---|---|---|---|---|")
+    for set_, ts in by_set.items():
+        print(f"| {set_} | {len(ts)} | {sum(ts) / len(ts):.2f} | {max(ts):.2f} | {sum(ts):.1f} |")
 
 
 def main() -> None:
@@ -67,7 +122,11 @@ def main() -> None:
     ap.add_argument("--eps", type=float, nargs="*", default=None, help="epsilons (default: the run config's)")
     ap.add_argument("--cold", action="store_true", help="clear the accountant's caches before each silo")
     ap.add_argument("--amplification", default=None, help="shuffle.amplification, where the code has it")
+    ap.add_argument("--suite", nargs="*", default=None, help="the issue-24 table: sets a, b, c (default all)")
     args = ap.parse_args()
+    if args.suite is not None:
+        run_suite(args.suite or ["a", "b", "c"])
+        return
     import tomllib
 
     overrides = {}
