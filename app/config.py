@@ -19,7 +19,7 @@ from app.data.preprocess import STANDARDIZE_MODES
 from app.data.sources import SOURCES
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
-from app.privacy.amplification import AMPLIFICATIONS
+from app.privacy.amplification_choice import AMPLIFICATION_SETTINGS
 from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 from app.prox import PROX_KINDS as PROX_REGISTRY
 
@@ -105,9 +105,9 @@ class ShuffleSettings:
     #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
     headroom: float = 0.1
     #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
-    #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
-    #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
-    amplification: str = "none"
+    #: records is drawn without replacement: app/privacy/amplification.py), "none", or "auto"
+    #: (default: sampling only with secret batches and count-on 1, app/privacy/amplification_choice.py)
+    amplification: str = "auto"
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
@@ -450,7 +450,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "shuffle.p": ("shuffle.p", _num(0, 1, lo_open=True, hi_open=True)),
     "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
     "shuffle.headroom": ("shuffle.headroom", _num(0, MAX_HEADROOM)),
-    "shuffle.amplification": ("shuffle.amplification", _str(AMPLIFICATIONS)),
+    "shuffle.amplification": ("shuffle.amplification", _str(AMPLIFICATION_SETTINGS)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),

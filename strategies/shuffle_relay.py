@@ -108,8 +108,9 @@ class ShuffleRelay:
         assert self.shuffler is not None
         message = Message(request.encode(), dst_node_id=self.shuffler, message_type=wire.SHUFFLE_QUERY)
         result = self._relay(grid, rnd, message, timeout)
-        if result is None:
+        if not isinstance(result, wire.ShuffleReply):
             out.shuffle_dropped = len(blobs)
+            out.shuffle_refusal = result or ""
             return out
         code = ShuffleCode(bound, self.levels, self.p)
         mean = debias(result.totals, result.records, result.trials, code) / result.records
@@ -128,7 +129,8 @@ class ShuffleRelay:
         out.shuffle_dropped = result.dropped
         return out
 
-    def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | None:
+    def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | str | None:
+        """The shuffler's reply; its refusal's reason (a str) if it refused; None if nothing usable came."""
         replies = list(grid.send_and_receive([message], timeout=timeout))
         if not replies:
             log(WARNING, "round %d: the shuffler did not answer", rnd)
@@ -140,7 +142,7 @@ class ShuffleRelay:
         refusal = wire.Refusal.decode(reply.content)
         if refusal is not None:
             log(WARNING, "round %d: %s", rnd, refusal.reason)
-            return None
+            return refusal.reason
         try:
             return wire.ShuffleReply.decode(reply.content, self.dim)
         except wire.ReplyError as exc:
