@@ -45,6 +45,8 @@ class ShuffleRelay:
         self.shuffler_key = ""
         self.silo_keys: dict[int, str] = {}
         self.exchanges = 0
+        #: the shuffler's reason when it refused the last relayed sum ("" otherwise)
+        self.refusal = ""
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """Ask every node for its role and key; exactly one shuffler, else RuntimeError."""
@@ -108,9 +110,9 @@ class ShuffleRelay:
         assert self.shuffler is not None
         message = Message(request.encode(), dst_node_id=self.shuffler, message_type=wire.SHUFFLE_QUERY)
         result = self._relay(grid, rnd, message, timeout)
-        if not isinstance(result, wire.ShuffleReply):
+        if result is None:
             out.shuffle_dropped = len(blobs)
-            out.shuffle_refusal = result or ""
+            out.shuffle_refusal = self.refusal
             return out
         code = ShuffleCode(bound, self.levels, self.p)
         mean = debias(result.totals, result.records, result.trials, code) / result.records
@@ -129,8 +131,10 @@ class ShuffleRelay:
         out.shuffle_dropped = result.dropped
         return out
 
-    def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | str | None:
-        """The shuffler's reply; its refusal's reason (a str) if it refused; None if nothing usable came."""
+    def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | None:
+        """The shuffler's reply, or None if nothing usable came (``self.refusal``: the shuffler's
+        reason when it refused, else "")."""
+        self.refusal = ""
         replies = list(grid.send_and_receive([message], timeout=timeout))
         if not replies:
             log(WARNING, "round %d: the shuffler did not answer", rnd)
@@ -142,7 +146,8 @@ class ShuffleRelay:
         refusal = wire.Refusal.decode(reply.content)
         if refusal is not None:
             log(WARNING, "round %d: %s", rnd, refusal.reason)
-            return refusal.reason
+            self.refusal = refusal.reason
+            return None
         try:
             return wire.ShuffleReply.decode(reply.content, self.dim)
         except wire.ReplyError as exc:

@@ -85,7 +85,7 @@ def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None)
         r = len(sel)
         j0, j1 = sel[0], sel[-1] + 1
         x, y = xbuf[:r], ybuf[:r]
-        if j1 - j0 == r:
+        if j1 - j0 == r and (r == 1 or bool(np.all(np.diff(sel) == 1))):  # consecutive rows: a plain view
             np.subtract(base_hi, view_hi[j0:j1], out=x)
             np.subtract(base_lo, view_lo[j0:j1], out=y)
         else:

@@ -65,7 +65,18 @@ def fast_fits(parts: Sequence[tuple], delta: float, epsilon: float, extra_rdp: S
               hint: int | None = None) -> bool:
     """``fast_epsilon(parts, delta, extra_rdp) <= epsilon``, exactly, with fewer exact columns
     (``hint``: an order index to try first, e.g. the stand-in's best order)."""
-    return bool(_fast(parts, delta, extra_rdp, False, float(epsilon), hint))
+    extra = tuple(float(v) for v in _extra(extra_rdp))
+    key = (tuple(tuple(part) for part in parts), float(delta), float(epsilon), extra)
+    if key not in _DECIDED:
+        if len(_DECIDED) > 4096:
+            _DECIDED.clear()
+        _DECIDED[key] = bool(_fast(parts, delta, extra_rdp, False, float(epsilon), hint))
+    return _DECIDED[key]
+
+
+#: fast_fits' answers (a calibration asks the same question again: accounting.calibrate_trial_scale
+#: re-checks the crossing calibrate_trials found)
+_DECIDED: dict[tuple, bool] = {}
 
 
 def _stand_in(parts: Sequence[tuple], delta: float, extra: np.ndarray, orders: Sequence[int]) -> tuple[float, int]:

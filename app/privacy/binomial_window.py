@@ -3,6 +3,7 @@ app/privacy/binomial.py's docstring, steps 1 and the MAX_WINDOW fallback)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,12 +99,27 @@ def _largest(pred, lo: int, hi: int) -> int:
     return lo
 
 
+def _bracket(pred, lo: int, hi: int, near_lo: float, near_hi: float) -> tuple[int, int]:
+    """[a, b] inside [lo, hi] with pred(a) and not pred(b) around the guesses (the full range if
+    they do not bracket): :func:`_largest` then returns the same integer with fewer steps."""
+    a, b = max(lo, math.floor(near_lo)), min(hi, math.ceil(near_hi))
+    if a < b and (a == lo or pred(a)) and (b == hi or not pred(b)):
+        return a, b
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=256)
 def _window(m: int, p: float, g: int) -> tuple[int, int, float] | None:
-    """(lo, hi, q) of the truncation window, or None if it is empty."""
+    """(lo, hi, q) of the truncation window, or None if it is empty. The searches start from a
+    bracket of 9 to 18 standard deviations around the mean (a tail of 1e-40 is ~13 of a normal)."""
     below = lambda u: binom.logcdf(u, m, p) <= _LOG_TAIL  # noqa: E731  P(Z <= u) <= TAIL
     above = lambda t: binom.logsf(t, m, p) <= _LOG_TAIL  # noqa: E731  P(Z > t) <= TAIL
-    lo_tau = _largest(below, -1, m) + 1  # below(-1) holds, below(m) does not (cdf(m) = 1)
-    hi_tau = _largest(lambda t: not above(t), -1, m) + 1  # smallest t with above(t); above(m) holds
+    mu, sd = m * p, math.sqrt(m * p * (1 - p))
+    # below(-1) holds, below(m) does not (cdf(m) = 1)
+    lo_tau = _largest(below, *_bracket(below, -1, m, mu - 18 * sd, mu - 9 * sd)) + 1
+    not_above = lambda t: not above(t)  # noqa: E731
+    # smallest t with above(t); above(m) holds
+    hi_tau = _largest(not_above, *_bracket(not_above, -1, m, mu + 9 * sd, mu + 18 * sd)) + 1
     lo, hi = max(g, lo_tau), min(m - g, hi_tau)
     if lo > hi:
         return None
