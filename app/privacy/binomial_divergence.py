@@ -118,6 +118,17 @@ def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None)
     return out
 
 
+def _block_of(pre: _Prelude, j: int) -> np.ndarray:
+    """The rows of the block of the whole table's default order (0..g-1, g+1..2g, in blocks of
+    max(1, _CHUNK_ELEMENTS // |W|)) that holds sliding-view row j: computed alone by
+    :func:`_columns`, that block goes through the very operations it goes through in the table."""
+    g = pre.g
+    rows = np.concatenate((np.arange(0, g), np.arange(g + 1, 2 * g + 1)))
+    chunk = max(1, _CHUNK_ELEMENTS // pre.n_w)
+    start = ((j if j < g else j - 1) // chunk) * chunk
+    return rows[start:start + chunk]
+
+
 @functools.lru_cache(maxsize=256)
 def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | None:
     """f_alpha(k) for k = 1..g (rows) at ORDERS (columns), and q; None if the window is empty."""

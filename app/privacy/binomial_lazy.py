@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from app.privacy import amplification
-from app.privacy.binomial_divergence import _columns, _prelude
+from app.privacy.binomial_divergence import _block_of, _columns, _prelude
 from app.privacy.binomial_window import MAX_LEVELS, ORDERS, REL_SLACK, _effective_trials, _int, _prob, sensitivity
 
 #: relative margin taken off a lower bound computed from a few rows (a matrix-vector product
@@ -27,6 +27,11 @@ _LB_MARGIN = 1e-6
 #: relative guard for comparing an amplified term from lower columns with an exact value (the
 #: term is monotone in its inputs up to a few ulps of its log-sum-exp)
 _TERM_GUARD = 1e-12
+
+
+#: (p, g, order index) -> the shift k that attained max_k f(k) / k^2 in the last exact column
+#: computed there (the neighbouring m of a search has it at the same k, nearly always)
+_ARGMAX: dict[tuple[float, int, int], int] = {}
 
 
 class LazyCurve:
@@ -40,6 +45,7 @@ class LazyCurve:
         self.pre = _prelude(_effective_trials(m, p, g), p, g)
         self._exact: dict[int, float] = {}
         self._lower: dict[int, float] = {}
+        self._rows: dict[int, float] = {}
         self._views: dict[tuple, AmplifiedView] = {}
 
     @property
@@ -61,7 +67,31 @@ class LazyCurve:
         f = np.maximum(out[:g][::-1], out[g:])
         k2 = np.arange(1, g + 1, dtype=float) ** 2
         for c, o in enumerate(todo):
-            self._exact[o] = float((f[:, c:c + 1] / k2[:, None]).max(axis=0)[0])
+            r = f[:, c:c + 1] / k2[:, None]
+            self._exact[o] = float(r.max(axis=0)[0])
+            _ARGMAX[(self.p, self.g, o)] = int(r[:, 0].argmax()) + 1
+
+    def ratio_rows(self, o: int) -> float:
+        """A lower bound of ratio(o) with no margin: f(k)/k^2 at the shift k that attained the
+        maximum in the last exact column at this (p, g, order), its two rows computed in their
+        blocks of the whole table (:func:`_block_of`), so each is the table's number bit for bit
+        and the value is <= the table's maximum exactly (the lower-bound rows otherwise)."""
+        if o in self._exact:
+            return self._exact[o]
+        if o not in self._rows:
+            k = _ARGMAX.get((self.p, self.g, o))
+            if k is None:
+                return self.ratio_lower(o)
+            g, vals = self.g, {}
+            for j in (g - k, g + k):
+                if j not in vals:
+                    block = _block_of(self.pre, j)
+                    out = _columns(self.pre, (o,), block)
+                    vals.update({int(b): out[i, 0] for i, b in enumerate(block)})
+            f = np.maximum(np.array([vals[g - k]]), np.array([vals[g + k]]))
+            k2 = np.arange(1, g + 1, dtype=float) ** 2
+            self._rows[o] = max(float((f / k2[k - 1:k])[0]), self.ratio_lower(o))
+        return self._rows[o]
 
     def ratio(self, o: int) -> float:
         if o not in self._exact:
@@ -92,9 +122,11 @@ class LazyCurve:
 
     def rho(self, o: int, dim: int, lower: bool | str = False) -> float:
         """rho(alpha) of :func:`release_curve` at ORDERS[o] (``lower``: a lower bound of it;
-        "guess": the same from the few rows without the margin)."""
+        "rows": the tighter lower bound of :meth:`ratio_rows`; "guess": the few rows without the
+        margin)."""
         b = sensitivity(self.g, dim)
-        ratio = (self.ratio_guess(o) if lower == "guess" else self.ratio_lower(o) if lower else self.ratio(o))
+        ratio = (self.ratio_guess(o) if lower == "guess" else self.ratio_rows(o) if lower == "rows"
+                 else self.ratio_lower(o) if lower else self.ratio(o))
         return float((b * b * np.float64(ratio) + dim * self.pre.c0) * (1.0 + REL_SLACK))
 
     def tail(self, dim: int) -> float:

@@ -74,6 +74,10 @@ def fast_fits(parts: Sequence[tuple], delta: float, epsilon: float, extra_rdp: S
     return _DECIDED[key]
 
 
+#: relative guard on an order refuted by its deciding rows (an amplified bound is monotone in
+#: its columns up to a few ulps)
+_ROWS_GUARD = 1e-12
+
 #: fast_fits' answers (a calibration asks the same question again: accounting.calibrate_trial_scale
 #: re-checks the crossing calibrate_trials found)
 _DECIDED: dict[tuple, bool] = {}
@@ -103,7 +107,9 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
     if not exact_value and hint is not None and tail < delta and items and not any(c.empty for c, *_ in items):
         # the decision: an order whose exact epsilon meets the target settles it (it is one of the
         # orders the minimum runs over, and the result is max(0, min) <= target then)
-        if _order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, False), delta - tail) <= target:
+        refuted = _order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, "rows"), delta - tail) \
+            > target * (1.0 + _ROWS_GUARD)
+        if not refuted and _order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, False), delta - tail) <= target:
             return True
     if tail >= delta:
         return math.inf if exact_value else math.inf <= target
@@ -127,6 +133,9 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
     for lb, o in bounds:
         if lb >= best or (not exact_value and lb > target):
             break  # (a decision: no order left can meet the target)
+        if not exact_value and _order_epsilon(ORDERS[o], _rdp_at(items, extra, o, "rows"), d_conv) \
+                > target * (1.0 + _ROWS_GUARD):
+            continue  # (a decision: the deciding shift's exact rows already put this order above it)
         best = min(best, _order_epsilon(ORDERS[o], _rdp_at(items, extra, o, False), d_conv))
         if not exact_value and max(0, best) <= target:
             return True
