@@ -6,8 +6,11 @@ the smallest m whose composed epsilon meets the budget, computing as few Renyi c
 * :func:`fast_fits`: ``fast_epsilon(...) <= epsilon`` decided with fewer exact columns: it stops at
   the first order whose exact epsilon meets the budget, and checks exactly only the orders whose
   lower bound meets it (the conversion is non-decreasing in the Renyi value, so an order whose
-  lower bound exceeds the budget cannot meet it).
-* :func:`calibrate_trials`: a cheap stand-in's crossing, then the exact crossing next to it.
+  lower bound exceeds the budget cannot meet it); before an exact column it tries the two rows
+  of the shift that decided the last exact column there (LazyCurve.ratio_rows: the table's own
+  numbers, so a lower bound with no margin), which refute m - 1 at the crossing.
+* :func:`calibrate_trials`: a cheap stand-in's crossing, then the exact crossing next to it
+  (one exact column at m, the deciding rows at m - 1).
 """
 
 from __future__ import annotations
