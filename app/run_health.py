@@ -164,6 +164,9 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
         "rounds_all_rejected": counts["all-rejected"], "rounds_step_skipped": counts["step-skipped"],
         "non_finite_rounds": non_finite,
     }
+    shuffler = [(int(_num(r.get("round")) or 0), str(r["shuffle_refused"])) for r in rows if r.get("shuffle_refused")]
+    if shuffler:
+        evidence["rounds_shuffle_refused"] = len(shuffler)
     growth = None
     if finite:
         last_rnd, last = finite[-1]
@@ -187,7 +190,7 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
         reason = (f"the model was left unchanged in {unchanged} of the {n} round(s) "
                   f"({counts['all-rejected']} in which the aggregator gave every answering silo weight 0, "
                   f"{counts['no-update']} with no valid reply)")
-        return Health(NO_PROGRESS, reason, _blame_no_progress(s, counts, refusals, rows), evidence)
+        return Health(NO_PROGRESS, reason, _blame_no_progress(s, counts, refusals, rows, shuffler), evidence)
     return Health(HEALTHY, f"the model moved in {n - unchanged} of the {n} round(s)"
                   + (f" and the train loss went from {finite[0][1]:.4g} to {finite[-1][1]:.4g}" if finite else ""),
                   None, evidence)
@@ -221,9 +224,10 @@ def _blame_divergence(s: Any) -> Blame:
 
 
 def _blame_no_progress(s: Any, counts: Mapping[str, int], refusals: Sequence[str],
-                       rows: Sequence[Mapping[str, Any]]) -> Blame:
+                       rows: Sequence[Mapping[str, Any]], shuffler: Sequence[tuple[int, str]] = ()) -> Blame:
     """The aggregator rejecting everything (Grad-BANT: the smoothness, the DP noise, the sketch,
-    the batch noise), or the silos not answering (their refusals)."""
+    the batch noise), the silos not answering (their refusals), or the shuffler refusing the sums
+    (rows' ``shuffle_refused``: its reason)."""
     if counts["all-rejected"] >= counts["no-update"]:
         agg = _rule(s)
         if agg == "gradbant":
@@ -245,11 +249,29 @@ def _blame_no_progress(s: Any, counts: Mapping[str, int], refusals: Sequence[str
         return Blame("privacy.epsilon", s.privacy.epsilon,
                      f"the silos' privacy budget ran out ({_short(budget[0])}); lower num-rounds={s.num_rounds} or "
                      f"raise privacy.epsilon={_g(s.privacy.epsilon)} (and the silos' epsilon-cap)")
+    if shuffler and len(shuffler) * 2 >= counts["no-update"]:
+        return _blame_shuffler(s, shuffler)
     if refusals:
         return Blame("silos", None, f"the silos refused the work: {_short(refusals[0])}")
     return Blame("round-timeout", s.round_timeout,
                  f"no valid reply came (silos dropped, failed or sent malformed replies; see the log); "
                  f"check the silo nodes or raise round-timeout={_g(s.round_timeout)}")
+
+
+def _blame_shuffler(s: Any, shuffler: Sequence[tuple[int, str]]) -> Blame:
+    """The shuffler refused the sums: its reason, and what to change when it is the privacy check
+    (the silos' calibrations count on more noise trials than the sum holds: count-on > 1 with
+    silos of different sizes, amplification above all)."""
+    rounds = [r for r, _ in shuffler]
+    reason = shuffler[-1][1]
+    count_on = s.shuffle.count_on or s.silos_per_round
+    head = f"the shuffler refused the sum in round(s) {_rounds_text(rounds)}: {_short(reason)}"
+    if "calibration" in reason and count_on > 1:
+        return Blame("shuffle.count-on", s.shuffle.count_on,
+                     f"{head}; the silos' requirements differ more than shuffle.headroom="
+                     f"{_g(s.shuffle.headroom)} covers: try shuffle.count-on=1 (each silo adds all its noise) "
+                     f"or shuffle.amplification=none")
+    return Blame("shuffler", None, f"{head}; see the shuffler's log")
 
 
 def _smoothness(s: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[float | None, str]:

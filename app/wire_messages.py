@@ -21,6 +21,15 @@ from app.wire import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL
                       record_to_params, refusal_of, refusal_reply, update_reply)
 
 
+@dataclass(frozen=True)
+class ShuffleTicket:
+    """What a shuffle-mode instruction adds: the shuffler's public key (hex; a silo that pins one
+    in its node config refuses any other) and the exchange's number within the run."""
+
+    shuffler_key: str
+    exchange: int
+
+
 def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():

@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
 from app.wire import CONFIG, EPS_SPENT, METRICS, ReplyError, read_metrics
-from app.wire_messages import _int
+from app.wire_messages import ShuffleTicket, _int  # noqa: F401 (ShuffleTicket: read from here too)
 
 
 LEDGER = "ledger"
@@ -67,15 +67,6 @@ ROLE_SILO, ROLE_SHUFFLER = "silo", "shuffler"
 #: the largest sealed contribution the server relays (a count vector of 8 bytes per coordinate
 #: of an 11M-parameter model plus headers is ~90 MB)
 MAX_SEALED_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class ShuffleTicket:
-    """What a shuffle-mode instruction adds: the shuffler's public key (hex; a silo that pins one
-    in its node config refuses any other) and the exchange's number within the run."""
-
-    shuffler_key: str
-    exchange: int
 
 
 def shuffle_context(run_id: int, rnd: int, exchange: int, phase: str) -> bytes:

@@ -49,6 +49,7 @@ from app.data.split import fixed_size_batch
 from app.models import build_model
 from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trial_scale,
                                     group_releases, trials_for)
+from app.privacy.amplification_choice import resolve_amplification
 from app.privacy.contribution import Contribution
 from app.privacy.envelope import StaticKeys, parse_public_key, seal
 from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
@@ -108,6 +109,11 @@ class Silo:
         ``ledger_mark_dir``: where the ledger's high-water mark lives (node config
         ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``). ``model``: the silo's own
         torch module (clients/private_silo.py); None: the run config's model from the zoo."""
+        # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
+        amplification, self.amplification_why = resolve_amplification(
+            settings.shuffle.amplification, settings.privacy.noise_seed,
+            settings.shuffle.count_on or settings.silos_per_round)
+        settings = replace(settings, shuffle=replace(settings.shuffle, amplification=amplification))
         self.s = settings
         self.run_id = int(run_id)
         self.shuffler_pin = shuffler_pin
@@ -182,8 +188,9 @@ class Silo:
                 scale = 0.0
             elif self.shuffle:  # the exchange's noise trials, from the exact binomial accountant
                 log(INFO, "silo %d: calibrating shuffle-DP noise (g=%d levels, d=%d, p=%g) with the exact binomial "
-                    "accountant (seconds for small models; it grows with g * sqrt(trials))", self.data.index,
-                    self.levels, self.dim, self.s.shuffle.p)
+                    "accountant (seconds for small models; it grows with g * sqrt(trials)); record-level "
+                    "amplification: %s", self.data.index, self.levels, self.dim, self.s.shuffle.p,
+                    self.amplification_why)
                 scale = calibrate_trial_scale(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
                                          levels=self.levels, dim=self.dim, amplification=self.s.shuffle.amplification)
             else:
@@ -400,6 +407,7 @@ class Silo:
                             "headroom": self.s.shuffle.headroom,
                             "record_amplification": (f"sampling: {AMPLIFIED_BOUND}"
                                                      if self.s.shuffle.amplification == "sampling" else "none"),
+                            "record_amplification_why": self.amplification_why,
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
                                              "silo sampling is claimed",
                             "trust": shuffle_trust(count_on, self.s.num_silos)},

@@ -365,6 +365,8 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             skipped = True
         if self.relay is not None:
             extra_row = {"shuffle_dropped": tally.shuffle_dropped}
+            if tally.shuffle_refusal:  # the shuffler refused the sum (app/run_health.py blames it)
+                extra_row["shuffle_refused"] = tally.shuffle_refusal
         else:
             extra_row = {}
         # signs of divergence (app/run_health.py), in the row only when they happened

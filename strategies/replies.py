@@ -97,6 +97,8 @@ class Updates:
     shuffle_accepted: int | None = None
     shuffle_dropped: int = 0
     uplink_floats: float | None = None
+    #: shuffle DP: the shuffler's reason when it refused the whole sum ("" if it did not)
+    shuffle_refusal: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.updates)
@@ -123,7 +125,8 @@ class Updates:
                        self.messages | other.messages, self.refused | other.refused, self.malformed | other.malformed,
                        self.errors | other.errors, self.missing + other.missing, self.lift,
                        (self.shuffle_accepted or 0) + (other.shuffle_accepted or 0) if shuffled else None,
-                       self.shuffle_dropped + other.shuffle_dropped, floats)
+                       self.shuffle_dropped + other.shuffle_dropped, floats,
+                       self.shuffle_refusal or other.shuffle_refusal)
 
 
 def mean_update(updates: Sequence[Mapping[str, np.ndarray]]) -> Params:

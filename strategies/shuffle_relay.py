@@ -45,6 +45,8 @@ class ShuffleRelay:
         self.shuffler_key = ""
         self.silo_keys: dict[int, str] = {}
         self.exchanges = 0
+        #: the shuffler's reason when it refused the last relayed sum ("" otherwise)
+        self.refusal = ""
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """Ask every node for its role and key; exactly one shuffler, else RuntimeError."""
@@ -110,6 +112,7 @@ class ShuffleRelay:
         result = self._relay(grid, rnd, message, timeout)
         if result is None:
             out.shuffle_dropped = len(blobs)
+            out.shuffle_refusal = self.refusal
             return out
         code = ShuffleCode(bound, self.levels, self.p)
         mean = debias(result.totals, result.records, result.trials, code) / result.records
@@ -129,6 +132,9 @@ class ShuffleRelay:
         return out
 
     def _relay(self, grid: Grid, rnd: int, message: Message, timeout: float) -> wire.ShuffleReply | None:
+        """The shuffler's reply, or None if nothing usable came (``self.refusal``: the shuffler's
+        reason when it refused, else "")."""
+        self.refusal = ""
         replies = list(grid.send_and_receive([message], timeout=timeout))
         if not replies:
             log(WARNING, "round %d: the shuffler did not answer", rnd)
@@ -140,6 +146,7 @@ class ShuffleRelay:
         refusal = wire.Refusal.decode(reply.content)
         if refusal is not None:
             log(WARNING, "round %d: %s", rnd, refusal.reason)
+            self.refusal = refusal.reason
             return None
         try:
             return wire.ShuffleReply.decode(reply.content, self.dim)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.privacy import binomial as B
+from app.privacy import binomial_divergence, binomial_window
 
 
 # ------------------------------------------------------------------ independent reference code
@@ -136,7 +137,7 @@ def test_divergences_do_not_depend_on_chunking(monkeypatch):
     m, p, g = 400, 0.5, 4
     whole = B.shift_divergences(m, p, g)
     B._divergence_table.cache_clear()
-    monkeypatch.setattr(B, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(binomial_divergence, "_CHUNK_ELEMENTS", 1)
     try:
         rows = B.shift_divergences(m, p, g)
     finally:
@@ -267,7 +268,7 @@ def test_invalid_composition():
 
 def test_window_limit_falls_back_to_fewer_trials(monkeypatch):
     """Beyond MAX_WINDOW the curve of fewer trials is used (sound by post-processing)."""
-    monkeypatch.setattr(B, "MAX_WINDOW", 2000)
+    monkeypatch.setattr(binomial_window, "MAX_WINDOW", 2000)
     B._curve.cache_clear()
     try:
         m_eff = B._effective_trials(10**6, 0.25, 4)

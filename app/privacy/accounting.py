@@ -427,9 +427,9 @@ def _calibrate_trial_scale(plan: tuple[PlannedRelease, ...], epsilon: float, del
                       dim: int, amplification: str = "none") -> int:
     from app.privacy import binomial
 
-    def fits(scale: int) -> bool:
-        return _epsilon_fast_binomial(binomial_releases(plan, scale, p=p, levels=levels, dim=dim,
-                                                        amplification=amplification), delta) <= epsilon
+    def fits(scale: int) -> bool:  # _epsilon_fast_binomial(...) <= epsilon, decided with fewer exact columns
+        live = _live(binomial_releases(plan, scale, p=p, levels=levels, dim=dim, amplification=amplification))
+        return binomial.fast_fits([(r.trials, r.p, r.levels, r.dim, r.count, r.gamma) for r in live], delta, epsilon)
 
     # A start that is exact when every kind has weight 1: kinds with the same trials compose like
     # one kind released sum(count) times (a disjoint kind counts once, parallel composition).

@@ -87,20 +87,25 @@ def wor_subsampled_rdp(rho: Callable[[int], float], alpha: int, gamma: float, lo
     plain = rho(alpha)
     if gamma >= FULL:
         return plain
+    return min(plain, wor_subsampled_term(rho, alpha, gamma, log_c))
+
+
+def wor_subsampled_term(rho: Callable[[int], float], alpha: int, gamma: float, log_c: float = 0.0) -> float:
+    """The second term of eps'(alpha)'s min (inf where a rho(j) it reads is inf), for gamma < 1:
+    non-decreasing in every rho(j), so rho(j) from below bound it from below."""
     lg, l1g = math.log(gamma), math.log1p(-gamma)
     log_comb = lambda j: math.lgamma(alpha + 1) - math.lgamma(j + 1) - math.lgamma(alpha - j + 1)  # noqa: E731
     r2 = rho(2)
     if math.isinf(r2):
-        return plain
+        return math.inf
     b2 = min(math.log(4.0) + math.log(math.expm1(r2)) if r2 > 0 else -math.inf, math.log(2.0) + r2) - l1g
     terms = [log_comb(2) + 2 * lg + b2]
     for j in range(3, alpha + 1):
         rj = rho(j)
         if math.isinf(rj):
-            return plain
+            return math.inf
         terms.append(log_comb(j) + j * lg + math.log(2.0) + (1 - j) * l1g + (j - 1) * rj)
-    amp = (_logsumexp1(terms) / (alpha - 1) + log_c * alpha / (alpha - 1) + log_c) * (1.0 + REL_SLACK)
-    return min(plain, amp)
+    return (_logsumexp1(terms) / (alpha - 1) + log_c * alpha / (alpha - 1) + log_c) * (1.0 + REL_SLACK)
 
 
 def step_up(orders: Sequence[float], values: Sequence[float]) -> Callable[[int], float]:
@@ -117,14 +122,15 @@ def step_up(orders: Sequence[float], values: Sequence[float]) -> Callable[[int],
 
 
 def amplified_curve(orders: Sequence[float], rho_values: Sequence[float], gamma: float, log_c: float = 0.0,
-                    rho_at: Callable[[int], float] | None = None) -> list[float]:
+                    rho_at: Callable[[int], float] | None = None, cache: dict[int, float] | None = None) -> list[float]:
     """The amplified bound at every order of ``orders`` (any orders > 1) from the curve
     ``rho_values`` at those orders: integers by :func:`wor_subsampled_rdp` with rho stepped up
     (:func:`step_up`, or ``rho_at`` if given), non-integers above 2 by linear interpolation of
     (alpha - 1) eps' between the neighbouring integers, orders below 2 by eps'(2); each is the
-    smaller of that and the unamplified value."""
+    smaller of that and the unamplified value. ``cache``: the integer orders' bounds already
+    computed with the same rho, gamma and log_c (filled in; shared by calls for other orders)."""
     rho = rho_at or step_up(orders, rho_values)
-    cache: dict[int, float] = {}
+    cache = {} if cache is None else cache
 
     def at(a: int) -> float:
         if a not in cache:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from app.options import choice, number, option
-from app.privacy.amplification import AMPLIFICATIONS
+from app.privacy.amplification_choice import AMPLIFICATION_SETTINGS
 from app.privacy.policy import NOISE_SEEDS
 from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 
@@ -68,10 +68,10 @@ class ShuffleSettings:
     headroom: float = option("shuffle.headroom", number(0, MAX_HEADROOM), 0.1,
                              "shuffle DP: each silo carries (1 + headroom)/count-on of the noise it needs")
     #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
-    #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
-    #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
-    amplification: str = option("shuffle.amplification", choice(AMPLIFICATIONS), "none",
-                                "shuffle DP: sampling claims record-level amplification; none does not")
+    #: records is drawn without replacement: app/privacy/amplification.py), "none", or "auto"
+    #: (default: sampling only with secret batches and count-on 1, app/privacy/amplification_choice.py)
+    amplification: str = option("shuffle.amplification", choice(AMPLIFICATION_SETTINGS), "auto",
+                                "shuffle DP: sampling claims record-level amplification; none does not; auto decides")
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic

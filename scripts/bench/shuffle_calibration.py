@@ -9,6 +9,14 @@ calibrations one after another in one process, as a simulation runs them:
     python -m scripts.bench.shuffle_calibration                      # digits, 10 silos, eps 3
     python -m scripts.bench.shuffle_calibration --set batch-size=32 --eps 0.75 3
     python -m scripts.bench.shuffle_calibration --cold               # every cache cleared per silo
+    python -m scripts.bench.shuffle_calibration --suite [a b c]      # the issue-24 table, cold caches
+
+``--suite``: (a) the 10 digits silos (eps 3, full batches), (b) 25 distinct plans (n from 1,035
+to 2,872 as in the Dirichlet Fashion-MNIST run of docs/results.md, K in {64, 32}, d in {3394,
+1000}, 25 rounds, eps 0.75; ``--stride s``: every s-th plan only), (c) the Fashion-MNIST pairs
+plan (n = 1,792, K = 64, 25 rounds, d = 3394) and digits K = 32 at eps 0.75 and 1.5; (b) and (c)
+both unamplified and amplified. Every calibration starts from cold caches (a silo in its own
+process); "cpu s" is the process's CPU time (what an idle core would take), "wall s" the elapsed time.
 
 ``--cold`` clears the accountant's caches before each silo (a silo in its own process); the
 default keeps them (a simulation's silos share one process). It prints one line per silo (n,
@@ -52,13 +60,64 @@ def silo_inputs(overrides: dict) -> list[dict]:
 
 
 def clear_caches() -> None:
-    from app.privacy import accounting, binomial
+    """Every lru cache of every loaded app.privacy module (a silo in its own process)."""
+    import sys
 
-    for mod in (accounting, binomial):
+    from app.privacy import accounting, binomial  # noqa: F401  (loaded)
+
+    for mod in [m for k, m in list(sys.modules.items()) if k.startswith("app.privacy") and m is not None]:
         for name in dir(mod):
             fn = getattr(mod, name)
             if hasattr(fn, "cache_clear"):
                 fn.cache_clear()
+
+
+def suite_rows(parts: list[str], stride: int = 1) -> list[tuple]:
+    """(set, label, plan, epsilon, delta, p, g, d, amplification) of the ``--suite`` table."""
+    from app.privacy.accounting import PlannedRelease
+    from app.privacy.shuffle import auto_levels
+
+    rows = []
+    if "a" in parts:
+        for si in silo_inputs({}):
+            rows.append(("a digits", f"silo {si['silo']} n={si['n']}", tuple(si["planned"]), 3.0, si["delta"],
+                         si["p"], si["levels"], si["dim"], "none"))
+    if "b" in parts:
+        for i in range(0, 25, stride):
+            n = 1035 + round(i * (2872 - 1035) / 24)
+            k, d = (64, 32)[i % 2], (3394, 3394, 1000)[i % 3]
+            for amp in ("none", "sampling"):
+                rows.append((f"b 25 plans {amp}", f"n={n} K={k} d={d}", (PlannedRelease("grad", n, k, 25),), 0.75,
+                             1.0 / n ** 2, 0.25, auto_levels(d), d, amp))
+    if "c" in parts:
+        for name, n, k, rounds, d in (("fmnist-pairs", 1792, 64, 25, 3394), ("digits K=32", 142, 32, 15, 4810)):
+            for eps in (0.75, 1.5):
+                for amp in ("none", "sampling"):
+                    rows.append((f"c small eps {amp}", f"{name} eps={eps:g}", (PlannedRelease("grad", n, k, rounds),),
+                                 eps, 1.0 / n ** 2, 0.25, auto_levels(d), d, amp))
+    return rows
+
+
+def run_suite(parts: list[str], stride: int = 1) -> None:
+    """Time every row of :func:`suite_rows` from cold caches; one line each, then a summary per set."""
+    from app.privacy.accounting import calibrate_trial_scale
+
+    by_set: dict[str, list[float]] = {}
+    by_wall: dict[str, list[float]] = {}
+    for set_, label, plan, eps, delta, p, g, d, amp in suite_rows(parts, stride):
+        clear_caches()
+        t0, c0 = time.perf_counter(), time.process_time()
+        trials = calibrate_trial_scale(list(plan), eps, delta, p=p, levels=g, dim=d, amplification=amp)
+        dt, ct = time.perf_counter() - t0, time.process_time() - c0
+        by_set.setdefault(set_, []).append(ct)
+        by_wall.setdefault(set_, []).append(dt)
+        print(f"{set_} | {label} | eps={eps:g} g={g} | trials={trials} | cpu {ct:.3f} s | wall {dt:.3f} s "
+              f"| load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
+    print("| set | calibrations | mean cpu s/silo | max cpu s/silo | max wall s/silo |")
+    print("|---|---|---|---|---|")
+    for set_, ts in by_set.items():
+        print(f"| {set_} | {len(ts)} | {sum(ts) / len(ts):.2f} | {max(ts):.2f} | {max(by_wall[set_]):.2f} |")
 
 
 def main() -> None:
@@ -67,7 +126,12 @@ def main() -> None:
     ap.add_argument("--eps", type=float, nargs="*", default=None, help="epsilons (default: the run config's)")
     ap.add_argument("--cold", action="store_true", help="clear the accountant's caches before each silo")
     ap.add_argument("--amplification", default=None, help="shuffle.amplification, where the code has it")
+    ap.add_argument("--suite", nargs="*", default=None, help="the issue-24 table: sets a, b, c (default all)")
+    ap.add_argument("--stride", type=int, default=1, help="--suite b: every s-th of the 25 plans")
     args = ap.parse_args()
+    if args.suite is not None:
+        run_suite(args.suite or ["a", "b", "c"], args.stride)
+        return
     import tomllib
 
     overrides = {}

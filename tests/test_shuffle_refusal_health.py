@@ -1,0 +1,66 @@
+"""A shuffle-DP run whose sums the shuffler refused (app/run_health.py): the hint names the
+shuffler's refusal and its reason, never round-timeout. On hand-made rows (the row key
+``shuffle_refused`` that strategies/loop.py writes) and end to end: a silo down, so the two
+others carry 2/3 of the noise each counts on and the real shuffler refuses every sum."""
+
+from __future__ import annotations
+
+from app.config import parse_settings
+from app.launch import merged_run_config
+from app.run_health import NO_PROGRESS, diagnose
+
+REASON = ("shuffler refused: no contribution's privacy calibration is met: 2000 noise trials available, "
+          "at least 2900 required")
+
+
+def settings(**over):
+    return parse_settings(merged_run_config([]) | {"privacy.mode": "shuffle", "num-silos": 3,
+                                                   "silos-per-round": 3} | over)
+
+
+def rows(refused: str | None, n: int = 3) -> list[dict]:
+    extra = {"shuffle_refused": refused} if refused else {}
+    return [{"round": i + 1, "answered": 0, "refused": 0, "failed": 0, "shuffle_dropped": 3} | extra
+            for i in range(n)]
+
+
+def test_a_refused_sum_blames_the_shufflers_refusal_with_its_reason() -> None:
+    h = diagnose(rows(REASON), settings())
+    assert h.verdict == NO_PROGRESS
+    assert h.blame.setting == "shuffle.count-on"  # count-on 0 = 3 silos: the requirements did not meet
+    assert "the shuffler refused the sum in round(s) 1, 2, 3" in h.blame.suggestion
+    assert "privacy calibration is met" in h.blame.suggestion and "round-timeout" not in h.blame.suggestion
+    assert h.evidence["rounds_shuffle_refused"] == 3
+
+
+def test_another_refusal_reason_still_blames_the_shuffler() -> None:
+    h = diagnose(rows("shuffler refused: no valid contribution among 3 blob(s)"), settings(**{"shuffle.count-on": 1}))
+    assert h.blame.setting == "shuffler" and "no valid contribution" in h.blame.suggestion
+
+
+def test_without_a_shuffler_refusal_the_timeout_hint_is_unchanged() -> None:
+    h = diagnose(rows(None), settings())
+    assert h.verdict == NO_PROGRESS and h.blame.setting == "round-timeout"
+
+
+def _error_for(node_index: int):
+    from flwr.app import Error, Message
+
+    def hook(nid: int, msg, reply):
+        if nid == 1000 + node_index and msg.metadata.message_type == "train":
+            return Message(Error(code=0, reason="silo down"), reply_to=msg)
+        return reply
+
+    return hook
+
+
+def test_end_to_end_the_summary_blames_the_shuffler(federation) -> None:
+    over = {"privacy.mode": "shuffle", "num-rounds": 2, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3,
+            "silos-per-round": 3, "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5,
+            "fail-on-client-error": False}
+    summary, rows_, _ = federation(over, hook=_error_for(0))
+    assert all(r["answered"] == 0 and r["shuffle_dropped"] == 2 for r in rows_)
+    assert all("privacy calibration is met" in r["shuffle_refused"] for r in rows_)
+    blame = summary["health"]["blame"]
+    assert blame["setting"] == "shuffle.count-on", blame
+    assert "the shuffler refused the sum" in blame["suggestion"] and "round-timeout" not in blame["suggestion"]
