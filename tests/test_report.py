@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pandas")
 
-from app import report  # noqa: E402
+from app import report, report_plots  # noqa: E402
 from app.sweep import ResultsFile  # noqa: E402
 
 #: t_{0.975, 2} and t_{0.975, 3} from a printed t table (not from scipy)
@@ -153,7 +153,7 @@ def test_rounds_and_uploads_to_a_target_accuracy_and_the_figures(tmp_path: Path,
                                "run_dir": f"elsewhere/{d.name}"}))  # recorded relative to another cwd
     write_sweep(tmp_path, rows)
     figs = []
-    monkeypatch.setattr(report, "_save_both", lambda fig, stem: figs.append((stem.name, fig)) or [stem.name])
+    monkeypatch.setattr(report_plots, "_save_both", lambda fig, stem: figs.append((stem.name, fig)) or [stem.name])
     rep = report.GridReport.build(report.load_rows(tmp_path), tmp_path, target=80)
     rep.write()
     md = (tmp_path / "results.md").read_text()
