@@ -99,3 +99,25 @@ def test_kept_senders_is_uniform() -> None:
             hits[s] += 1
     for s in senders:
         assert abs(hits[s] / runs - 0.4) < 0.015
+
+
+def test_ledger_row_records_q_and_the_accountant_applies_it() -> None:
+    """A release with silo_sampling = q: its ledger row says q (absent at q = 1, so old rows read
+    the same), and epsilon_spent equals the conversion of the mixture curve computed here."""
+    from app.privacy.accounting import Release, epsilon_spent
+    from app.privacy.binomial import epsilon_from_curves
+    from app.privacy.binomial import BinomialCurve
+    from app.privacy.ledger_chain import _release, _row
+
+    plain = Release("grad", 100, 10, 0.0, 20, False, "binomial", 20_000, 16, 0.5, 30)
+    sampled = Release("grad", 100, 10, 0.0, 20, False, "binomial", 20_000, 16, 0.5, 30, silo_sampling=0.2)
+    assert "silo_sampling" not in _row(plain)
+    assert _row(sampled)["silo_sampling"] == 0.2 and _release(_row(sampled)) == sampled
+    curve = release_curve(20_000, 0.5, 16, 30)
+    mixed = [float(np.logaddexp(math.log(0.8), math.log(0.2) + (a - 1) * r) / (a - 1)) if math.isfinite(r) else r
+             for a, r in zip(ORDERS, curve.rdp)]
+    expected = epsilon_from_curves([(BinomialCurve(rdp=tuple(mixed), tail=curve.tail), 20)], 1e-5)
+    assert epsilon_spent([sampled], 1e-5) == pytest.approx(expected, rel=1e-9)
+    assert epsilon_spent([sampled], 1e-5) < epsilon_spent([plain], 1e-5)
+    with pytest.raises(ValueError, match="silo sampling"):
+        Release("grad", 100, 10, 1.0, silo_sampling=0.5)  # Gaussian: never claimed
