@@ -87,6 +87,8 @@ class Instruction:
 
     @classmethod
     def decode(cls, content: RecordDict) -> Instruction:
+        from app.wire_queries import ShuffleTicket  # app.wire_queries imports this module
+
         arrays, config, prev = read_instruction(content)
         rnd = _int(config, ROUND, 0)
         return cls(round=rnd, phase=_phase(config.get(PHASE, "")), arrays=arrays, prev=prev,
