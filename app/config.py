@@ -110,6 +110,9 @@ class ShuffleSettings:
     #: records is drawn without replacement: app/privacy/amplification.py) or "none" (default:
     #: amplified requirements differ much more between silos of different n, see docs/privacy.md)
     amplification: str = "none"
+    #: M > 0: ask the silos to claim amplification by the shuffler keeping a random M of the N
+    #: silos (app/privacy/silo_sampling.py); each silo claims it only if its node config trusts it
+    silo_sample: int = 0
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
@@ -474,6 +477,7 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "shuffle.count-on": ("shuffle.count_on", _num(0, 10_000, integer=True)),
     "shuffle.headroom": ("shuffle.headroom", _num(0, MAX_HEADROOM)),
     "shuffle.amplification": ("shuffle.amplification", _str(AMPLIFICATIONS)),
+    "shuffle.silo-sample": ("shuffle.silo_sample", _num(0, 10_000, integer=True)),
     "outputs-dir": ("outputs_dir", _str()),
     "run-name": ("run_name", _str()),
     "fail-on-client-error": ("fail_on_client_error", _bool),
@@ -629,6 +633,9 @@ def _check_shuffle(s: Settings) -> None:
     if s.shuffle.count_on > s.silos_per_round:
         raise ConfigError(f"shuffle.count-on = {s.shuffle.count_on} is out of range; allowed: [0, silos-per-round = "
                           f"{s.silos_per_round}] (0 means silos-per-round)")
+    if s.shuffle.silo_sample > s.num_silos:
+        raise ConfigError(f"shuffle.silo-sample = {s.shuffle.silo_sample} is out of range; allowed: [0, num-silos = "
+                          f"{s.num_silos}] (0: no silo sampling)")
 
 
 def effective_aggregator(s: Settings) -> str:

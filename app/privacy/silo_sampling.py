@@ -153,3 +153,21 @@ def kept_senders(senders: Sequence[bytes], keep: int, rng: np.random.Generator) 
     rate(keep, len(pool))
     chosen = rng.choice(len(pool), size=keep, replace=False)
     return frozenset(pool[int(i)] for i in chosen)
+
+
+def claim(keep: int, silos: int, trusted: bool, count_on: int) -> tuple[float, bytes, str]:
+    """What a silo claims for one release: (q, the tag to seal after its binding, why). It claims
+    q = M / N only when the run asks for silo sampling (M = ``keep`` > 0 of N = ``silos``), its
+    node config trusts the shuffler for it (``trusted``) and count-on is 1; else (1, b"", why not).
+    A shuffler that does not keep exactly M of N drops a tagged contribution (:func:`tag_mismatch`)."""
+    if keep <= 0:
+        return 1.0, b"", "not claimed: the run asks for no silo sampling (shuffle.silo-sample = 0)"
+    if not trusted:
+        return 1.0, b"", ("not claimed: this node does not trust the shuffler's silo sampling (node config "
+                          "shuffle-trust-silo-sampling = false)")
+    violation = count_on_violation(count_on)
+    if violation is not None:
+        return 1.0, b"", f"not claimed: {violation}"
+    return rate(keep, silos), tag(keep, silos), (f"claimed: the shuffler keeps a random {keep} of the {silos} silos' "
+                                                 "contributions (OS randomness), so this silo's releases are accounted "
+                                                 f"at q = {keep}/{silos}")
