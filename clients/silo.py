@@ -406,7 +406,7 @@ class Silo:
                             "record_amplification": (f"sampling: {AMPLIFIED_BOUND}"
                                                      if self.s.shuffle.amplification == "sampling" else "none"),
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
-                                             "silo sampling is claimed",
+                                             "the server's silo sampling is claimed (the shuffler's: silo_sampling)",
                             "silo_sampling": self._silo_sampling_report(count_on),
                             "trust": shuffle_trust(count_on, self.s.num_silos)},
                 "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "disjoint": r.disjoint,
@@ -475,7 +475,8 @@ class Silo:
 
     def _silo_sampling(self, count_on: int) -> tuple[float, bytes, str]:
         """(q, seal tag, why) of app/privacy/silo_sampling.claim for this run and node."""
-        return silo_sampling.claim(self.s.shuffle.silo_sample, self.s.num_silos, self.trust_silo_sampling, count_on)
+        return silo_sampling.claim(self.s.shuffle.silo_sample, self.s.num_silos, self.trust_silo_sampling, count_on,
+                                   pinned=self.shuffler_pin is not None)
 
     def _silo_sampling_report(self, count_on: int) -> dict[str, Any]:
         q, _, why = self._silo_sampling(count_on)

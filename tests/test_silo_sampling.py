@@ -121,3 +121,10 @@ def test_ledger_row_records_q_and_the_accountant_applies_it() -> None:
     assert epsilon_spent([sampled], 1e-5) < epsilon_spent([plain], 1e-5)
     with pytest.raises(ValueError, match="silo sampling"):
         Release("grad", 100, 10, 1.0, silo_sampling=0.5)  # Gaussian: never claimed
+
+
+def test_claim_needs_the_run_the_node_trust_a_pinned_shuffler_and_count_on_one() -> None:
+    assert ss.claim(2, 5, True, 1)[:2] == (0.4, ss.tag(2, 5))
+    for args in [(0, 5, True, 1, True), (2, 5, False, 1, True), (2, 5, True, 2, True), (2, 5, True, 1, False)]:
+        q, tag, why = ss.claim(*args)
+        assert (q, tag) == (1.0, b"") and why.startswith("not claimed")

@@ -155,16 +155,20 @@ def kept_senders(senders: Sequence[bytes], keep: int, rng: np.random.Generator) 
     return frozenset(pool[int(i)] for i in chosen)
 
 
-def claim(keep: int, silos: int, trusted: bool, count_on: int) -> tuple[float, bytes, str]:
+def claim(keep: int, silos: int, trusted: bool, count_on: int, pinned: bool = True) -> tuple[float, bytes, str]:
     """What a silo claims for one release: (q, the tag to seal after its binding, why). It claims
     q = M / N only when the run asks for silo sampling (M = ``keep`` > 0 of N = ``silos``), its
-    node config trusts the shuffler for it (``trusted``) and count-on is 1; else (1, b"", why not).
+    node config trusts the shuffler for it (``trusted``) and pins the shuffler's key (``pinned``:
+    else the server could hand it a key of its own) and count-on is 1; else (1, b"", why not).
     A shuffler that does not keep exactly M of N drops a tagged contribution (:func:`tag_mismatch`)."""
     if keep <= 0:
         return 1.0, b"", "not claimed: the run asks for no silo sampling (shuffle.silo-sample = 0)"
     if not trusted:
         return 1.0, b"", ("not claimed: this node does not trust the shuffler's silo sampling (node config "
                           "shuffle-trust-silo-sampling = false)")
+    if not pinned:
+        return 1.0, b"", ("not claimed: this node pinned no shuffler key (node config shuffler-public-key), so the "
+                          "server could relay its contributions to a shuffler of its own")
     violation = count_on_violation(count_on)
     if violation is not None:
         return 1.0, b"", f"not claimed: {violation}"
