@@ -246,6 +246,9 @@ def _check_relations(s: Settings) -> None:
 
 def _check_shuffle(s: Settings) -> None:
     """Shuffle DP's settings: which algorithms, no sketch, a finite budget, whom silos count on."""
+    if s.shuffle.silo_sample > s.num_silos:
+        raise ConfigError(f"shuffle.silo-sample = {s.shuffle.silo_sample} is out of range; allowed: [0, num-silos = "
+                          f"{s.num_silos}] (0: no silo sampling)")
     if s.privacy.mode != "shuffle":
         return
     if s.algorithm not in SHUFFLE_ALGORITHMS:

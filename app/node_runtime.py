@@ -113,7 +113,8 @@ def shuffler(context: Context) -> Shuffler:
         pinned = str(node.get("silo-keys", "")).strip()
         allowed = [parse_public_key(k.strip()) for k in pinned.split(",") if k.strip()] if pinned else None
         _SHUFFLERS[key] = Shuffler(keys, allowed, seen_path=where / SHUFFLER_SEEN, run_id=context.run_id,
-                                   legacy_seen=sorted(where.glob("shuffler-seen-run*.json")))
+                                   legacy_seen=sorted(where.glob("shuffler-seen-run*.json")),
+                                   silo_sample=int(node.get("shuffle-silo-sample", 0)))
     return _SHUFFLERS[key]
 
 
@@ -187,6 +188,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
                                policy_violation=violation, ledger_budget=ledger_budget,
                                evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio,
                                run_id=context.run_id, shuffler_pin=pin,
+                               trust_silo_sampling=policy.shuffle_trust_silo_sampling,
                                ledger_mark_dir=node.get("ledger-mark-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, str(exc))

@@ -91,6 +91,7 @@ from app.filelock import exclusive_lock, write_json_atomically
 from app.privacy.contribution import Contribution, ContributionError
 from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed, parse_public_key
 from app.privacy.shuffle import HONEST_ALPHA, MAX_HEADROOM, count_slack
+from app.privacy.silo_sampling import kept_senders, os_generator, tag_mismatch
 
 _INT64_LIMIT = 2**63
 #: The most noise trials one contribution may claim. A silo carries (1 + headroom) / count-on of
@@ -136,11 +137,14 @@ class Shuffler:
     which gives no protection against injected contributions; use it only in tests.
     ``seen_path``: where consumed exchange contexts are persisted (optional). ``run_id``: the
     run this shuffler serves (its own view, from Flower); a context naming another run is
-    refused (optional: None accepts any context, as in unit tests)."""
+    refused (optional: None accepts any context, as in unit tests). ``silo_sample`` = M > 0:
+    each exchange sums only a uniformly random M of the N ``allowed_senders`` (drawn from OS
+    randomness, app/privacy/silo_sampling.py); a contribution sealed for another M of N (or for
+    silo sampling when M = 0) is dropped, since its silo's accounting would not hold."""
 
     def __init__(self, keys: StaticKeys, allowed_senders: Collection[bytes] | None,
                  seen_path: str | Path | None = None, *, run_id: int | None = None,
-                 legacy_seen: Sequence[str | Path] = ()) -> None:
+                 legacy_seen: Sequence[str | Path] = (), silo_sample: int = 0) -> None:
         self.keys = keys
         self.allowed_senders: frozenset[bytes] | None = (
             None if allowed_senders is None else frozenset(parse_public_key(k) for k in allowed_senders)
@@ -150,6 +154,10 @@ class Shuffler:
         #: older per-run files of consumed contexts, read (never written) with seen_path's
         self.legacy_seen = tuple(Path(x) for x in legacy_seen)
         self._seen: set[str] = set()
+        self.silo_sample = int(silo_sample)
+        if self.silo_sample and not (self.allowed_senders and self.silo_sample <= len(self.allowed_senders)):
+            raise ValueError(f"silo sampling of M={self.silo_sample} needs a list of at least M allowed senders")
+        self._sampler = os_generator()
 
     @property
     def public_hex(self) -> str:
@@ -226,6 +234,9 @@ class Shuffler:
             narrowed = frozenset(parse_public_key(k) for k in allowed_senders)
             allowed = narrowed if allowed is None else allowed & narrowed
         self._consume(context)
+        population = len(self.allowed_senders or ())
+        kept = kept_senders(sorted(self.allowed_senders or ()), self.silo_sample, self._sampler) \
+            if self.silo_sample else None
 
         dropped: dict[str, str] = {}
         accepted: dict[bytes, Contribution] = {}  # insertion order = blob order
@@ -246,10 +257,13 @@ class Shuffler:
             except ContributionError as exc:
                 dropped[sender.hex()] = f"invalid contribution: {exc}"
                 continue
-            reason = _implausible(contribution, context, p)
+            reason = _implausible(contribution, context, p) or tag_mismatch(contribution.binding, self.silo_sample,
+                                                                            population)
             if reason is not None:
                 dropped[sender.hex()] = reason
                 continue
+            if kept is not None and sender not in kept:
+                continue  # not in this exchange's sample: discarded, never summed
             accepted[sender] = contribution
 
         if not accepted:

@@ -53,6 +53,7 @@ from app.privacy.amplification_choice import resolve_amplification
 from app.privacy.contribution import Contribution
 from app.privacy.envelope import StaticKeys, parse_public_key, seal
 from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
+from app.privacy import silo_sampling
 
 #: the bound a sampled binomial release is accounted with under shuffle.amplification = "sampling"
 AMPLIFIED_BOUND = ("Theorem 9 form of Wang, Balle & Kasiviswanathan 2019 for the truncated ideal-vs-real pair, "
@@ -99,7 +100,8 @@ class Silo:
                  state_dir: str | Path, ledger_key: str, policy_violation: str | None = None,
                  ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
                  evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
-                 ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None) -> None:
+                 ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None,
+                 trust_silo_sampling: bool = False) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
@@ -108,13 +110,15 @@ class Silo:
         public key (hex) the node's operator pinned; a silo with a pin seals to no other key.
         ``ledger_mark_dir``: where the ledger's high-water mark lives (node config
         ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``). ``model``: the silo's own
-        torch module (clients/private_silo.py); None: the run config's model from the zoo."""
+        torch module (clients/private_silo.py); None: the run config's model from the zoo.
+        ``trust_silo_sampling``: node config shuffle-trust-silo-sampling (app/privacy/silo_sampling.py)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,
             settings.shuffle.count_on or settings.silos_per_round)
         settings = replace(settings, shuffle=replace(settings.shuffle, amplification=amplification))
         self.s = settings
+        self.trust_silo_sampling = bool(trust_silo_sampling)
         self.run_id = int(run_id)
         self.shuffler_pin = shuffler_pin
         self.policy_violation = policy_violation
@@ -394,6 +398,7 @@ class Silo:
                           else "fixed-size without replacement" if r.sampled else "none (full batch)")}
             | ({"mechanism": "binomial", "trials": r.trials, "levels": r.levels, "p": r.p, "dim": r.dim}
                | ({"amplification": r.amplification} if r.amplification != "none" else {})
+               | ({"silo_sampling": r.silo_sampling} if r.silo_sampling < 1 else {})
                if r.binomial else {})
             for r in group_releases(self.ledger.recorded())
         ]
@@ -409,7 +414,8 @@ class Silo:
                                                      if self.s.shuffle.amplification == "sampling" else "none"),
                             "record_amplification_why": self.amplification_why,
                             "amplification": "none: the server knows which silos it sampled, so no amplification by "
-                                             "silo sampling is claimed",
+                                             "the server's silo sampling is claimed (the shuffler's: silo_sampling)",
+                            "silo_sampling": self._silo_sampling_report(count_on),
                             "trust": shuffle_trust(count_on, self.s.num_silos)},
                 "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "disjoint": r.disjoint,
                              "trials": r.trials,
@@ -449,8 +455,9 @@ class Silo:
         if phase == Phase.DISJOINT and not 1 <= rnd <= self.n // spec.batch:
             return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
                                 f"the n={self.n} records hold {self.n // spec.batch} disjoint blocks")
+        q, sampling_tag, _ = self._silo_sampling(count_on)
         release = Release(kind, self.n, spec.batch, 0.0, 1, phase == Phase.DISJOINT, "binomial", spec.trials,
-                          self.levels, self.s.shuffle.p, self.dim, self.s.shuffle.amplification)
+                          self.levels, self.s.shuffle.p, self.dim, self.s.shuffle.amplification, q)
         try:
             spent, seq = self.ledger.record_release([release], round_=rnd, exclusive=phase == Phase.DISJOINT,
                                                     extra={"trials_per_record": b, "count_on": count_on})
@@ -469,9 +476,19 @@ class Silo:
         # the sealed payload, to that context's hash and this release's ledger sequence number
         context = wire.shuffle_context(self.run_id, rnd, ins.shuffle.exchange, str(phase))
         contribution = Contribution(records=spec.batch, trials=spec.batch * b, required_trials=spec.trials,
-                                    levels=self.levels, counts=counts, binding=Contribution.bind(context, seq))
+                                    levels=self.levels, counts=counts,
+                                    binding=Contribution.bind(context, seq) + sampling_tag)
         assert self.sender_keys is not None
         return wire.SealedReply(seal(shuffler_key, self.sender_keys, contribution.encode(), context), spent).encode()
+
+    def _silo_sampling(self, count_on: int) -> tuple[float, bytes, str]:
+        """(q, seal tag, why) of app/privacy/silo_sampling.claim for this run and node."""
+        return silo_sampling.claim(self.s.shuffle.silo_sample, self.s.num_silos, self.trust_silo_sampling, count_on,
+                                   pinned=self.shuffler_pin is not None)
+
+    def _silo_sampling_report(self, count_on: int) -> dict[str, Any]:
+        q, _, why = self._silo_sampling(count_on)
+        return {"claimed": q < 1, "q": q, "why": why}
 
     # -- internals ------------------------------------------------------------------------
     def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, seq: int, step: int,

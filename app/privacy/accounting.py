@@ -96,8 +96,14 @@ class Release:
     #: binomial releases: "sampling" claims amplification by the batch's sampling without
     #: replacement (app/privacy/amplification.py) when K < n; "none" accounts as if included
     amplification: str = "none"
+    #: binomial releases: q = M / N when the shuffler keeps a random M of the N silos and this
+    #: silo's node trusts it to (app/privacy/silo_sampling.py); 1: no silo sampling claimed
+    silo_sampling: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (0 < self.silo_sampling <= 1 and (self.silo_sampling == 1 or self.mechanism == "binomial")):
+            raise ValueError(f"silo sampling q must be in (0, 1] (below 1 for binomial releases only), got "
+                             f"{self.silo_sampling!r}")
         if self.amplification not in AMPLIFICATIONS:
             raise ValueError(f"release amplification must be one of {AMPLIFICATIONS}, got {self.amplification!r}")
         if self.mechanism not in ("gaussian", "binomial"):
@@ -203,8 +209,12 @@ def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
     binomial ones with their truncation tails), composed and converted by the binomial module."""
     from app.privacy import binomial
 
+    from app.privacy.silo_sampling import silo_sampled_curve
+
     parts = [(binomial.amplified_release_curve(r.trials, r.p, r.levels, r.dim, r.gamma) if r.gamma < 1
               else binomial.release_curve(r.trials, r.p, r.levels, r.dim), r.count) for r in live if r.binomial]
+    parts = [(silo_sampled_curve(binomial.ORDERS, c, r.silo_sampling) if r.silo_sampling < 1 else c, n)
+             for (c, n), r in zip(parts, [r for r in live if r.binomial])]
     extra = np.zeros(len(binomial.ORDERS))
     for r in live:
         if r.binomial:
@@ -227,7 +237,7 @@ def _epsilon_fast_binomial(releases: Sequence[Release], delta: float) -> float:
     from app.privacy import binomial
 
     live = _live(releases)
-    if not live or not all(r.binomial for r in live):
+    if not live or not all(r.binomial and r.silo_sampling == 1 for r in live):
         return epsilon_spent(releases, delta)
     return binomial.fast_epsilon([(r.trials, r.p, r.levels, r.dim, r.count, r.gamma) for r in live], float(delta))
 

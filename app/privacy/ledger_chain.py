@@ -174,7 +174,7 @@ def _release(r: dict[str, Any]) -> Release:
     return Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
                    bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
                    int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)),
-                   str(r.get("amplification", "none")))
+                   str(r.get("amplification", "none")), float(r.get("silo_sampling", 1.0)))
 
 
 _RELEASE_FIELDS = tuple(f.name for f in fields(Release))
@@ -184,9 +184,10 @@ _BINOMIAL_FIELDS = ("mechanism", "trials", "levels", "p", "dim")
 def _row(r: Release) -> dict[str, Any]:
     """A release as a ledger row (its fields in order, as ``asdict`` gives them: they are plain
     values); a Gaussian one without the binomial fields (unused there), and ``amplification``
-    only where one is claimed (rows without it read as "none")."""
+    only where one is claimed (rows without it read as "none"), ``silo_sampling`` likewise (1)."""
     return {name: getattr(r, name) for name in _RELEASE_FIELDS if (r.binomial or name not in _BINOMIAL_FIELDS)
-            and not (name == "amplification" and r.amplification == "none")}
+            and not (name == "amplification" and r.amplification == "none")
+            and not (name == "silo_sampling" and r.silo_sampling == 1)}
 
 
 def _encode_float(x: float) -> float | str:

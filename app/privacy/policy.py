@@ -63,7 +63,7 @@ NOISE_SEEDS = ("run", "os")
 EVALUATION_POLICIES = ("open", "private", "off")
 #: node-config keys this module reads (besides the silo's identity and paths, read by the ClientApp)
 POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio",
-               "allow-non-private", "shuffle-count-on-max")
+               "allow-non-private", "shuffle-count-on-max", "shuffle-trust-silo-sampling")
 
 
 class PolicyError(ValueError):
@@ -85,6 +85,8 @@ class NodePolicy:
     deployed: bool = False
     #: shuffle DP: the most silos whose noise this silo counts on (None: no bound)
     shuffle_count_on_max: int | None = None
+    #: shuffle DP: claim amplification by the shuffler's silo sampling (app/privacy/silo_sampling.py)
+    shuffle_trust_silo_sampling: bool = False
 
     @property
     def capped(self) -> bool:
@@ -147,6 +149,7 @@ def node_policy(node: Mapping[str, Any], *, deployed: bool = False) -> NodePolic
         allow_non_private=(not safe) if allow is None else allow,
         deployed=deployed,
         shuffle_count_on_max=_count_on_max(node, 1 if safe else None),
+        shuffle_trust_silo_sampling=bool(_flag(node, "shuffle-trust-silo-sampling")),
     )
 
 

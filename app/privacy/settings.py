@@ -72,6 +72,10 @@ class ShuffleSettings:
     #: (default: sampling only with secret batches and count-on 1, app/privacy/amplification_choice.py)
     amplification: str = option("shuffle.amplification", choice(AMPLIFICATION_SETTINGS), "auto",
                                 "shuffle DP: sampling claims record-level amplification; none does not; auto decides")
+    #: M > 0: ask the silos to claim amplification by the shuffler keeping a random M of the N
+    #: silos (app/privacy/silo_sampling.py); each silo claims it only if its node config trusts it
+    silo_sample: int = option("shuffle.silo-sample", number(0, 10_000, integer=True), 0,
+                              "shuffle DP: the shuffler keeps a random M of the N silos (0: all)")
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic
