@@ -64,6 +64,11 @@ SETUPS: dict[str, dict[str, Any]] = {
     # (10 classes), full batches (K = n): the error-vs-N comparison of shuffle DP and ISRL-DP
     "fmnist-iid": {"dataset": "fashion-mnist", "partition": "iid", "num-silos": 10, "silos-per-round": 10, "pca": 50,
                    "model": "logistic", "num-rounds": 25, "batch-size": 0, "test-fraction": 0.9},
+    # issue 24's measurements: Fashion-MNIST IID silos sharing half of the 70,000 records (35,000;
+    # 20% of each silo's held out for validation), PCA 50, logistic regression, R = 15, K = 64
+    # (sampled batches, so record-level amplification applies; Prox-SGD keeps K = n/R)
+    "fmnist-iid-k64": {"dataset": "fashion-mnist", "partition": "iid", "num-silos": 10, "silos-per-round": 10,
+                       "pca": 50, "model": "logistic", "num-rounds": 15, "batch-size": 64, "test-fraction": 0.5},
     # MNIST even/odd pairs, where the MNIST idx files are present (data-dir)
     "mnist-pairs": {"dataset": "mnist", "partition": "even-odd-pairs", "num-silos": 25, "silos-per-round": 25,
                     "pca": 50, "mlp-hidden": "64", "num-rounds": 25, "batch-size": 64},
@@ -216,29 +221,38 @@ def plot(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], e
     plt.close(fig)
 
 
+def _append(csv_path: Path, row: dict[str, Any]) -> None:
+    """Append one run to the CSV under an exclusive lock (header first when the file is new or
+    empty; else in the file's own columns, for a CSV written before a column existed), so
+    processes running other algorithms into the same directory can share the file."""
+    from app.filelock import exclusive_lock
+
+    with exclusive_lock(csv_path.with_name(csv_path.name + ".lock")):
+        new = not csv_path.exists() or csv_path.stat().st_size == 0
+        fields = FIELDS
+        if not new:
+            with csv_path.open() as fh:
+                fields = next(csv.reader(fh), None) or FIELDS
+        with csv_path.open("a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
 def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, setup: str, what: str) -> None:
     """Run the jobs not yet in ``rows``, appending each result to the CSV as it finishes."""
     done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), _dc(r), int(r["seed"])) for r in rows}
     todo = [j for j in jobs if j not in done]
     print(f"[isrl-compare] {setup} {what}: {len(todo)} runs to do, {len(jobs) - len(todo)} already in {csv_path}",
           flush=True)
-    new = not csv_path.exists()
-    fields = FIELDS
-    if not new:  # append in the file's own columns (a CSV written before a column existed)
-        with csv_path.open() as fh:
-            fields = next(csv.reader(fh), None) or FIELDS
-    with csv_path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        for i, (algo, eps, lr, clip, dc, seed) in enumerate(todo, 1):
-            with tempfile.TemporaryDirectory() as tmp:
-                row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp), dc)
-            writer.writerow(row)
-            fh.flush()
-            rows.append({k: str(v) for k, v in row.items()})
-            print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} C={dc:g} seed={seed}: "
-                  f"{row['status']} val {row.get('val_error')} test {row.get('test_error')} ({row['wall_s']}s)", flush=True)
+    for i, (algo, eps, lr, clip, dc, seed) in enumerate(todo, 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp), dc)
+        _append(csv_path, row)
+        rows.append({k: str(v) for k, v in row.items()})
+        print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} C={dc:g} seed={seed}: "
+              f"{row['status']} val {row.get('val_error')} test {row.get('test_error')} ({row['wall_s']}s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     global MODE
     MODE = args.mode
+    OVERRIDES.clear()  # main() may be called again in one process (scripts/reproduce/sdp24_runs.py)
     for key, value in (("shuffle.count-on", args.count_on), ("shuffle.amplification", args.amplification),
                        ("shuffle.headroom", args.headroom)):
         if value is not None:
