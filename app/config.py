@@ -39,6 +39,8 @@ NOISE_SEEDS = POLICY_NOISE_SEEDS
 #: aggregation rules of the Byzantine-robust line (= "gradbant" + strategies.aggregation.RULES)
 AGGREGATORS = ("gradbant", "mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
                "centered-clipping")
+#: pre-aggregators applied before a rule (= strategies.preaggregation.PRE_AGGREGATORS)
+PRE_AGGREGATORS = ("nnm", "bucketing", "arc")
 #: rules that score updates against the server's trust set
 TRUST_AGGREGATORS = ("gradbant", "fltrust")
 #: sketch kinds with an exact expected noise energy E||S^T S xi||^2 (app/sketch/noise.py), for gradbant.noise-aware
@@ -176,6 +178,9 @@ class RobustSettings:
     #: Grad-BANT when the server cannot read the partition (a deployment); () = from the partition
     gradbant_silo_records: tuple[int, ...] = ()
     cc_tau: float = 1.0
+    #: pre-aggregators applied in order before the rule (strategies/preaggregation.py); bucket size s
+    pre: tuple[str, ...] = ()
+    bucket_size: int = 2
     #: byzantine.f: the number of Byzantine silos the rule must tolerate, as the operator states
     #: it; -1 = not stated (a simulation's attack harness then tells the rule each round's count)
     byzantine_f: int = -1
@@ -375,6 +380,16 @@ _hidden = _int_tuple(1, '"64" or "128,64"', "positive integers (layer widths)")
 _int_list = _int_tuple(0, '"0,1,2" ("": all)', "class indices >= 0")
 
 
+def _pre_list(key: str, value: Any) -> tuple[str, ...]:
+    """A comma-separated list of pre-aggregators (strategies/preaggregation.py), "" for none."""
+    out = tuple(v.strip() for v in _str()(key, value).split(",") if v.strip())
+    bad = [v for v in out if v not in PRE_AGGREGATORS]
+    if bad:
+        raise ConfigError(f"{key} = {value!r}: unknown pre-aggregator {bad[0]!r}; allowed: comma list of "
+                          f"{', '.join(PRE_AGGREGATORS)}, or \"\"")
+    return out
+
+
 #: old algorithm names still accepted: "gradbant" ran the robust line with any ``aggregator``
 #: (Grad-BANT is the default rule), so ``algorithm=gradbant aggregator=krum`` ran Krum
 ALGORITHM_ALIASES = {"gradbant": "robust"}
@@ -456,6 +471,8 @@ SCHEMA: dict[str, tuple[str, Any]] = {
                               _int_tuple(1, '"500,6000" (smallest,largest; "": from the partition)',
                                          "two positive integers")),
     "cc.tau": ("robust.cc_tau", _num(0, None, lo_open=True)),
+    "pre-aggregators": ("robust.pre", _pre_list),
+    "bucketing.size": ("robust.bucket_size", _num(1, 10_000, integer=True)),
     "byzantine.f": ("robust.byzantine_f", _num(-1, 10_000, integer=True)),
     "attack.kind": ("attack.kind", _str(ATTACKS)),
     "attack.fraction": ("attack.fraction", _num(0, 0.9)),
@@ -643,6 +660,10 @@ def _check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
     agg = effective_aggregator(s)
     _check_byzantine_f(s)
+    if s.robust.pre:
+        from strategies.composition import refuse_pre
+
+        refuse_pre(s)  # ConfigError (one line) for a pre-aggregator chain that cannot work
     if s.algorithm != "robust":
         from strategies.aggregators import refuse_combination
 
