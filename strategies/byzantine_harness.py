@@ -46,8 +46,8 @@ def alie_z_for(s: Settings, n: int, f: int) -> float:
 
 
 def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int],
-                    rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None
-                    ) -> dict[int, np.ndarray]:
+                    rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
+                    report: dict[str, float] | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
     The omniscient attacks need at least one honest message; without one they send their own.
     ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector)."""
@@ -60,7 +60,7 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
     if s.attack.kind in ADAPTIVE_ATTACKS:
         if stack is None:
             return out
-        new = adaptive_message(s, stack, f, rule)
+        new = adaptive_message(s, stack, f, rule, report)
         return out | {node: new for node in sorted(byzantine & set(out))}
     for node in sorted(byzantine & set(out)):
         own = out[node]
@@ -79,10 +79,11 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
 
 
 def adaptive_message(s: Settings, honest: np.ndarray, f: int,
-                     rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None) -> np.ndarray:
+                     rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None,
+                     report: dict[str, float] | None = None) -> np.ndarray:
     """The one message every Byzantine silo sends under an adaptive attack (app/adaptive_attacks.py):
     Mimic repeats the first honest message; ALIE and IPM search their scale against ``rule``
-    (the mean when None)."""
+    (the mean when None); ``report`` gets their scale tau* as ``attack_scale``."""
     if s.attack.kind == "mimic":
         return np.asarray(mimic(honest), dtype=np.float32)
     f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
@@ -90,6 +91,8 @@ def adaptive_message(s: Settings, honest: np.ndarray, f: int,
     attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
     vector, tau = attack(honest, f, agg)
     log(DEBUG, "%s: tau* = %.4g against the rule in use", s.attack.kind, tau)
+    if report is not None:
+        report["attack_scale"] = float(tau)
     return np.asarray(vector, dtype=np.float32)
 
 
@@ -103,6 +106,8 @@ class Attacked:
         self.inner = inner
         self.name = inner.name
         self.byzantine_nodes: set[int] = set()
+        #: this exchange's adaptive-attack scale tau* (the row's attack_scale)
+        self.report: dict[str, float] = {}
 
     def bind(self, owner: Any) -> None:
         self.s: Settings = owner.s
@@ -137,7 +142,8 @@ class Attacked:
             self.inner.impl.oracle = byz
         if self.s.attack.kind not in MODEL_ATTACKS or not byz:
             return updates
-        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex))
+        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex),
+                                   self.report)
         lifted = [updates.lift(messages[node]) if node in byz else u
                   for node, u in zip(updates.nodes, updates.updates, strict=True)]
         return replace(updates, updates=lifted, messages=messages)
@@ -155,8 +161,9 @@ class Attacked:
         return lambda f, mean: rule_simulator(impl, rnd, f, mean, scale)
 
     def combine(self, rnd: int, ex: Any, updates: Any) -> tuple[Any, dict[str, Any]]:
+        self.report = {}
         out, row = self.inner.combine(rnd, ex, self.attacked(rnd, updates, ex))
-        return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | row
+        return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | self.report | row
 
     def state(self) -> dict[str, Any]:
         inner = self.inner.state()
