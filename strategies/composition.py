@@ -82,8 +82,9 @@ def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np
 def rule_simulator(agg: Any, server_round: int, f: int, honest_mean: np.ndarray,
                    scale: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
     """rows (messages, times ``scale`` into the rule's space) -> the rule's direction after the
-    chain, back in the messages' space (divided by ``scale``), with ``agg``'s state copied (the real round is not touched); zero when the rule keeps
-    nothing. Trust rules score against ``honest_mean`` (times scale) in place of the server's g0."""
+    chain, back in the messages' space (divided by ``scale``), with ``agg``'s state copied (the
+    real round is not touched); zero when the rule keeps nothing. Trust rules score against
+    ``honest_mean`` (times scale) in place of the server's g0."""
     from strategies.gradbant import gradbant_step
 
     s = agg.s

@@ -158,3 +158,19 @@ def test_nnm_krum_under_adaptive_alie_runs_and_reports_silo_weights(tmp_path: Pa
     for r in rows:
         assert r["byzantine_answered"] == 3
         assert sum(r["silo_weights"].values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("rule,pre,attack", [("gradbant", "nnm", "ipm-adaptive"), ("fltrust", "bucketing", "mimic"),
+                                             ("centered-clipping", "arc", "alie-adaptive")])
+def test_every_kind_of_rule_composes_and_meets_the_adaptive_attacks(tmp_path: Path, rule, pre, attack):
+    """Trust rules (the attacker's g0: the honest mean), a stateful rule (centered clipping's
+    center, copied) and Bucketing's per-round generator, through the real ServerApp."""
+    from tests.helpers import run
+
+    cfg = {"algorithm": "robust", "aggregator": rule, "pre-aggregators": pre, "dataset": "digits", "trust.size": 60,
+           "partition": "iid", "num-silos": 10, "silos-per-round": 10, "privacy.mode": "off", "byzantine.f": 4,
+           "attack.kind": attack, "attack.fraction": 0.4, "num-rounds": 2, "batch-size": 32}
+    summary, rows, _ = run(tmp_path, cfg)
+    assert summary["status"] == "completed" and len(rows) == 2
+    assert all(("attack_scale" in r) == (attack != "mimic") for r in rows)
+    assert all(sum(r["silo_weights"].values()) <= 1.0 + 1e-9 for r in rows)
