@@ -50,12 +50,7 @@ def nnm(updates: np.ndarray, f: int) -> Mixed:
     near = np.argsort(dist, axis=1, kind="stable")[:, :k]
     mix = np.zeros((n, n))
     np.put_along_axis(mix, near, 1.0 / k, axis=1)
-    return Mixed(near_mean(u, near), mix)
-
-
-def near_mean(u: np.ndarray, near: np.ndarray) -> np.ndarray:
-    """Row i = mean of u[near[i]] (summed in the order given)."""
-    return u[near].mean(axis=1)
+    return Mixed(u[near].mean(axis=1), mix)
 
 
 def bucketing(updates: np.ndarray, s: int, rng: np.random.Generator | None = None, *,
