@@ -25,6 +25,8 @@ $(BIN)/.installed: pyproject.toml
 	@echo "[setup] 4/5 the other dependencies of pyproject.toml (Flower, Ray, ...)"
 	$(BIN)/python scripts/print_requirements.py --dev > $(VENV)/requirements.txt
 	$(BIN)/pip install -q -r $(VENV)/requirements.txt
+	$(BIN)/python scripts/print_requirements.py --no-deps > $(VENV)/requirements-nodeps.txt
+	$(BIN)/pip install -q --no-deps -r $(VENV)/requirements-nodeps.txt
 	@echo "[setup] 5/5 silofl itself (editable)"
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@

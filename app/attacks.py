@@ -164,6 +164,12 @@ ATTACKS: dict[str, AttackInfo] = {
     "alie": AttackInfo("a little is enough: send mu + z * sigma of the honest updates (Baruch et al. 2019)",
                        "update", True),
     "gaussian": AttackInfo("send pure Gaussian noise N(0, sigma^2 I)", "update", False),
+    # adaptive (app/adaptive_attacks.py): the scale tuned each round against the rule in use
+    "alie-adaptive": AttackInfo("ALIE mu + tau sigma, tau searched against the rule (ByzFL's optimal ALIE)",
+                                "update", True),
+    "ipm-adaptive": AttackInfo("IPM -tau mean(honest), tau searched against the rule (ByzFL's optimal IPM)",
+                               "update", True),
+    "mimic": AttackInfo("repeat one honest silo's message (Karimireddy et al. 2022)", "update", True),
 }
 
 

@@ -43,6 +43,10 @@ from strategies.options import (  # noqa: F401 (re-exported; derived from each r
     AGGREGATORS, F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS, TRUST_SHIFTS,
     RobustSettings, check_byzantine, effective_aggregator,
 )
+from strategies.preaggregation import PRE_AGGREGATORS as _PRE_RULES
+
+#: pre-aggregators applied before a rule (= strategies.preaggregation.PRE_AGGREGATORS)
+PRE_AGGREGATORS = tuple(_PRE_RULES)
 
 #: the parsers' old names here (an option declared the old way ports with its parser unchanged)
 _str, _num, _bool, _int_tuple, _num_or_word = choice, number, boolean, int_list, number_or_word

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 #: the short knob names of :func:`GradBANT` and :class:`Rule`, as RobustSettings fields
 _KNOBS = {"beta": "gradbant_beta", "smoothness": "gradbant_smoothness", "noise_aware": "gradbant_noise_aware",
-          "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau"}
+          "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau", "pre": "pre", "bucket_size": "bucket_size"}
 
 
 class Aggregator:
@@ -63,7 +63,8 @@ class Mean(Aggregator):
 
 class Rule(Aggregator):
     """A robust rule (``gradbant`` or a baseline of strategies/aggregation.py) with the attack
-    harness; ``knobs`` override the run config's: beta, smoothness, noise_aware, trust_size, f, tau."""
+    harness; ``knobs`` override the run config's: beta, smoothness, noise_aware, trust_size, f, tau,
+    pre (pre-aggregators applied in order, e.g. ``Rule("krum", f=2, pre=("nnm",))``) and bucket_size."""
 
     def __init__(self, name: str, **knobs: Any) -> None:
         from app.config import AGGREGATORS
@@ -73,7 +74,14 @@ class Rule(Aggregator):
         unknown = sorted(set(knobs) - set(_KNOBS))
         if unknown:
             raise ValueError(f"unknown knob {unknown[0]!r} for aggregator {name!r}; allowed: {', '.join(_KNOBS)}")
-        self.name, self.knobs = name, {_KNOBS[k]: v for k, v in knobs.items()}
+        if isinstance(knobs.get("pre"), str):
+            knobs["pre"] = (knobs["pre"],)
+        from strategies.preaggregation import PRE_AGGREGATORS
+
+        bad = [p for p in knobs.get("pre", ()) if p not in PRE_AGGREGATORS]
+        if bad:
+            raise ValueError(f"unknown pre-aggregator {bad[0]!r}; allowed: {', '.join(PRE_AGGREGATORS)}")
+        self.name, self.knobs = name, {_KNOBS[k]: (tuple(v) if k == "pre" else v) for k, v in knobs.items()}
         self.impl: Any = None
 
     def bind(self, owner: Any) -> None:
@@ -81,6 +89,10 @@ class Rule(Aggregator):
 
         s = owner.s
         s = replace(s, robust=replace(s.robust, aggregator=self.name, **self.knobs))
+        if s.robust.pre:
+            from strategies.composition import refuse_pre
+
+            refuse_pre(s)  # the same one-line refusal as the run config's pre-aggregators
         phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
         self.impl = RobustAggregator(s, owner.layout, owner.roster, phase)
 
@@ -104,7 +116,7 @@ def make_aggregator(s: Settings) -> Aggregator:
     from app.config import effective_aggregator
 
     rule = effective_aggregator(s)
-    return Mean() if rule == "mean" and s.algorithm != "robust" else Rule(rule)
+    return Mean() if rule == "mean" and s.algorithm != "robust" and not s.robust.pre else Rule(rule)
 
 
 def with_harness(agg: Aggregator, s: Settings) -> Aggregator:

@@ -9,7 +9,10 @@ y, and the server lifts S^T y), by the attack's output:
 * ``ipm``: -epsilon * mean of the honest messages (Xie et al. 2020);
 * ``alie``: coordinate-wise mu + z sigma over the honest messages (Baruch et al. 2019; z from their
   formula when f < n/2, ``attack.alie-z`` otherwise, where the formula is undefined);
-* ``gaussian``: N(0, attack.noise-std^2) in every coordinate.
+* ``gaussian``: N(0, attack.noise-std^2) in every coordinate;
+* ``alie-adaptive``, ``ipm-adaptive``, ``mimic`` (app/adaptive_attacks.py): the scale searched
+  each round against the rule in use, with its pre-aggregators (strategies/composition.py
+  ``rule_simulator``); Mimic repeats the first honest message.
 
 Data-level attacks (label flipping, random labels) run on the Byzantine silos themselves
 (clients/byzantine.py) and need nothing here. :class:`Attacked` wraps any aggregator with the
@@ -18,9 +21,9 @@ harness (strategies/aggregators.py does when attack.kind is set).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from logging import WARNING
+from logging import DEBUG, WARNING
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,7 @@ from flwr.common import log
 
 from app.config import Settings
 from app.seeding import np_rng
+from app.adaptive_attacks import ADAPTIVE_ATTACKS, adaptive_alie, adaptive_ipm, mimic
 from app.attacks import MODEL_ATTACKS, alie, alie_z, byzantine_count, byzantine_indices, gaussian_noise, ipm, sign_flip
 
 
@@ -41,16 +45,23 @@ def alie_z_for(s: Settings, n: int, f: int) -> float:
     return alie_z(s.num_silos, byzantine_count(s.num_silos, s.attack.fraction))
 
 
-def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int]
-                    ) -> dict[int, np.ndarray]:
+def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int],
+                    rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
+                    report: dict[str, float] | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
-    The omniscient attacks need at least one honest message; without one they send their own."""
+    The omniscient attacks need at least one honest message; without one they send their own.
+    ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector)."""
     out = {node: np.asarray(m, dtype=np.float32) for node, m in messages.items()}
     if s.attack.kind not in MODEL_ATTACKS or not byzantine:
         return out
     honest = [m for node, m in out.items() if node not in byzantine]
     stack = np.stack(honest).astype(np.float64) if honest else None
     n, f = len(out), len([node for node in out if node in byzantine])
+    if s.attack.kind in ADAPTIVE_ATTACKS:
+        if stack is None:
+            return out
+        new = adaptive_message(s, stack, f, rule, report)
+        return out | {node: new for node in sorted(byzantine & set(out))}
     for node in sorted(byzantine & set(out)):
         own = out[node]
         if s.attack.kind == "sign-flip":
@@ -67,6 +78,24 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
     return out
 
 
+def adaptive_message(s: Settings, honest: np.ndarray, f: int,
+                     rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None,
+                     report: dict[str, float] | None = None) -> np.ndarray:
+    """The one message every Byzantine silo sends under an adaptive attack (app/adaptive_attacks.py):
+    Mimic repeats the first honest message; ALIE and IPM search their scale against ``rule``
+    (the mean when None); ``report`` gets their scale tau* as ``attack_scale``."""
+    if s.attack.kind == "mimic":
+        return np.asarray(mimic(honest), dtype=np.float32)
+    f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
+    agg = rule(f_rule, honest.mean(axis=0)) if rule is not None else (lambda rows: rows.mean(axis=0))
+    attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
+    vector, tau = attack(honest, f, agg)
+    log(DEBUG, "%s: tau* = %.4g against the rule in use", s.attack.kind, tau)
+    if report is not None:
+        report["attack_scale"] = float(tau)
+    return np.asarray(vector, dtype=np.float32)
+
+
 class Attacked:
     """The attack harness as a wrapper around any aggregator (simulation only; attack.kind set):
     it learns which nodes are Byzantine once (the experiment's ground truth, :meth:`prepare`),
@@ -77,6 +106,8 @@ class Attacked:
         self.inner = inner
         self.name = inner.name
         self.byzantine_nodes: set[int] = set()
+        #: this exchange's adaptive-attack scale tau* (the row's attack_scale)
+        self.report: dict[str, float] = {}
 
     def bind(self, owner: Any) -> None:
         self.s: Settings = owner.s
@@ -104,21 +135,35 @@ class Attacked:
         counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
         self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
 
-    def attacked(self, rnd: int, updates: Any) -> Any:
+    def attacked(self, rnd: int, updates: Any, ex: Any = None) -> Any:
         """``updates`` with the Byzantine nodes' messages replaced (lifted once more: only those)."""
         byz = self.byzantine_nodes & set(updates.nodes)
         if hasattr(self.inner, "impl"):
             self.inner.impl.oracle = byz
         if self.s.attack.kind not in MODEL_ATTACKS or not byz:
             return updates
-        messages = attack_messages(self.s, rnd, updates.messages, byz)
+        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex),
+                                   self.report)
         lifted = [updates.lift(messages[node]) if node in byz else u
                   for node, u in zip(updates.nodes, updates.updates, strict=True)]
         return replace(updates, updates=lifted, messages=messages)
 
+    def simulated_rule(self, rnd: int, ex: Any) -> Callable[[int, np.ndarray], Any] | None:
+        """The inner rule as the adaptive attacker evaluates it (strategies/composition.py), in the
+        messages' space (a local phase's model changes read as -d / gamma); None for the mean."""
+        impl = getattr(self.inner, "impl", None)
+        if impl is None or self.s.attack.kind not in ADAPTIVE_ATTACKS:
+            return None
+        from app.algorithms import Phase
+        from strategies.composition import rule_simulator
+
+        scale = -1.0 / self.s.lr if getattr(ex, "phase", None) == Phase.LOCAL else 1.0
+        return lambda f, mean: rule_simulator(impl, rnd, f, mean, scale)
+
     def combine(self, rnd: int, ex: Any, updates: Any) -> tuple[Any, dict[str, Any]]:
-        out, row = self.inner.combine(rnd, ex, self.attacked(rnd, updates))
-        return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | row
+        self.report = {}
+        out, row = self.inner.combine(rnd, ex, self.attacked(rnd, updates, ex))
+        return out, {"byzantine_answered": len(self.byzantine_nodes & set(updates.nodes))} | self.report | row
 
     def state(self) -> dict[str, Any]:
         inner = self.inner.state()

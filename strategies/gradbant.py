@@ -294,7 +294,17 @@ class RobustAggregator:
 
     def aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
                   f: int, ex: Exchange | None = None) -> tuple[np.ndarray | None, np.ndarray]:
-        """The round's direction (None: the model stays) and the weight each message got."""
+        """The round's direction (None: the model stays) and the weight each message got, after
+        the pre-aggregators ``pre-aggregators`` when set (strategies/composition.py)."""
+        if self.s.robust.pre:
+            from strategies.composition import pre_aggregate
+
+            return pre_aggregate(self, lifted, idx, w, server_round, f, ex)
+        return self.rule_aggregate(lifted, idx, w, server_round, f, ex)
+
+    def rule_aggregate(self, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
+                       f: int, ex: Exchange | None = None) -> tuple[np.ndarray | None, np.ndarray]:
+        """The rule alone on ``lifted`` rows (``idx``: their silos' slots in p)."""
         rule = self.s.robust.aggregator
         if rule == "gradbant":
             g0, smooth, c = self.score_inputs(w, server_round, ex)

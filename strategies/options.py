@@ -12,6 +12,7 @@ from app.attacks import byzantine_count
 from app.options import ConfigError, boolean, choice, int_list, number, number_or_word, option
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
 from strategies.aggregation import RULES
+from strategies.preaggregation import PRE_AGGREGATORS
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -28,6 +29,18 @@ KRUM_AGGREGATORS = tuple(name for name, rule in RULES.items() if rule.krum_bound
 F_AGGREGATORS = tuple(name for name, rule in RULES.items() if rule.needs_f)
 #: rules that need an honest majority, f < N/2
 HONEST_MAJORITY_AGGREGATORS = tuple(name for name, rule in RULES.items() if rule.honest_majority)
+
+
+def parse_pre_list(key: str, value: object) -> tuple[str, ...]:
+    """A comma-separated list of pre-aggregators (strategies/preaggregation.py), "" for none."""
+    out = tuple(v.strip() for v in choice()(key, value).split(",") if v.strip())
+    bad = [v for v in out if v not in PRE_AGGREGATORS]
+    if bad:
+        raise ConfigError(f"{key} = {value!r}: unknown pre-aggregator {bad[0]!r}; allowed: comma list of "
+                          f"{', '.join(PRE_AGGREGATORS)}, or \"\"")
+    return out
+
+
 #: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS, a copy: that module imports torch)
 TRUST_SHIFTS = ("none", "noise", "blur")
 
@@ -59,6 +72,10 @@ class RobustSettings:
                                           "two positive integers"),
         "", "public bounds on a silo's number of records, for gradbant.noise-aware")
     cc_tau: float = option("cc.tau", number(0, None, lo_open=True), 1.0, "centered clipping's radius tau")
+    #: pre-aggregators applied in order before the rule (strategies/preaggregation.py); bucket size s
+    pre: tuple[str, ...] = option("pre-aggregators", parse_pre_list, "", "pre-aggregators before the rule, in order "
+                                  "(comma list of nnm, bucketing, arc)")
+    bucket_size: int = option("bucketing.size", number(1, 10_000, integer=True), 2, "bucketing's bucket size s")
     #: byzantine.f: the number of Byzantine silos the rule must tolerate, as the operator states
     #: it; -1 = not stated (a simulation's attack harness then tells the rule each round's count)
     byzantine_f: int = option("byzantine.f", number(-1, 10_000, integer=True), -1,
@@ -79,6 +96,10 @@ def check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
     agg = effective_aggregator(s)
     _check_byzantine_f(s)
+    if s.robust.pre:
+        from strategies.composition import refuse_pre
+
+        refuse_pre(s)  # ConfigError (one line) for a pre-aggregator chain that cannot work
     if s.algorithm != "robust":
         from strategies.aggregators import refuse_combination
 

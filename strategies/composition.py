@@ -1,0 +1,116 @@
+"""Rule ∘ pre-aggregators in a run: the config check, the server's step and the attacker's copy.
+
+    direction = rule(M u),  weights over silos = w_rule @ M      (M = the chain's mix, preaggregation.py)
+
+* :func:`refuse_pre` (app/config.py): a chain that cannot work is refused with one line.
+  Grad-BANT composes with NNM and ARC (row i stays silo i's, so its per-silo trust p still
+  follows a silo) but not with Bucketing (a bucket is a random set of silos each round: p would
+  follow no one); noise-aware Grad-BANT with none (mixing n - f messages or clipping changes an
+  honest row's noise energy c, which the noise-aware score subtracts exactly). FLTrust composes
+  with all three. NNM and ARC need f (byzantine.f, or a simulated attack's count).
+* :func:`pre_aggregate`: the chain on the round's lifted messages, then the rule
+  (gradbant.RobustAggregator.rule_aggregate). Bucketing's permutation comes from its own
+  generator, seeded by (seed, "bucketing", round).
+* :func:`rule_simulator`: the rule in use as the adaptive attacker evaluates it
+  (app/adaptive_attacks.py): the same chain and rule, state copied, never changed; a trust rule's
+  reference g0, which the attacker cannot see, replaced by the honest messages' mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.seeding import np_rng
+from strategies.aggregation import RULES, min_clients
+from strategies.preaggregation import apply_chain, rows_after
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+def refuse_pre(s: Settings) -> None:
+    """ConfigError (one line) for an ``pre-aggregators`` chain that cannot work with the run's rule."""
+    from app.attacks import byzantine_count
+    from app.config import ConfigError, effective_aggregator
+
+    pre, rule, n = s.robust.pre, effective_aggregator(s), s.silos_per_round
+    chain = ",".join(pre)
+    if s.privacy.mode == "shuffle":
+        raise ConfigError(f"pre-aggregators = {chain!r} needs each silo's message, but privacy.mode = 'shuffle' gives "
+                          "the server only their sum; allowed: \"\"")
+    if rule == "gradbant" and "bucketing" in pre:
+        raise ConfigError(f"pre-aggregators = {chain!r}: bucketing mixes random silos each round, so Grad-BANT's "
+                          "per-silo trust p would follow no silo; allowed with gradbant: nnm, arc")
+    if s.robust.gradbant_noise_aware:
+        raise ConfigError(f"pre-aggregators = {chain!r} changes an honest row's noise energy, which "
+                          "gradbant.noise-aware = true subtracts exactly; set one of them")
+    stated = s.robust.byzantine_f >= 0
+    f = s.robust.byzantine_f if stated else (byzantine_count(s.num_silos, s.attack.fraction)
+                                             if s.attack.kind != "none" else -1)
+    needs_f = [p for p in pre if p in ("nnm", "arc")]
+    if needs_f and f < 0:
+        raise ConfigError(f"pre-aggregators = {chain!r}: {needs_f[0]} needs byzantine.f, the number of Byzantine "
+                          "silos to tolerate (not set, and no attack.kind tells it), e.g. byzantine.f = 1")
+    if "nnm" in pre and f >= n:
+        raise ConfigError(f"pre-aggregators = {chain!r}: nnm needs f < n, got f = {f} of silos-per-round = {n}")
+    rows = rows_after(pre, n, s.robust.bucket_size)
+    if rule in RULES and RULES[rule].honest_majority and f >= 0 and rows < min_clients(rule, f):
+        raise ConfigError(f"pre-aggregators = {chain!r} leaves {rows} rows of the {n} replies (bucketing.size = "
+                          f"{s.robust.bucket_size}), but {rule} with f = {f} needs at least {min_clients(rule, f)}; "
+                          "use a smaller bucket size or f")
+
+
+def chain_rng(s: Settings, server_round: int) -> np.random.Generator:
+    """Bucketing's generator for one round (its own stream: no other draw moves it)."""
+    return np_rng(s.seed, "bucketing", server_round)
+
+
+def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
+                  f: int, ex: Any = None) -> tuple[np.ndarray | None, np.ndarray]:
+    """``agg.rule_aggregate`` on the chain's rows; the rule's row weights mapped to silos (w @ M).
+    With bucketing the rows are buckets: Grad-BANT is refused there, other rules ignore ``idx``."""
+    s = agg.s
+    mixed = apply_chain(lifted, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round))
+    rows_idx = idx if len(mixed.rows) == len(idx) else np.arange(len(mixed.rows))
+    direction, weights = agg.rule_aggregate(mixed.rows, rows_idx, w, server_round, f, ex)
+    return direction, np.asarray(weights, dtype=np.float64) @ mixed.mix
+
+
+def rule_simulator(agg: Any, server_round: int, f: int, honest_mean: np.ndarray,
+                   scale: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
+    """rows (messages, times ``scale`` into the rule's space) -> the rule's direction after the
+    chain, back in the messages' space (divided by ``scale``), with ``agg``'s state copied (the
+    real round is not touched); zero when the rule keeps nothing. Trust rules score against
+    ``honest_mean`` (times scale) in place of the server's g0."""
+    from strategies.gradbant import gradbant_step
+
+    s = agg.s
+    rule, g0 = s.robust.aggregator, np.asarray(honest_mean, dtype=np.float64) * scale
+    spec = RULES.get(rule)
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        u = np.asarray(rows, dtype=np.float64) * scale
+        if s.robust.pre:
+            u = apply_chain(u, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round)).rows
+        if rule == "gradbant":
+            smooth = s.robust.gradbant_smoothness if isinstance(s.robust.gradbant_smoothness, float) else 1.0
+            n = len(u)
+            out = gradbant_step(g0, u, np.full(n, 1.0 / n), np.arange(n), s.robust.gradbant_beta, smooth, s.lr,
+                                agg.dp_energy(agg.phase))[0]
+            return np.zeros(u.shape[1]) if out is None else out / scale
+        assert spec is not None
+        kwargs: dict[str, Any] = {}
+        if "trust_update" in spec.inputs:
+            kwargs["trust_update"] = g0
+        if "f" in spec.inputs:
+            kwargs["f"] = f
+        if "center" in spec.inputs:
+            kwargs["center"] = agg.center.copy() if agg.center is not None else np.zeros(u.shape[1])
+        if "tau" in spec.inputs:
+            kwargs["tau"] = s.robust.cc_tau
+        return spec.fn(u, **kwargs).vector / scale
+
+    return run
