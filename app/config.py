@@ -15,7 +15,7 @@ from typing import Any
 from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, get_algorithm
 from app.attacks import ATTACKS as ATTACK_REGISTRY, byzantine_count
 from app.data.partition import PARTITIONS as PARTITION_REGISTRY
-from app.data.preprocess import STANDARDIZE_MODES
+from app.data.scaling import PCA_FITS, SCALING_MODES, resolve_scaling
 from app.data.sources import SOURCES
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS as POLICY_NOISE_SEEDS
@@ -30,7 +30,7 @@ PROX_ALGORITHMS = tuple(name for name, algo in ALGORITHM_REGISTRY.items() if alg
 ATTACKS = ("none", *ATTACK_REGISTRY)
 DATASETS = SOURCES
 PARTITIONS = PARTITION_REGISTRY
-STANDARDIZE = STANDARDIZE_MODES
+STANDARDIZE = SCALING_MODES
 PROX_KINDS = PROX_REGISTRY
 NOISE_SEEDS = POLICY_NOISE_SEEDS
 # The option lists below belong to modules that import torch (sketches, models, mechanisms) or
@@ -203,13 +203,25 @@ class Settings:
     partition: str = "label"
     partition_alpha: float = 0.5
     partition_p: float = 0.0
-    standardize: str = "pooled"
+    #: feature scaling (app/data/scaling.py): auto (public ranges, else DP statistics), public,
+    #: server, dp; pooled and local are outside the guarantee (reproducing papers only), none
+    standardize: str = "auto"
     test_fraction: float = 0.2
     #: share of each silo's training split held out for hyper-parameter selection (0 = none)
     validation_fraction: float = 0.0
     #: project the features on their top principal components (0 = off; fitted on the pooled
     #: training records: non-private pre-processing, like pooled standardisation)
     pca: int = 0
+    #: where the PCA is fitted: "public" (the server's public sample) or "pooled" (all silos'
+    #: training records: outside the guarantee, reproducing papers only)
+    pca_fit: str = "public"
+    #: records of the server's public sample (carved out before the partition, disjoint from every
+    #: silo) when pca-fit = "public" with pca > 0, or standardize = "server"; 0: min(500, a tenth)
+    public_size: int = 0
+    #: standardize = "dp": the share of each silo's epsilon its pre-processing release spends, and
+    #: the L2 norm its records are clipped to (in the features' units after public range scaling)
+    preprocess_share: float = 0.1
+    preprocess_clip: float = 1.0
     num_silos: int = 2
     silos_per_round: int = 2
     model: str = "mlp"
@@ -398,6 +410,10 @@ SCHEMA: dict[str, tuple[str, Any]] = {
     "test-fraction": ("test_fraction", _num(0, 1, lo_open=True, hi_open=True)),
     "validation-fraction": ("validation_fraction", _num(0, 1, hi_open=True)),
     "pca": ("pca", _num(0, 100_000, integer=True)),
+    "pca-fit": ("pca_fit", _str(PCA_FITS)),
+    "public-size": ("public_size", _num(0, None, integer=True)),
+    "preprocess-share": ("preprocess_share", _num(0, 1, lo_open=True, hi_open=True)),
+    "preprocess-clip": ("preprocess_clip", _num(0, None, lo_open=True)),
     "num-silos": ("num_silos", _num(1, 10_000, integer=True)),
     "silos-per-round": ("silos_per_round", _num(1, 10_000, integer=True)),
     "model": ("model", _str(MODELS)),
@@ -593,6 +609,9 @@ def _check_shuffle(s: Settings) -> None:
     if s.algorithm not in SHUFFLE_ALGORITHMS:
         raise ConfigError(f"privacy.mode = 'shuffle' is not available for algorithm = {s.algorithm!r}; allowed: "
                           f"{', '.join(SHUFFLE_ALGORITHMS)} (the shuffler releases only the sum of the silos' messages)")
+    if resolve_scaling(s.standardize, s.dataset) == "dp":
+        raise ConfigError("standardize = 'dp' is not allowed with privacy.mode = 'shuffle' (its calibration has no "
+                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
     if math.isinf(s.privacy.epsilon):
         raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'shuffle'; allowed: (0, inf) "
                           "(use privacy.mode = off for a non-private run)")
