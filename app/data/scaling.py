@@ -7,7 +7,7 @@ The modes of ``standardize`` (docs/privacy.md, "Pre-processing"):
 * ``server``: mean and std of the server's own data (in simulation a public sample carved out of
   the source before the partition, disjoint from every silo): public, nothing is spent.
 * ``dp``: each silo releases the noisy mean and second moment of its own records, each record
-  first clipped to L2 norm C (Gaussian mechanism, replace-one sensitivities 2C/n and 2C^2/n; the
+  first clipped to L2 norm C (Gaussian mechanism, replace-one sensitivities 2C/n and sqrt(2) C^2/n; the
   release is planned, charged to the silo's ledger and composed into its epsilon).
 * ``auto`` (the default): ``public`` where the data have public ranges, else ``server`` where the
   server has public data, else ``dp``.
@@ -18,6 +18,7 @@ The modes of ``standardize`` (docs/privacy.md, "Pre-processing"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,28 +84,35 @@ def clip_records(x: np.ndarray, clip: float) -> np.ndarray:
 
 
 def dp_stats_sigmas(n: int, clip: float, noise_multiplier: float) -> tuple[float, float]:
-    """Noise stds of the release: (z * 2C / n, z * 2C^2 / n), the replace-one L2 sensitivities of
-    the mean of records with ||x|| <= C and of the mean of their squares (||x^2|| <= ||x||^2 <= C^2)."""
-    return noise_multiplier * 2.0 * clip / n, noise_multiplier * 2.0 * clip * clip / n
+    """Noise stds of the release: (z * 2C / n, z * sqrt(2) C^2 / n), the replace-one L2
+    sensitivities of the mean of records with ||x|| <= C and of the mean of their squares: a^2 and
+    b^2 are non-negative with ||a^2||_2 <= ||a||^2 <= C^2, so ||a^2 - b^2||^2 <= ||a^2||^2 + ||b^2||^2
+    <= 2 C^4 (attained by a = C e1, b = C e2)."""
+    return noise_multiplier * 2.0 * clip / n, noise_multiplier * math.sqrt(2.0) * clip * clip / n
 
 
-def dp_standardizer(x: np.ndarray, clip: float, noise_multiplier: float, rng: np.random.Generator) -> Standardizer:
-    """The DP standardizer of ``x`` [n, ...]: m = mean(clip_C(x)) + N(0, s1^2), q = mean(clip_C(x)^2)
-    + N(0, s2^2) (:func:`dp_stats_sigmas`); std = sqrt(max(q - m^2, s2)) (the variance floored at
-    the public noise level s2, so noise never zeroes a feature). Apply it to clipped records
-    (:func:`clip_records`)."""
+def dp_moments(x: np.ndarray, clip: float, noise_multiplier: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+    """The release: (m, q, s2) with m = mean(clip_C(x)) + N(0, s1^2), q = mean(clip_C(x)^2) + N(0, s2^2)
+    per feature (:func:`dp_stats_sigmas`)."""
     x = np.asarray(x)
     if x.ndim < 2 or len(x) == 0:
         raise ValueError(f"x.shape={x.shape}; must be [n >= 1, ...features]")
     if not clip > 0:
         raise ValueError(f"preprocess-clip = {clip} must be > 0")
-    n = len(x)
     c = clip_records(x, clip)
-    s1, s2 = dp_stats_sigmas(n, clip, noise_multiplier)
+    s1, s2 = dp_stats_sigmas(len(x), clip, noise_multiplier)
     mean = c.mean(axis=0) + rng.normal(0.0, 1.0, size=c.shape[1:]) * s1
     second = (c * c).mean(axis=0) + rng.normal(0.0, 1.0, size=c.shape[1:]) * s2
-    std = np.sqrt(np.maximum(second - mean * mean, s2))
-    return Standardizer(mean, std)
+    return mean, second, s2
+
+
+def dp_standardizer(x: np.ndarray, clip: float, noise_multiplier: float, rng: np.random.Generator) -> Standardizer:
+    """The DP standardizer of ``x`` [n, ...] from :func:`dp_moments`: mean m, std = sqrt(max(q - m^2,
+    s2)) (the variance floored at the public noise level s2, so noise never zeroes a feature).
+    Post-processing of the release. Apply it to clipped records (:func:`clip_records`)."""
+    mean, second, s2 = dp_moments(x, clip, noise_multiplier, rng)
+    return Standardizer(mean, np.sqrt(np.maximum(second - mean * mean, s2)))
 
 
 def dp_transform(step: DPStatsStep, train: np.ndarray, others: list[np.ndarray], noise_multiplier: float,
