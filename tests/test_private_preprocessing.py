@@ -136,8 +136,10 @@ def test_public_scaling_reads_no_record() -> None:
 
 
 def test_defaults_and_refusals() -> None:
-    assert resolve_scaling("auto", "digits") == "public" and resolve_scaling("auto", "fashion-mnist") == "public"
-    assert resolve_scaling("auto", "wbcd") == "server" and resolve_scaling("auto", "mine", server_data=False) == "dp"
+    assert resolve_scaling("auto", "digits") == "server" and resolve_scaling("auto", "wbcd") == "server"
+    assert resolve_scaling("auto", "digits", server_data=False) == "public"
+    assert resolve_scaling("auto", "mine", (0.0, 1.0), server_data=False) == "public"
+    assert resolve_scaling("auto", "mine", server_data=False) == "dp"
     s = parse_settings({})
     assert (s.standardize, s.pca_fit) == ("auto", "public")
     with pytest.raises(ConfigError, match="standardize = 'dp' is not allowed with privacy.mode = 'shuffle'"):
