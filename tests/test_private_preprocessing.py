@@ -156,3 +156,25 @@ def test_public_pca_is_fitted_on_records_no_silo_holds() -> None:
     old = parse_settings({"dataset": "digits", "pca": 8, "num-silos": 3, "silos-per-round": 3, "pca-fit": "pooled",
                           "standardize": "pooled"})
     assert len(_splits(data_key(old))[6]) == 0  # the reproducing mode carves nothing out
+
+
+@pytest.mark.parametrize("noise_seed", ["run", "os"])
+def test_a_restarted_silo_reuses_its_charged_preprocessing(tmp_path: Path, noise_seed: str) -> None:
+    """The release is recorded once per calibration; a silo restarted on the same ledger applies the
+    same noisy statistics (their seed is kept in the ledger's calibration, OS-drawn with
+    noise-seed = os) and records nothing more."""
+    import torch
+
+    from app.data.federated import build_federated_data
+    from clients.silo import Silo
+
+    s = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "standardize": "dp",
+                        "privacy.noise-seed": noise_seed})
+    fed = build_federated_data(s)
+    first = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k")
+    again = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k")
+    other = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path / "b", "k")
+    assert [r.kind for r in again.ledger.recorded()] == [PREPROCESS_KIND]
+    assert torch.equal(first.train_x, again.train_x) and torch.equal(first.test_x, again.test_x)
+    assert not torch.equal(first.train_x, fed.silos[0].train_x)  # the silo's data were transformed
+    assert torch.equal(first.train_x, other.train_x) == (noise_seed == "run")
