@@ -27,7 +27,7 @@ from app.algorithms.svrg import SVRGSettings
 from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings
 from app.data.options import NODE_ONLY_KEYS, DataOptions, check_own_data
 from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
-from app.data.preprocess import STANDARDIZE_MODES
+from app.data.scaling import SCALING_MODES as STANDARDIZE_MODES, resolve_scaling
 from app.data.sources import SOURCES
 from app.options import (
     ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
@@ -258,6 +258,9 @@ def _check_shuffle(s: Settings) -> None:
     if s.algorithm not in SHUFFLE_ALGORITHMS:
         raise ConfigError(f"privacy.mode = 'shuffle' is not available for algorithm = {s.algorithm!r}; allowed: "
                           f"{', '.join(SHUFFLE_ALGORITHMS)} (the shuffler releases only the sum of the silos' messages)")
+    if resolve_scaling(s.standardize, s.dataset) == "dp":
+        raise ConfigError("standardize = 'dp' is not allowed with privacy.mode = 'shuffle' (its calibration has no "
+                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
     if math.isinf(s.privacy.epsilon):
         raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'shuffle'; allowed: (0, inf) "
                           "(use privacy.mode = off for a non-private run)")

@@ -31,6 +31,7 @@ from app import wire
 from app.checkpoint import CheckpointError, check_resume_state, load_checkpoint, save_checkpoint
 from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
+from app.data.preprocessing_report import preprocessing_steps
 from app.models import build_model
 from app.results import RunRecorder, run_name
 from app.run_health import NO_PROGRESS, diagnose
@@ -217,6 +218,9 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
+    preprocessing = preprocessing_steps(s)
+    if preprocessing["caveat"]:
+        print(f"[silofl] CAVEAT: {preprocessing['caveat']}", flush=True)
     grid = ExchangeGrid(grid, s.poll_interval)
     if s.transcript:  # audits: keep everything the server receives
         grid = TranscriptGrid(grid, out / "transcript")
@@ -290,13 +294,15 @@ def main(grid: Grid, context: Context) -> None:
         "dropped": {k: sum(r[k] for r in strategy.rows) for k in ("refused", "malformed", "failed", "missing")},
         "config": s.to_dict() | {"run_config": dict(context.run_config)},
         "silos": silos,
+        "preprocessing": preprocessing,
         **own_test,  # server.test-file: the output model on the server's own test records
     }
     recorder.summary(summary)
     te = summary["test_error"]
     print(f"[silofl] done in {summary['wall_s']:.1f}s: test error {'-' if te is None else f'{te:.2%}'}, "
-          f"max eps spent {summary['eps_max_spent']}, dropped replies {summary['dropped']}; "
-          f"summary -> {recorder.summary_path}", flush=True)
+          f"max eps spent {summary['eps_max_spent']}"
+          f"{'' if preprocessing['covered_by_eps'] else ' (pre-processing NOT covered)'}, dropped replies "
+          f"{summary['dropped']}; summary -> {recorder.summary_path}", flush=True)
     if own_test:
         print(f"[silofl] server test set ({own_test['server_test_records']} records of {s.server_test_file}): "
               f"accuracy {own_test['server_test_accuracy']:.2%}", flush=True)

@@ -63,6 +63,8 @@ from app.privacy.clipping import clip_rows
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
 from app.privacy.policy import collusion_threshold
+from app.data.federated import apply_dp_stats
+from app.privacy.preprocessing import calibrate_after, preprocess_plan
 from app.privacy.mechanism import BinomialShuffleMechanism, make_mechanism
 from app.models.losses import cross_entropy
 from app.privacy.per_sample import batch_loss, per_sample_grads
@@ -150,6 +152,10 @@ class Silo:
         self.sender_keys = (StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key")
                             if self.shuffle else None)
         self.plan = self._calibrate()
+        if data.dp_stats is not None:  # standardize = "dp": charged above, computed now, on the silo's own records
+            self.data = apply_dp_stats(data, self.preprocess_z, self.preprocess_seed)
+            self.train_x, self.test_x = self.data.train_x.to(self.device), self.data.test_x.to(self.device)
+            self.val_x = None if self.data.val_x is None else self.data.val_x.to(self.device)
         self.powersgd_state: PowerSGDState | None = None
 
     def _data_digest(self) -> str:
@@ -178,6 +184,7 @@ class Silo:
                             self.evaluation_noise_ratio)
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
+        pre_fixed = self._preprocess_plan(key)
         if self.shuffle:
             key |= {"mode": "shuffle", "levels": self.levels, "p": self.s.shuffle.p, "dim": self.dim}
             if self.s.shuffle.amplification != "none":
@@ -186,6 +193,7 @@ class Silo:
         if cal.get("key") == key:  # a restarted silo keeps the noise (and blocks) it started with
             scale = float(cal["noise_multiplier"])
             self.block_seed = int(cal.get("block_seed", 0))
+            self.preprocess_seed = int(cal.get("preprocess_seed", 0))
         else:
             planned = [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan]
             if not self.private:
@@ -197,17 +205,35 @@ class Silo:
                     self.amplification_why)
                 scale = calibrate_trial_scale(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
                                          levels=self.levels, dim=self.dim, amplification=self.s.shuffle.amplification)
+            elif pre_fixed:  # training calibrated with the pre-processing release composed in
+                scale = calibrate_after(pre_fixed, planned, self.run_epsilon, self.delta)
             else:
                 scale = calibrate_noise_multiplier(
                     [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
                     self.run_epsilon, self.delta)
             self.block_seed = (secrets.randbits(63) if self.s.privacy.noise_seed == "os"
                                else derive_seed(self.s.seed, "silo", self.data.index, "disjoint-blocks"))
-            self.ledger.set_calibration({"key": key, "noise_multiplier": scale, "block_seed": self.block_seed})
+            calibration = {"key": key, "noise_multiplier": scale, "block_seed": self.block_seed}
+            if "preprocess" in key:  # charged before anything is computed from the records
+                self.preprocess_seed = (secrets.randbits(63) if self.s.privacy.noise_seed == "os"
+                                        else derive_seed(self.s.seed, "silo", self.data.index, "preprocess"))
+                if pre_fixed:
+                    try:
+                        self.ledger.record(pre_fixed, round_=0)
+                    except BudgetExceededError as exc:
+                        raise ValueError(f"the pre-processing release (standardize = 'dp') was refused: {exc}") from None
+                calibration["preprocess_seed"] = self.preprocess_seed
+            self.ledger.set_calibration(calibration)
         self.disjoint_kind = f"disjoint:{hashlib.sha256(str(self.block_seed).encode()).hexdigest()[:12]}"
         if self.shuffle:
             return {r.phase: replace(r, trials=trials_for(int(scale), r.weight)) for r in plan}
         return {r.phase: replace(r, noise_multiplier=scale * r.weight) for r in plan}
+
+    def _preprocess_plan(self, key: dict[str, Any]) -> list[Release]:
+        """standardize = "dp": its release's rows, its multiplier in ``key`` (app/privacy/preprocessing.py)."""
+        self.preprocess_z, self.preprocess_seed, rows = preprocess_plan(
+            self.data.dp_stats, self.n, self.private, self.shuffle, self.run_epsilon, self.delta, key)
+        return rows
 
     # -- messages -------------------------------------------------------------------------
     def train(self, content: RecordDict) -> RecordDict:

@@ -125,7 +125,7 @@ def test_proxsgd_uses_each_record_once_and_reaches_the_regularised_optimum(feder
         return reply
 
     summary, _, _ = federation(cfg, hook=spy)
-    assert {s["batch"] for s in summary["silos"]} == {170 // 20, 286 // 20}  # K = floor(n / R)
+    assert {s["batch"] for s in summary["silos"]} == {153 // 20, 258 // 20}  # K = floor(n / R) (n: tests/test_federation.py)
     f = logistic_objective(parse_settings(merged_run_config([]) | cfg), lam)
     best = minimize(f, np.zeros(62), jac=True, method="L-BFGS-B", options={"gtol": 1e-10}).fun
     w = iterates[-1]

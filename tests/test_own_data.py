@@ -130,7 +130,7 @@ def test_a_simulation_file_is_split_like_the_built_in_data(tmp_path: Path) -> No
 
     df, names, _, _ = wbcd_frame()
     df.to_csv(tmp_path / "all.csv", index=False)
-    base = {"num-silos": 3, "silos-per-round": 3, "partition": "dirichlet", "seed": 4}
+    base = {"num-silos": 3, "silos-per-round": 3, "partition": "dirichlet", "seed": 4, "standardize": "pooled"}
     own = build_federated_data(parse_settings(base | {"data.schema": write_schema(tmp_path, names),
                                                       "data.simulation-file": str(tmp_path / "all.csv")}))
     builtin = build_federated_data(parse_settings(base))
@@ -152,8 +152,14 @@ def test_a_deployed_node_without_its_own_file_refuses(tmp_path: Path) -> None:
     assert (data.n, len(data.test_y), classes, shape) == (80, 20, 2, (30,))  # n is the silo's own: 100 * 0.8
     with pytest.raises(SchemaError, match="needs the run's data.schema"):  # never the benchmark instead
         silo_records(parse_settings({}), {"data-file": str(tmp_path / "mine.csv")}, 0, deployed=False)
-    with pytest.raises(SchemaError, match="standardize = 'pooled' needs every silo's records"):
-        silo_records(parse_settings({"data.schema": s.data_schema}), {"data-file": str(tmp_path / "mine.csv")}, 0, True)
+    with pytest.raises(SchemaError, match="standardize = 'pooled' needs records a silo with its own data-file"):
+        silo_records(parse_settings({"data.schema": s.data_schema, "standardize": "pooled"}),
+                     {"data-file": str(tmp_path / "mine.csv")}, 0, True)
+    # the default (auto) without declared ranges: DP statistics of the silo's own records, a step
+    # the silo does itself once its ledger has charged it (clipped at preprocess-clip)
+    data, *_ = silo_records(parse_settings({"data.schema": s.data_schema}), {"data-file": str(tmp_path / "mine.csv")},
+                            0, True)
+    assert data.dp_stats is not None and data.dp_stats.clip == 1.0 and data.dp_stats.share == 0.1
 
 
 def test_three_silos_with_their_own_files_and_the_servers_own_trust_and_test_files(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from app.algorithms import ALGORITHMS
 from app.config import ConfigError, parse_settings
 from app.data.federated import TRUST_SHIFTS
 from app.data.partition import PARTITIONS
-from app.data.preprocess import STANDARDIZE_MODES
+from app.data.scaling import PCA_FITS, SCALING_MODES
 from app.data.sources import SOURCES
 from app.models import MODELS
 from app.privacy.mechanism import MECHANISMS
@@ -29,7 +29,8 @@ REGISTRIES = {
     "algorithm": (tuple(ALGORITHMS), {"trust.size": 50}),
     "dataset": (SOURCES, {}),
     "partition": (PARTITIONS, {}),
-    "standardize": (STANDARDIZE_MODES, {}),
+    "standardize": (SCALING_MODES, {}),
+    "pca-fit": (PCA_FITS, {}),
     "model": (MODELS, {}),
     "prox.kind": (PROX_KINDS, {"prox.strength": 1.0}),
     "sketch.kind": (("none", *SKETCH_KINDS), {}),

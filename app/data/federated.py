@@ -1,15 +1,18 @@
 """The federation's data: each silo's train/test split, built reproducibly from the settings.
 
 Every process (each silo, and the launcher's pre-flight check) builds the same split from
-(dataset, partition, seed); a silo keeps only its own part in memory. Pre-processing with
-``standardize=pooled`` uses all silos' training data (non-private pre-processing, as the
-paper's Appendix I admits); ``local`` uses only the silo's own data.
+(dataset, partition, seed); a silo keeps only its own part in memory. Pre-processing
+(app/data/scaling.py) is inside the guarantee by default: public ranges, the server's public
+sample (carved out before the partition, like the trust set), or DP statistics that each silo
+computes itself after its ledger has charged them (``SiloData.dp_stats``). ``standardize=pooled``
+and ``pca-fit=pooled`` use all silos' training data and ``local`` the silo's own without noise:
+outside the guarantee, kept to reproduce papers (``preprocessing_steps`` says which).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,8 @@ import numpy as np
 
 from app.config import Settings
 from app.data.partition import even_odd_labels, make_partition
-from app.data.preprocess import fit_pca, standardize_silos
+from app.data.preprocess import Standardizer, fit_pca, fit_standardizer, standardize_silos
+from app.data.scaling import PUBLIC_RANGES, DPStatsStep, clip_records, range_scaler, resolve_scaling
 from app.data.sources import load_source
 from app.data.split import stratified_sample, train_test_split_indices
 from app.seeding import np_rng
@@ -39,6 +43,9 @@ class SiloData:
     #: empty); used to choose hyper-parameters, never trained on.
     val_x: "torch.Tensor | None" = None
     val_y: "torch.Tensor | None" = None
+    #: standardize = "dp": the DP standardisation the silo still applies itself, once its ledger
+    #: has charged the release (clients/silo.py); None: the features are final
+    dp_stats: DPStatsStep | None = None
 
     @property
     def n(self) -> int:
@@ -55,12 +62,22 @@ class FederatedData:
         return [s.n for s in self.silos]
 
 
+#: public-size = 0: the server's public sample is min(500, a tenth of the records)
+AUTO_PUBLIC = -1
+
+
 def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
     trust_size = 0 if s.server_trust_file else s.robust.trust_size  # the server's own file: nothing carved out
     own = (s.data_schema, s.data_simulation_file) if s.data_schema else None
-    return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, s.standardize,
-            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, trust_size, own)
+    # own records resolve auto as a deployed silo does (app/data/own_data.py): declared ranges, else dp
+    mode = (resolve_scaling(s.standardize, s.dataset) if own is None else
+            resolve_scaling(s.standardize, s.dataset, declared=_own_ranges(own), server_data=False))
+    needs_public = mode == "server" or (s.pca and (s.pca_fit == "public" or mode == "public"))
+    public = (s.public_size or AUTO_PUBLIC) if needs_public else 0
+    return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, mode,
+            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, trust_size,
+            s.pca_fit, public, s.preprocess_share, s.preprocess_clip, own)
 
 
 def build_federated_data(s: Settings) -> FederatedData:
@@ -72,13 +89,15 @@ def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]
     """(source, [(train indices, test indices) per silo], task labels, num classes), numpy only
     (the launcher's pre-flight check uses this without importing torch). The train indices
     exclude the validation records (:func:`validation_indices`)."""
-    source, splits, labels, num_classes, _, _ = _splits(data_key(s))
+    source, splits, labels, num_classes, _, _, _ = _splits(data_key(s))
     return source, splits, labels, num_classes
 
 
 @functools.lru_cache(maxsize=4)
-def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int, list[np.ndarray]]:
-    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca, trust_size, own = key
+def _splits(key: tuple) -> tuple:
+    """(source, splits, labels, num classes, validation indices, trust indices, public indices)."""
+    dataset, data_dir, partition, alpha, p, _, test_fraction, num_silos, seed, val_fraction, _pca, trust_size = key[:12]
+    public_size, own = key[13], key[16]
     if own is not None:  # a simulation of own files: the researcher's one file, split like a built-in source
         source = _own_source(own)
     else:
@@ -88,6 +107,11 @@ def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np
     # the server's trust set comes out first, so it is disjoint from every silo
     trust = stratified_sample(labels, trust_size, np_rng(seed, "trust-set")) if trust_size else np.zeros(0, np.int64)
     rest = np.setdiff1d(np.arange(len(labels)), trust)
+    public = np.zeros(0, np.int64)
+    if public_size:  # the server's public sample (pre-processing), disjoint from the trust set and every silo
+        size = public_size if public_size != AUTO_PUBLIC else min(500, max(len(rest) // 10, 2))
+        public = rest[stratified_sample(labels[rest], size, np_rng(seed, "public-set"))]
+        rest = np.setdiff1d(rest, public)
     if partition == "even-odd-pairs":
         parts = make_partition(partition, labels[rest], num_silos, np_rng(seed, "partition"))
         labels = even_odd_labels(labels)
@@ -101,7 +125,14 @@ def _splits(key: tuple) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np
         tr, va = train_test_split_indices(tr, val_fraction, np_rng(seed, "validation", i))
         splits[i] = (tr, te)
         vals.append(va)
-    return source, splits, labels, num_classes, vals, trust
+    return source, splits, labels, num_classes, vals, trust, public
+
+
+def _own_ranges(own: tuple[str, str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The public feature ranges ``data.schema`` declares (None: none declared)."""
+    from app.data.schema import load_schema
+
+    return load_schema(own[0]).range_arrays()
 
 
 def _own_source(own: tuple[str, str]) -> object:
@@ -118,23 +149,39 @@ def _own_source(own: tuple[str, str]) -> object:
 
 
 @functools.lru_cache(maxsize=4)
-def _features(key: tuple) -> tuple[np.ndarray, list[Any]]:
-    """The source's features after PCA (if any) and one standardizer per silo: the silos and the
-    server's trust set share this pre-processing (fitted on the silos' training records only)."""
-    source, splits, *_ = _splits(key)
-    standardize, pca = key[5], key[10]
+def _features(key: tuple) -> tuple[np.ndarray, list[Any], DPStatsStep | None]:
+    """The source's features after PCA (if any), one scaler per silo and, for ``dp``, the step each
+    silo still applies itself. The old modes (pooled, local, none; PCA on the pooled records) are
+    computed exactly as before."""
+    source, splits, _, _, _, _, public = _splits(key)
+    dataset, mode, pca, pca_fit, share, clip = key[0], key[5], key[10], key[12], key[14], key[15]
     x = source.x
-    if pca:  # non-private pre-processing on the pooled training records, like ``pooled`` standardising
-        x = fit_pca(np.concatenate([x[tr] for tr, _ in splits]), pca).apply(x)
-    return x, standardize_silos(None, [x[tr] for tr, _ in splits], standardize)
+    if pca:  # pca-fit = pooled: on all silos' training records (outside the guarantee)
+        fit_on = x[public] if pca_fit == "public" else np.concatenate([x[tr] for tr, _ in splits])
+        x = fit_pca(fit_on, pca).apply(x)
+    train = [x[tr] for tr, _ in splits]
+    if mode in ("pooled", "local", "none"):
+        return x, standardize_silos(None, train, mode), None
+    shape = tuple(x.shape[1:])
+    ranges = None if pca else PUBLIC_RANGES.get(dataset) if key[16] is None else _own_ranges(key[16])
+    if mode == "server" or (mode == "public" and pca):  # the server's public sample's statistics
+        shared = fit_standardizer(x[public])
+    elif mode == "public":
+        if ranges is None:
+            raise ValueError(f"standardize = 'public': {dataset} has no public feature ranges; use 'dp' or 'server'")
+        shared = range_scaler(*ranges, shape)
+    else:  # dp: public ranges first (where known), then each silo's DP statistics
+        shared = Standardizer.identity(shape) if ranges is None else range_scaler(*ranges, shape)
+        return x, [shared for _ in train], DPStatsStep(clip, share, shared)
+    return x, [shared for _ in train], None
 
 
 @functools.lru_cache(maxsize=4)
 def _build(key: tuple) -> FederatedData:
     import torch
 
-    _, splits, labels, num_classes, vals, _ = _splits(key)
-    x, scalers = _features(key)
+    _, splits, labels, num_classes, vals, _, _ = _splits(key)
+    x, scalers, dp_step = _features(key)
 
     def tensor(idx: np.ndarray, scaler) -> tuple["torch.Tensor", "torch.Tensor"]:
         return (torch.from_numpy(np.ascontiguousarray(scaler.apply(x[idx]), dtype=np.float32)),
@@ -143,8 +190,22 @@ def _build(key: tuple) -> FederatedData:
     silos = []
     for i, ((tr, te), va, scaler) in enumerate(zip(splits, vals, scalers, strict=True)):
         (train_x, train_y), (test_x, test_y), (val_x, val_y) = tensor(tr, scaler), tensor(te, scaler), tensor(va, scaler)
-        silos.append(SiloData(i, train_x, train_y, test_x, test_y, val_x, val_y))
+        silos.append(SiloData(i, train_x, train_y, test_x, test_y, val_x, val_y, dp_step))
     return FederatedData(tuple(silos), num_classes, tuple(x.shape[1:]))
+
+def apply_dp_stats(data: SiloData, noise_multiplier: float, seed: int) -> SiloData:
+    """``data`` with its DP standardisation applied (``data.dp_stats``, app/data/scaling.py), the
+    noise drawn from ``seed``: the silo calls this once its ledger has charged the release."""
+    import torch
+
+    from app.data.scaling import dp_transform
+
+    val = data.val_x if data.val_x is not None else data.train_x[:0]
+    train, (test, v) = dp_transform(data.dp_stats, data.train_x.numpy(), [data.test_x.numpy(), val.numpy()],
+                                    noise_multiplier, np.random.default_rng(seed))
+    return replace(data, train_x=torch.from_numpy(train), test_x=torch.from_numpy(test),
+                   val_x=None if data.val_x is None else torch.from_numpy(v), dp_stats=None)
+
 
 @dataclass(frozen=True)
 class TrustSet:
@@ -167,12 +228,15 @@ def build_trust_set(s: Settings) -> TrustSet:
             keep = stratified_sample(ty, s.robust.trust_size, np_rng(s.seed, "trust-set"))
             tx, ty = tx[keep], ty[keep]
         return _trust_set(s, tx, ty)
-    _, _, labels, _, _, trust = _splits(data_key(s))
+    _, _, labels, _, _, trust, _ = _splits(data_key(s))
     if not len(trust):
         raise ValueError("trust.size = 0: this run has no trust set")
-    x, scalers = _features(data_key(s))
-    scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity)
+    x, scalers, dp_step = _features(data_key(s))
+    scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity; public/server: shared)
     tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
+    if dp_step is not None:  # dp: the silos' clipping, then the server's own statistics of its own records
+        tx = clip_records(tx, dp_step.clip)
+        tx = fit_standardizer(tx).apply(tx).astype(np.float32)
     return _trust_set(s, tx, ty)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.data.partition import PARTITIONS
-from app.data.preprocess import STANDARDIZE_MODES
+from app.data.scaling import PCA_FITS, SCALING_MODES
 from app.data.sources import SOURCES
 from app.options import choice, number, option
 
@@ -20,7 +20,9 @@ class DataOptions:
     partition_alpha: float = option("dirichlet-alpha", number(0, None, lo_open=True), 0.5,
                                     "Dirichlet concentration of partition dirichlet")
     partition_p: float = option("mixing-p", number(0, 1), 0.0, "partition mixing: the share drawn from all data")
-    standardize: str = option("standardize", choice(STANDARDIZE_MODES), "pooled", "feature standardisation")
+    #: feature scaling (app/data/scaling.py): auto (public ranges, else DP statistics), public,
+    #: server, dp; pooled and local are outside the guarantee (reproducing papers only), none
+    standardize: str = option("standardize", choice(SCALING_MODES), "auto", "feature scaling (auto: covered by eps)")
     test_fraction: float = option("test-fraction", number(0, 1, lo_open=True, hi_open=True), 0.2,
                                   "each silo's held-out share")
     #: share of each silo's training split held out for hyper-parameter selection (0 = none)
@@ -29,6 +31,19 @@ class DataOptions:
     #: project the features on their top principal components (0 = off; fitted on the pooled
     #: training records: non-private pre-processing, like pooled standardisation)
     pca: int = option("pca", number(0, 100_000, integer=True), "preset", "top-d principal components (0: off)")
+    #: where the PCA is fitted: "public" (the server's public sample) or "pooled" (all silos'
+    #: training records: outside the guarantee, reproducing papers only)
+    pca_fit: str = option("pca-fit", choice(PCA_FITS), "public", "where the PCA is fitted: public or pooled")
+    #: records of the server's public sample (carved out before the partition, disjoint from every
+    #: silo) when pca-fit = "public" with pca > 0, or standardize = "server"; 0: min(500, a tenth)
+    public_size: int = option("public-size", number(0, None, integer=True), 0,
+                              "records of the server's public sample (0: min(500, a tenth))")
+    #: standardize = "dp": the share of each silo's epsilon its pre-processing release spends, and
+    #: the L2 norm its records are clipped to (in the features' units after public range scaling)
+    preprocess_share: float = option("preprocess-share", number(0, 1, lo_open=True, hi_open=True), 0.1,
+                                     "standardize dp: the share of epsilon the pre-processing release spends")
+    preprocess_clip: float = option("preprocess-clip", number(0, None, lo_open=True), 1.0,
+                                    "standardize dp: the L2 norm records are clipped to")
     #: the schema every silo's own records must match (app/data/schema.py): a JSON/YAML path or
     #: inline JSON; "" = the built-in ``dataset``'s records
     data_schema: str = option("data.schema", choice(), "", "the schema of the silos' own records (docs/your-data.md)")

@@ -19,6 +19,7 @@ import numpy as np
 
 from app.data.own_files import read_records
 from app.data.preprocess import Standardizer, fit_standardizer, standardize_silos
+from app.data.scaling import DPStatsStep, clip_records, range_scaler, resolve_scaling
 from app.data.schema import DataSchema, SchemaError, load_schema
 from app.data.sources import Dataset
 from app.data.split import train_test_split_indices
@@ -44,13 +45,29 @@ def simulation_source(schema_value: str, path: str) -> Dataset:
     return Dataset(x=x, y=y, num_classes=schema.num_classes, name="own", feature_shape=schema.feature_shape)
 
 
-def own_scaler(mode: str, train_x: np.ndarray) -> Standardizer:
-    """The silo's pre-processing from its own training records alone (``standardize`` local or
-    none); ``pooled`` needs every silo's records, which a silo with its own file does not hold."""
-    if mode == "pooled":
-        raise SchemaError("standardize = 'pooled' needs every silo's records, which a silo with its own data-file "
-                          "does not hold; set standardize = 'local' or 'none' in the run config")
-    return standardize_silos(None, [train_x], mode)[0]
+def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:
+    """The silo's pre-processing of its own records (app/data/scaling.py): ``auto`` is ``public``
+    when the schema declares ranges, else ``dp`` (noisy statistics of the silo's own records,
+    charged to its ledger by the silo before anything else); ``local`` and ``none`` from its own
+    records alone (``local`` is outside epsilon). ``pooled`` and ``server`` need records the silo
+    does not hold: refused with one line. Returns the scaler applied now and, for ``dp``, the step
+    the silo still does itself."""
+    ranges = schema.range_arrays()
+    mode = resolve_scaling(s.standardize, "own", declared=None if ranges is None else (0.0, 1.0), server_data=False)
+    if mode in ("pooled", "server"):
+        raise SchemaError(f"standardize = {mode!r} needs records a silo with its own data-file does not hold "
+                          "(every silo's, or the server's public sample); set standardize = 'auto' (declared ranges "
+                          "in data.schema, else DP statistics), 'dp', 'public', 'local' or 'none' in the run config")
+    shape = tuple(train_x.shape[1:])
+    if mode == "public":
+        if ranges is None:
+            raise SchemaError("standardize = 'public' needs public feature ranges: declare them in data.schema "
+                              "(ranges), or set standardize = 'dp'")
+        return range_scaler(*ranges, shape), None
+    if mode == "dp":
+        pre = Standardizer.identity(shape) if ranges is None else range_scaler(*ranges, shape)
+        return pre, DPStatsStep(s.preprocess_clip, s.preprocess_share, pre)
+    return standardize_silos(None, [train_x], mode)[0], None
 
 
 def own_silo_data(s: "Settings", path: str, fmt: str, index: int) -> "SiloData":
@@ -65,23 +82,37 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int) -> "SiloData":
     if s.pca:
         raise SchemaError(f"pca = {s.pca} is fitted on every silo's pooled records, which a silo with its own "
                           "data-file does not hold; set pca = 0")
-    x, y = read_records(path, run_schema(s), fmt)
+    schema = run_schema(s)
+    x, y = read_records(path, schema, fmt)
     tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
     tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
-    scaler = own_scaler(s.standardize, x[tr])
+    scaler, dp_step = own_scaler(s, schema, x[tr])
 
     def tensors(idx: np.ndarray) -> tuple["torch.Tensor", "torch.Tensor"]:
         return (torch.from_numpy(np.ascontiguousarray(scaler.apply(x[idx]), dtype=np.float32)),
                 torch.from_numpy(y[idx]))
 
     (train_x, train_y), (test_x, test_y), (val_x, val_y) = tensors(tr), tensors(te), tensors(va)
-    return SiloData(index, train_x, train_y, test_x, test_y, val_x, val_y)
+    return SiloData(index, train_x, train_y, test_x, test_y, val_x, val_y, dp_step)
 
 
 def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
     """The server's own file (trust or test set) as (x float32, y int64), checked against the
-    schema and pre-processed like a silo's own records: standardised with its own statistics
-    (the server's data, public to the server) unless ``standardize = 'none'``."""
-    x, y = read_records(path, run_schema(s))
-    scaler = Standardizer.identity(x.shape[1:]) if s.standardize == "none" else fit_standardizer(x)
-    return scaler.apply(x).astype(np.float32), y
+    schema and scaled as the silos scale theirs (:func:`own_scaler`): declared ranges for
+    ``public``; for ``dp`` the ranges (if any), the silos' clipping, then the server's own
+    statistics of its own records (its data are public to it); ``none`` leaves them; otherwise
+    (``local``) its own statistics."""
+    schema = run_schema(s)
+    x, y = read_records(path, schema)
+    ranges = schema.range_arrays()
+    mode = resolve_scaling(s.standardize, "own", declared=None if ranges is None else (0.0, 1.0), server_data=False)
+    shape = tuple(x.shape[1:])
+    if mode == "none":
+        return x.astype(np.float32), y
+    if mode == "public" and ranges is not None:
+        return range_scaler(*ranges, shape).apply(x).astype(np.float32), y
+    if mode == "dp":
+        if ranges is not None:
+            x = range_scaler(*ranges, shape).apply(x)
+        x = clip_records(x, s.preprocess_clip)
+    return fit_standardizer(x).apply(x).astype(np.float32), y

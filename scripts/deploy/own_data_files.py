@@ -3,7 +3,7 @@
     python -m scripts.deploy.own_data_files OUT_DIR [--silos 3] [--seed 0]
 
 OUT_DIR/schema.json (the run's data.schema: the 30 column names, label column "diagnosis",
-classes malignant/benign, public ranges [0, 5000] per feature), OUT_DIR/server/trust.csv (60
+classes malignant/benign, public per-feature ranges [0, the published maximum + 10%]), OUT_DIR/server/trust.csv (60
 records) and OUT_DIR/server/test.csv (100 records), and OUT_DIR/silo<i>/records.csv for each
 silo: the remaining records shuffled and split into --silos parts of unequal size. Each
 file stands for records a party holds on its own; nothing here is read by the run except
@@ -35,7 +35,11 @@ def main() -> None:
     df = df.sample(frac=1.0, random_state=args.seed).reset_index(drop=True)
     out = args.out
     (out / "server").mkdir(parents=True, exist_ok=True)
-    schema = {"features": names, "label": "diagnosis", "classes": ["malignant", "benign"], "ranges": [0, 5000]}
+    # public per-feature bounds: WBCD is a published data set, so its features' ranges are public facts
+    # (every feature is >= 0; the upper bound is the published maximum with a 10% margin, rounded up)
+    highs = [float(f"{h:.2g}") if float(f"{h:.2g}") >= h else float(f"{h * 1.05:.2g}") for h in b.data.max(axis=0) * 1.1]
+    ranges = {n: [0.0, hi] for n, hi in zip(names, highs, strict=True)}
+    schema = {"features": names, "label": "diagnosis", "classes": ["malignant", "benign"], "ranges": ranges}
     (out / "schema.json").write_text(json.dumps(schema, indent=1) + "\n")
     files = {out / "server" / "test.csv": df.iloc[:100], out / "server" / "trust.csv": df.iloc[100:160]}
     rest = df.iloc[160:]

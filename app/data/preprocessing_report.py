@@ -1,0 +1,50 @@
+"""What a run's pre-processing did and whether epsilon covers it (summary.json ``preprocessing``).
+
+Every step that reads records is named with ``covered_by_eps``: true when it reads no silo record
+(public ranges, the server's public data, no scaling) or reads them through a release charged to
+each silo's ledger (``dp`` in a private run); false for the modes kept to reproduce papers
+(``standardize = pooled | local``, ``pca-fit = pooled``) and for ``dp`` without privacy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.config import Settings
+from app.data.scaling import PUBLIC_RANGES, UNCOVERED_MODES, resolve_scaling
+
+_HOW = {
+    "public": "public ranges (x - lo) / (hi - lo); no record read",
+    "server": "mean/std of the server's public sample (disjoint from every silo); no silo record read",
+    "dp": "each silo's noisy mean/std of its clipped records (Gaussian, charged to its ledger)",
+    "pooled": "mean/std of all silos' pooled training records (no noise)",
+    "local": "mean/std of each silo's own records (no noise)",
+    "none": "no scaling",
+}
+
+
+def preprocessing_steps(s: Settings) -> dict[str, Any]:
+    """{"steps": [...], "covered_by_eps": all steps covered, "caveat": None or why not}."""
+    mode = resolve_scaling(s.standardize, s.dataset)
+    steps: list[dict[str, Any]] = []
+    if s.pca:
+        steps.append({"step": "pca", "components": s.pca, "fit": s.pca_fit,
+                      "how": ("fitted on the server's public sample" if s.pca_fit == "public"
+                              else "fitted on all silos' pooled training records"),
+                      "covered_by_eps": s.pca_fit == "public"})
+    how = _HOW[mode]
+    if mode == "public" and s.pca:
+        how = "mean/std of the server's public sample after PCA; no silo record read"
+    elif mode == "public":
+        how += f" {PUBLIC_RANGES.get(s.dataset)}"
+    elif mode == "dp":
+        how += f", clip {s.preprocess_clip:g}, {s.preprocess_share:g} of epsilon"
+    covered = mode not in UNCOVERED_MODES and (mode != "dp" or s.privacy.enabled)
+    steps.append({"step": "scaling", "standardize": s.standardize, "mode": mode, "how": how, "covered_by_eps": covered})
+    bad = [st for st in steps if not st["covered_by_eps"]]
+    caveat = None
+    if bad:
+        caveat = ("pre-processing NOT covered by epsilon: " + "; ".join(f"{st['step']}: {st['how']}" for st in bad)
+                  + ". The epsilon printed covers the training releases only: not a guarantee for the records "
+                  "(kept to reproduce papers; the defaults are covered)")
+    return {"steps": steps, "covered_by_eps": not bad, "caveat": caveat}
