@@ -107,3 +107,16 @@ def service_env(home: Path) -> dict[str, str]:
     """The environment of a silo service a test starts (its own FLWR_HOME, no telemetry)."""
     return dict(os.environ) | {"FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1",
                                "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def silo_down_hook(node_index: int):
+    """A grid hook (:func:`run`'s ``hook``): silo ``node_index`` answers every train message with
+    an error, as a node that went down would."""
+    from flwr.app import Error, Message
+
+    def hook(nid: int, msg, reply):
+        if nid == 1000 + node_index and msg.metadata.message_type == "train":
+            return Message(Error(code=0, reason="silo down"), reply_to=msg)
+        return reply
+
+    return hook

@@ -15,6 +15,7 @@ from app import wire
 from app.privacy.accounting import epsilon_spent, Release
 from app.privacy.contribution import Contribution, ContributionError
 from app.privacy.envelope import EnvelopeError, StaticKeys, open_sealed
+from tests.helpers import silo_down_hook
 
 SHUFFLE = {"privacy.mode": "shuffle", "num-rounds": 4, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3, "silos-per-round": 3,
            "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5}
@@ -92,28 +93,17 @@ def test_every_shuffle_algorithm_runs_through_the_shuffler(federation, algorithm
         assert kinds == expected
 
 
-def _error_for(node_index: int):
-    from flwr.app import Error, Message
-
-    def hook(nid: int, msg, reply):
-        if nid == 1000 + node_index and msg.metadata.message_type == "train":
-            return Message(Error(code=0, reason="silo down"), reply_to=msg)
-        return reply
-
-    return hook
-
-
 def test_shuffler_refuses_a_sum_with_less_noise_than_the_silos_calibrated_for(federation) -> None:
     """One of the three silos is down: the other two carry 2/3 of the noise each silo counts on,
     so the shuffler releases nothing and the model does not move."""
-    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "fail-on-client-error": False}, hook=_error_for(0))
+    summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "fail-on-client-error": False}, hook=silo_down_hook(0))
     assert all(r["answered"] == 0 and r["failed"] == 1 for r in rows)
     assert all(r["shuffle_dropped"] == 2 for r in rows)
 
 
 def test_count_on_two_of_three_survives_one_dropout(federation) -> None:
     summary, rows, _ = federation(SHUFFLE | {"num-rounds": 2, "shuffle.count-on": 2, "fail-on-client-error": False},
-                                  hook=_error_for(0))
+                                  hook=silo_down_hook(0))
     assert all(r["answered"] == 2 and r["failed"] == 1 for r in rows)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from app.config import parse_settings
 from app.launch import merged_run_config
 from app.run_health import NO_PROGRESS, diagnose
+from tests.helpers import silo_down_hook
 
 REASON = ("shuffler refused: no contribution's privacy calibration is met: 2000 noise trials available, "
           "at least 2900 required")
@@ -43,22 +44,11 @@ def test_without_a_shuffler_refusal_the_timeout_hint_is_unchanged() -> None:
     assert h.verdict == NO_PROGRESS and h.blame.setting == "round-timeout"
 
 
-def _error_for(node_index: int):
-    from flwr.app import Error, Message
-
-    def hook(nid: int, msg, reply):
-        if nid == 1000 + node_index and msg.metadata.message_type == "train":
-            return Message(Error(code=0, reason="silo down"), reply_to=msg)
-        return reply
-
-    return hook
-
-
 def test_end_to_end_the_summary_blames_the_shuffler(federation) -> None:
     over = {"privacy.mode": "shuffle", "num-rounds": 2, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3,
             "silos-per-round": 3, "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5,
             "fail-on-client-error": False}
-    summary, rows_, _ = federation(over, hook=_error_for(0))
+    summary, rows_, _ = federation(over, hook=silo_down_hook(0))
     assert all(r["answered"] == 0 and r["shuffle_dropped"] == 2 for r in rows_)
     assert all("privacy calibration is met" in r["shuffle_refused"] for r in rows_)
     blame = summary["health"]["blame"]
