@@ -23,6 +23,10 @@ overflow a record's gradient, gives a release of the stated sensitivity (app/pri
 each release is written to the ledger before it is computed, and its noise and batch are keyed
 to the ledger's sequence number for it, never to the round number the server sends, so a
 release's randomness never repeats (with ``noise-seed="os"`` it comes from the OS CSPRNG).
+
+The Silo's methods by job: its gradients (clients/silo_gradients.py), its shuffle-DP release
+(clients/silo_shuffle.py) and its evaluation (clients/silo_evaluation.py) are mixins of
+:class:`Silo`; calibration, admission, the ledger and the training release are here.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from collections.abc import Mapping
 from dataclasses import replace
 from logging import INFO
 from pathlib import Path
@@ -42,35 +45,30 @@ from flwr.app import RecordDict
 from flwr.common import log
 
 from app import wire
-from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms
+from app.admission import Rejection, check_instruction, silo_terms
+from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
 from app.config import Settings
-from app.data.federated import SiloData
-from app.data.split import fixed_size_batch
+from app.data.federated import SiloData, apply_dp_stats
 from app.models import build_model
+from app.privacy import silo_sampling
 from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trial_scale,
                                     group_releases, trials_for)
 from app.privacy.amplification_choice import resolve_amplification
-from app.privacy.contribution import Contribution
-from app.privacy.envelope import StaticKeys, parse_public_key, seal
-from app.privacy.shuffle import ShuffleCode, row_bound, trials_per_record
-from app.privacy import silo_sampling
+from app.privacy.envelope import StaticKeys
+from app.privacy.ledger import BudgetExceededError, PrivacyLedger
+from app.privacy.preprocessing import calibrate_after, preprocess_plan
+from app.privacy.shuffle import trials_per_record
+from app.seeding import derive_seed
+from app.sketch.broadcast import build_sketch
+from app.sketch.powersgd import PowerSGDState
+from clients.silo_evaluation import SiloEvaluation
+from clients.silo_gradients import SiloGradients
+from clients.silo_shuffle import SiloShuffle, shuffle_trust
 
 #: the bound a sampled binomial release is accounted with under shuffle.amplification = "sampling"
 AMPLIFIED_BOUND = ("Theorem 9 form of Wang, Balle & Kasiviswanathan 2019 for the truncated ideal-vs-real pair, "
                    "eps(inf) = inf branch (app/privacy/amplification.py)")
-from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
-from app.privacy.clipping import clip_rows
-from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
-from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from app.privacy.policy import collusion_threshold
-from app.data.federated import apply_dp_stats
-from app.privacy.preprocessing import calibrate_after, preprocess_plan
-from app.privacy.mechanism import BinomialShuffleMechanism, make_mechanism
-from app.models.losses import cross_entropy
-from app.privacy.per_sample import batch_loss, per_sample_grads
-from app.seeding import derive_seed, np_rng, torch_gen
-from app.sketch.broadcast import build_sketch
-from app.sketch.powersgd import PowerSGDState
+
 
 #: how many released replies each silo keeps (in memory, per ledger) to answer a replayed request
 REPLAY_DEPTH = 2
@@ -95,7 +93,7 @@ def request_digest(ins: wire.Instruction, context: str) -> str:
     return h.hexdigest()
 
 
-class Silo:
+class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
     """One silo's state: data, model template, ledger and noise calibration."""
 
     def __init__(self, settings: Settings, data: SiloData, num_classes: int, feature_shape: tuple[int, ...],
@@ -325,92 +323,6 @@ class Silo:
         # a loss computed on private records is itself a release: only without privacy
         return wire.TrainReply(reply_arrays, spent, None if self.private else loss).encode()
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        """Answer an evaluation request as the node's policy says (app/privacy/policy.py):
-
-        * ``open``: exact test errors on the silo's held-out split, the mean loss on its training
-          split and, when the server asks (``train-gradient``), the full gradient of that mean
-          loss, from which the server computes ||G_eta|| (NOT covered by the DP guarantee);
-        * ``private``: noisy counts and clipped loss sums, one Gaussian release charged to the
-          ledger (app/privacy/evaluation.py); no gradient;
-        * ``off``: a refusal. A silo whose policy refuses the run refuses its evaluation too."""
-        refusal = self._evaluation_refusal()
-        if refusal is not None:
-            return refusal
-        req = check_evaluate_request(content, silo_terms(self))
-        if isinstance(req, Rejection):
-            return self._refuse(req.code, req.reason)
-        return self._evaluation_reply(req)
-
-    def _evaluation_refusal(self) -> RecordDict | None:
-        """The refusal this silo's evaluation policy gives every evaluation request (None: it answers)."""
-        if self.policy_violation:
-            return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
-        if self.evaluation == "off":
-            return self._refuse(wire.REFUSED_POLICY, "this silo's policy answers no evaluation requests "
-                                "(node config evaluation = 'off')")
-        if self.evaluation == "private" and self.shuffle:
-            return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
-                                "'private'), which is not available in shuffle mode; its operator may choose open or off")
-        if self.evaluation == "private" and not self.private:
-            return self._refuse(wire.REFUSED_POLICY, "this silo evaluates privately (node config evaluation = "
-                                "'private'), which needs a private run")
-        return None
-
-    def _answer_evaluation(self, req: wire.EvaluateRequest) -> RecordDict:
-        """The answer to ``req`` as the policy says (:meth:`evaluate`): its refusal, or the reply."""
-        refusal = self._evaluation_refusal()
-        return refusal if refusal is not None else self._evaluation_reply(req)
-
-    def _evaluation_reply(self, req: wire.EvaluateRequest) -> RecordDict:
-        """The evaluation reply to ``req`` of a silo whose policy answers (open or private)."""
-        w = self._tensors(req.arrays)
-        if self.evaluation == "private":
-            return self._private_evaluation(w, req.round)
-        with torch.no_grad():
-            logits = torch.func.functional_call(self.model, w, (self.test_x,))
-            test_loss = cross_entropy(logits, self.test_y).item() * len(self.test_y)
-            errors = (logits.argmax(1) != self.test_y).sum().item()
-        train_loss = batch_loss(self.model, w, self.train_x, self.train_y) * self.n
-        val_errors = val_count = None
-        if self.val_y is not None and len(self.val_y):
-            with torch.no_grad():
-                val_logits = torch.func.functional_call(self.model, w, (self.val_x,))
-            val_errors, val_count = float((val_logits.argmax(1) != self.val_y).sum().item()), float(len(self.val_y))
-        return wire.EvaluateReply(
-            test_errors=float(errors), test_count=float(len(self.test_y)), test_loss_sum=test_loss,
-            train_loss_sum=train_loss, train_count=float(self.n), val_errors=val_errors, val_count=val_count,
-            eps_spent=self.ledger.spent(), gradient=self._full_gradient(w) if req.train_gradient else None).encode()
-
-    def _private_evaluation(self, w: Mapping[str, torch.Tensor], rnd: int) -> RecordDict:
-        """Noisy error counts and clipped loss sums (one ``eval`` release, recorded first)."""
-        spec = self.plan[Phase.EVAL]
-        try:
-            spent, seq = self.ledger.record_release([Release(Phase.EVAL, self.n, self.n, spec.noise_multiplier, 1)],
-                                                    round_=rnd)
-        except BudgetExceededError as exc:
-            return self._refuse(wire.REFUSED_BUDGET, str(exc))
-        stats: dict[str, float] = {}
-        counts: dict[str, float] = {}
-        with torch.no_grad():
-            splits = [("test", self.test_x, self.test_y), ("train", self.train_x, self.train_y)]
-            if self.val_y is not None and len(self.val_y):
-                splits.append(("val", self.val_x, self.val_y))
-            for name, x, y in splits:
-                logits = torch.func.functional_call(self.model, dict(w), (x,))
-                if name != "train":
-                    stats[f"{name}_errors"] = float((logits.argmax(1) != y).sum().item())
-                    counts[f"{name}_errors"] = float(len(y))
-                if name != "val":
-                    per_record = torch.nn.functional.cross_entropy(logits, y, reduction="none")
-                    stats[f"{name}_loss_sum"] = clipped_loss_sum(per_record)
-                    counts[f"{name}_loss_sum"] = float(len(y))
-        noisy = noisy_statistics(stats, counts, spec.noise_multiplier, self._torch_gen(seq, "eval-noise", 0))
-        return wire.EvaluateReply(
-            test_errors=noisy["test_errors"], test_count=counts["test_errors"], test_loss_sum=noisy["test_loss_sum"],
-            train_loss_sum=noisy["train_loss_sum"], train_count=float(self.n), val_errors=noisy.get("val_errors"),
-            val_count=counts.get("val_errors"), eps_spent=spent).encode()
-
     def ledger_report(self) -> dict[str, Any]:
         """What anyone needs to recompute this silo's epsilon: n, K, delta, budget and every
         kind of release with its count, noise multiplier and sampling scheme."""
@@ -463,138 +375,6 @@ class Silo:
             "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
         }
 
-    def _shuffle_release(self, ins: wire.Instruction, spec: ReleaseSpec, w0: Mapping[str, torch.Tensor],
-                         w_prev: Mapping[str, torch.Tensor] | None) -> RecordDict:
-        """Shuffle DP (the paper's Algorithms 7-10): the release's clipped rows, encoded as
-        per-coordinate counts of rounded levels plus Bin(K b, p) noise (app/privacy/shuffle.py),
-        sealed to the shuffler's public key so that the server relays what it cannot read. The
-        release is recorded (a binomial release of the exchange's ``spec.trials`` trials) before
-        anything is computed from the records."""
-        phase, rnd = ins.phase, ins.round
-        shuffler_key = parse_public_key(ins.shuffle.shuffler_key)  # admitted: present and a key
-        if self.shuffler_pin is not None and shuffler_key != parse_public_key(self.shuffler_pin):
-            return self._refuse(wire.REFUSED_POLICY, "the shuffler key sent is not the one this node pinned "
-                                "(node config shuffler-public-key); nothing was released")
-        count_on = self.s.shuffle.count_on or self.s.silos_per_round
-        b = trials_per_record(spec.trials, count_on, spec.batch, self.s.shuffle.headroom)
-        kind = self.disjoint_kind if phase == Phase.DISJOINT else str(phase)
-        if phase == Phase.DISJOINT and not 1 <= rnd <= self.n // spec.batch:
-            return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
-                                f"the n={self.n} records hold {self.n // spec.batch} disjoint blocks")
-        q, sampling_tag, _ = self._silo_sampling(count_on)
-        release = Release(kind, self.n, spec.batch, 0.0, 1, phase == Phase.DISJOINT, "binomial", spec.trials,
-                          self.levels, self.s.shuffle.p, self.dim, self.s.shuffle.amplification, q)
-        try:
-            spent, seq = self.ledger.record_release([release], round_=rnd, exclusive=phase == Phase.DISJOINT,
-                                                    extra={"trials_per_record": b, "count_on": count_on})
-        except BudgetExceededError as exc:
-            return self._refuse(wire.REFUSED_BUDGET, str(exc))
-        if phase == Phase.DIFF:
-            assert w_prev is not None
-            x, y = self._batch(spec.batch, seq, 0)
-            rows = self._difference_rows(w0, w_prev, x, y)
-        else:
-            x, y = self._block(spec.batch, rnd) if phase == Phase.DISJOINT else self._batch(spec.batch, seq, 0)
-            rows = clip_rows(per_sample_grads(self.model, dict(w0), x, y), self.clip)
-        code = ShuffleCode(row_bound(phase == Phase.DIFF, self.clip, self.s.diff_clip), self.levels, self.s.shuffle.p)
-        counts = BinomialShuffleMechanism(code, b, self._np_rng(seq, "shuffle-encoding", 0)).release(rows).numpy()
-        # bound to its exchange (run, round, exchange, phase: the AEAD's associated data) and, inside
-        # the sealed payload, to that context's hash and this release's ledger sequence number
-        context = wire.shuffle_context(self.run_id, rnd, ins.shuffle.exchange, str(phase))
-        contribution = Contribution(records=spec.batch, trials=spec.batch * b, required_trials=spec.trials,
-                                    levels=self.levels, counts=counts,
-                                    binding=Contribution.bind(context, seq) + sampling_tag)
-        assert self.sender_keys is not None
-        return wire.SealedReply(seal(shuffler_key, self.sender_keys, contribution.encode(), context), spent).encode()
-
-    def _silo_sampling(self, count_on: int) -> tuple[float, bytes, str]:
-        """(q, seal tag, why) of app/privacy/silo_sampling.claim for this run and node."""
-        return silo_sampling.claim(self.s.shuffle.silo_sample, self.s.num_silos, self.trust_silo_sampling, count_on,
-                                   pinned=self.shuffler_pin is not None)
-
-    def _silo_sampling_report(self, count_on: int) -> dict[str, Any]:
-        q, _, why = self._silo_sampling(count_on)
-        return {"claimed": q < 1, "q": q, "why": why}
-
-    # -- internals ------------------------------------------------------------------------
-    def _noisy_gradient(self, w: Mapping[str, torch.Tensor], spec: ReleaseSpec, seq: int, step: int,
-                        batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[dict[str, torch.Tensor], float]:
-        """One release (ledger sequence number ``seq``, local step ``step``): clipped mean of K
-        per-sample gradients plus N(0, sigma^2 I), on K records drawn without replacement (or on
-        the given ``batch``)."""
-        x, y = batch if batch is not None else self._batch(spec.batch, seq, step)
-        if not self.private:  # no clipping, no noise: the plain minibatch gradient (no per-sample pass)
-            return _unflatten(self._mean_gradient(w, x, y), w), batch_loss(self.model, dict(w), x, y)
-        rows = clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
-        noisy = make_mechanism(self.s.privacy.mode, spec.sigma).release(rows, self._torch_gen(seq, "noise", step))
-        return _unflatten(noisy, w), float("nan")
-
-    def _noisy_difference(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], spec: ReleaseSpec,
-                          seq: int) -> tuple[dict[str, torch.Tensor], float]:
-        """One SPIDER difference release on one batch of K2 records (see the module docstring)."""
-        x, y = self._batch(spec.batch, seq, 0)
-        rows = self._difference_rows(w, w_prev, x, y)
-        if not self.private:
-            return _unflatten(rows.mean(dim=0), w), batch_loss(self.model, dict(w), x, y)
-        noisy = make_mechanism(self.s.privacy.mode, spec.sigma).release(rows, self._torch_gen(seq, "noise", 0))
-        return _unflatten(noisy, w), float("nan")
-
-    def _difference_rows(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], x: torch.Tensor,
-                         y: torch.Tensor) -> torch.Tensor:
-        """Per-record differences on (x, y): clip_C(g(w) - g(w')) with ``diff-clip`` C > 0 (norm <= C),
-        else clip_L g(w) - clip_L g(w') (norm <= 2L)."""
-        g_now = per_sample_grads(self.model, dict(w), x, y)
-        g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
-        if self.s.diff_clip > 0 and self.private:
-            return clip_rows(g_now - g_prev, self.s.diff_clip)
-        return clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)
-
-    def _mean_gradient(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Flat gradient of the mean loss on (x, y) (what the per-sample route averages to)."""
-        params = {k: v.detach().requires_grad_(True) for k, v in w.items()}
-        loss = cross_entropy(torch.func.functional_call(self.model, params, (x,)), y)
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(params.values()))])
-
-    def _full_gradient(self, w: Mapping[str, torch.Tensor], chunk: int = 4096) -> dict[str, np.ndarray]:
-        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks."""
-        params = {k: v.detach().clone().requires_grad_(True) for k, v in w.items()}
-        total = {k: torch.zeros_like(v) for k, v in params.items()}
-        for start in range(0, self.n, chunk):
-            x, y = self.train_x[start:start + chunk], self.train_y[start:start + chunk]
-            loss = cross_entropy(torch.func.functional_call(self.model, params, (x,)), y) * (len(y) / self.n)
-            for k, g in zip(params, torch.autograd.grad(loss, list(params.values())), strict=True):
-                total[k] += g
-        return {k: v.detach().cpu().numpy() for k, v in total.items()}
-
-    def _batch(self, k: int, seq: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K of the n records, uniformly without replacement."""
-        idx = torch.as_tensor(fixed_size_batch(self.n, k, self._np_rng(seq, "batch", step)), device=self.device)
-        return self.train_x[idx], self.train_y[idx]
-
-    def _block(self, k: int, rnd: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block ``rnd`` (1-based) of K records of the silo's secret permutation (Algorithm 6)."""
-        perm = np.random.default_rng(self.block_seed).permutation(self.n)
-        idx = torch.as_tensor(perm[(rnd - 1) * k: rnd * k], device=self.device)
-        return self.train_x[idx], self.train_y[idx]
-
-    def _tensors(self, params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """``params`` (admitted: this silo's layout, finite) as tensors on the silo's device."""
-        return {k: torch.as_tensor(v, device=self.device) for k, v in params.items()}
-
-    def _np_rng(self, seq: int, *parts: Any) -> np.random.Generator:
-        """The generator of release ``seq`` (its ledger sequence number) for ``parts``: the OS
-        CSPRNG with ``noise-seed="os"``; else derived from (run seed, silo, seq, parts), which
-        makes simulations reproducible and lets whoever knows the seed recompute it."""
-        if self.s.privacy.noise_seed == "os":
-            return np.random.default_rng(secrets.randbits(128))
-        return np_rng(self.s.seed, "silo", self.data.index, "release", seq, *parts)
-
-    def _torch_gen(self, seq: int, *parts: Any) -> torch.Generator:
-        """Like :meth:`_np_rng`, for torch draws (on the CPU)."""
-        if self.s.privacy.noise_seed == "os":
-            return torch.Generator().manual_seed(secrets.randbits(63))
-        return torch_gen(self.s.seed, "silo", self.data.index, "release", seq, *parts)
-
     def _refuse(self, code: str, reason: str) -> RecordDict:
         return wire.Refusal(code, reason, self.ledger.spent()).encode()
 
@@ -615,28 +395,6 @@ class RefusingSilo:
 
     def ledger_report(self) -> dict[str, Any]:
         return {"silo": self.index, "error": self.reason}
-
-
-def shuffle_trust(count_on: int, silos: int) -> dict[str, Any]:
-    """Whom a shuffle-DP silo's epsilon relies on, for summary.json (app/privacy/policy.py's
-    collusion_threshold): 'holds unless more than k of the other silos are dishonest or collude
-    with the server' (the shuffler is trusted in every case)."""
-    k = collusion_threshold(count_on, silos)
-    return {"count_on": int(count_on), "collusion_threshold": k,
-            "holds": f"unless more than {k} of the other {max(silos - 1, 0)} silos are dishonest or collude with the "
-                     "server (and unless the shuffler colludes with the server)",
-            "why": ("count-on 1: the silo adds all the noise its epsilon needs" if count_on <= 1 else
-                    f"count-on {count_on}: the silo adds (1 + headroom)/{count_on} of the noise its epsilon needs and "
-                    "counts on the other silos in its sums for the rest; one that claims noise it did not add, or "
-                    "whose counts reach the server, shrinks it")}
-
-
-def _unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out, offset = {}, 0
-    for k, v in like.items():
-        out[k] = vec[offset: offset + v.numel()].reshape(v.shape)
-        offset += v.numel()
-    return out
 
 
 def _pick_device(device: str) -> str:
