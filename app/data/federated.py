@@ -70,9 +70,8 @@ def data_key(s: Settings) -> tuple:
     """The settings that determine the data (used for caching)."""
     trust_size = 0 if s.server_trust_file else s.robust.trust_size  # the server's own file: nothing carved out
     own = (s.data_schema, s.data_simulation_file) if s.data_schema else None
-    # own records resolve auto as a deployed silo does (app/data/own_data.py): declared ranges, else dp
-    mode = (resolve_scaling(s.standardize, s.dataset) if own is None else
-            resolve_scaling(s.standardize, s.dataset, declared=_own_ranges(own), server_data=False))
+    # own records resolve auto as a deployed silo does (app/data/own_data.py): public, else dp
+    mode = resolve_scaling(s.standardize, s.dataset) if own is None else _own_mode(s)
     needs_public = mode == "server" or (s.pca and (s.pca_fit == "public" or mode == "public"))
     public = (s.public_size or AUTO_PUBLIC) if needs_public else 0
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, mode,
@@ -128,6 +127,21 @@ def _splits(key: tuple) -> tuple:
     return source, splits, labels, num_classes, vals, trust, public
 
 
+def _own_mode(s: Settings) -> str:
+    from app.data.own_data import own_mode
+    from app.data.schema import load_schema
+
+    return own_mode(s, load_schema(s.data_schema))
+
+
+def _own_public(own: tuple[str, str], shape: tuple[int, ...]) -> Standardizer | None:
+    """The public scaling ``data.schema`` declares (statistics, else ranges; None: neither)."""
+    from app.data.own_data import public_scaler
+    from app.data.schema import load_schema
+
+    return public_scaler(load_schema(own[0]), shape)
+
+
 def _own_ranges(own: tuple[str, str]) -> tuple[np.ndarray, np.ndarray] | None:
     """The public feature ranges ``data.schema`` declares (None: none declared)."""
     from app.data.schema import load_schema
@@ -164,8 +178,11 @@ def _features(key: tuple) -> tuple[np.ndarray, list[Any], DPStatsStep | None]:
         return x, standardize_silos(None, train, mode), None
     shape = tuple(x.shape[1:])
     ranges = None if pca else PUBLIC_RANGES.get(dataset) if key[16] is None else _own_ranges(key[16])
+    own_public = None if pca or key[16] is None else _own_public(key[16], shape)
     if mode == "server" or (mode == "public" and pca):  # the server's public sample's statistics
         shared = fit_standardizer(x[public])
+    elif mode == "public" and own_public is not None:  # the schema's public statistics or ranges
+        shared = own_public
     elif mode == "public":
         if ranges is None:
             raise ValueError(f"standardize = 'public': {dataset} has no public feature ranges; use 'dp' or 'server'")

@@ -45,26 +45,45 @@ def simulation_source(schema_value: str, path: str) -> Dataset:
     return Dataset(x=x, y=y, num_classes=schema.num_classes, name="own", feature_shape=schema.feature_shape)
 
 
-def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:
-    """The silo's pre-processing of its own records (app/data/scaling.py): ``auto`` is ``public``
-    when the schema declares ranges, else ``dp`` (noisy statistics of the silo's own records,
-    charged to its ledger by the silo before anything else); ``local`` and ``none`` from its own
-    records alone (``local`` is outside epsilon). ``pooled`` and ``server`` need records the silo
-    does not hold: refused with one line. Returns the scaler applied now and, for ``dp``, the step
-    the silo still does itself."""
+def public_scaler(schema: DataSchema, shape: tuple[int, ...]) -> Standardizer | None:
+    """The schema's public scaling: its declared statistics (x - mean) / std, else its declared
+    ranges (x - low) / (high - low); None when it declares neither. Reads no record."""
+    stats = schema.statistics_arrays()
+    if stats is not None:
+        return Standardizer(*stats)
     ranges = schema.range_arrays()
-    mode = resolve_scaling(s.standardize, "own", declared=None if ranges is None else (0.0, 1.0), server_data=False)
+    return None if ranges is None else range_scaler(*ranges, shape)
+
+
+def own_mode(s: "Settings", schema: DataSchema) -> str:
+    """``standardize`` for own records: ``auto`` is ``public`` when the schema declares public
+    statistics or ranges, else ``dp`` (app/data/scaling.py)."""
+    declared = schema.statistics is not None or schema.ranges is not None
+    return resolve_scaling(s.standardize, "own", declared=(0.0, 1.0) if declared else None, server_data=False)
+
+
+def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:
+    """The silo's pre-processing of its own records: ``public`` from the schema alone
+    (:func:`public_scaler`); ``dp`` (noisy statistics of the silo's own records, charged to its
+    ledger by the silo before anything else, after the public ranges if declared); ``local`` and
+    ``none`` from its own records alone (``local`` is outside epsilon). ``pooled`` and ``server``
+    need records the silo does not hold: refused with one line. Returns the scaler applied now
+    and, for ``dp``, the step the silo still does itself."""
+    mode = own_mode(s, schema)
     if mode in ("pooled", "server"):
         raise SchemaError(f"standardize = {mode!r} needs records a silo with its own data-file does not hold "
-                          "(every silo's, or the server's public sample); set standardize = 'auto' (declared ranges "
-                          "in data.schema, else DP statistics), 'dp', 'public', 'local' or 'none' in the run config")
+                          "(every silo's, or the server's public sample); set standardize = 'auto' (public "
+                          "statistics or ranges in data.schema, else DP statistics), 'dp', 'public', 'local' or "
+                          "'none' in the run config")
     shape = tuple(train_x.shape[1:])
     if mode == "public":
-        if ranges is None:
-            raise SchemaError("standardize = 'public' needs public feature ranges: declare them in data.schema "
-                              "(ranges), or set standardize = 'dp'")
-        return range_scaler(*ranges, shape), None
+        scaler = public_scaler(schema, shape)
+        if scaler is None:
+            raise SchemaError("standardize = 'public' needs public statistics or ranges in data.schema "
+                              "(python -m app.data.public_statistics), or set standardize = 'dp'")
+        return scaler, None
     if mode == "dp":
+        ranges = schema.range_arrays()
         pre = Standardizer.identity(shape) if ranges is None else range_scaler(*ranges, shape)
         return pre, DPStatsStep(s.preprocess_clip, s.preprocess_share, pre)
     return standardize_silos(None, [train_x], mode)[0], None
@@ -98,20 +117,20 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int) -> "SiloData":
 
 def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
     """The server's own file (trust or test set) as (x float32, y int64), checked against the
-    schema and scaled as the silos scale theirs (:func:`own_scaler`): declared ranges for
-    ``public``; for ``dp`` the ranges (if any), the silos' clipping, then the server's own
-    statistics of its own records (its data are public to it); ``none`` leaves them; otherwise
-    (``local``) its own statistics."""
+    schema and scaled as the silos scale theirs (:func:`own_scaler`): the schema's public
+    scaling for ``public``; for ``dp`` the ranges (if any), the silos' clipping, then the
+    server's own statistics of its own records (its data are public to it); ``none`` leaves them;
+    otherwise (``local``) its own statistics."""
     schema = run_schema(s)
     x, y = read_records(path, schema)
-    ranges = schema.range_arrays()
-    mode = resolve_scaling(s.standardize, "own", declared=None if ranges is None else (0.0, 1.0), server_data=False)
+    mode = own_mode(s, schema)
     shape = tuple(x.shape[1:])
     if mode == "none":
         return x.astype(np.float32), y
-    if mode == "public" and ranges is not None:
-        return range_scaler(*ranges, shape).apply(x).astype(np.float32), y
+    if mode == "public" and (scaler := public_scaler(schema, shape)) is not None:
+        return scaler.apply(x).astype(np.float32), y
     if mode == "dp":
+        ranges = schema.range_arrays()
         if ranges is not None:
             x = range_scaler(*ranges, shape).apply(x)
         x = clip_records(x, s.preprocess_clip)

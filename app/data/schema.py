@@ -11,7 +11,11 @@ The run config names it (``data.schema``): a JSON or YAML file, or the JSON text
 * ``ignore``: further columns a table may hold and the run never reads (e.g. a record id);
 * ``ranges``: optional public per-feature bounds ``{"column": [low, high]}`` (tables) or one
   ``[low, high]`` for every feature, facts about the domain (not statistics of the records),
-  exposed as :attr:`DataSchema.ranges` for public feature scaling.
+  exposed as :attr:`DataSchema.ranges` for public feature scaling;
+* ``statistics``: optional public per-feature ``{"mean": ..., "std": ...}`` (each
+  ``{"column": value}``, a list of one value per flattened feature, or one value for all): statistics of *public* data (e.g. the
+  server's own file, ``python -m app.data.public_statistics``; never of a silo's records), used
+  for public standardisation (x - mean) / std in preference to ``ranges``.
 
 Pure data and plain functions: no torch, no Flower.
 """
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_KEYS = ("classes", "features", "shape", "label", "ignore", "ranges")
+SCHEMA_KEYS = ("classes", "features", "shape", "label", "ignore", "ranges", "statistics")
 #: where a relative ``data.schema`` path is looked for after the working directory: the app's root
 APP_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +51,8 @@ class DataSchema:
     ignore: tuple[str, ...] = ()
     #: per-feature (low, high), aligned with the flattened features; None: not declared
     ranges: tuple[tuple[float, float], ...] | None = None
+    #: per-feature public (mean, std), aligned with the flattened features; None: not declared
+    statistics: tuple[tuple[float, float], ...] | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:
@@ -66,6 +72,13 @@ class DataSchema:
             return None
         lo, hi = np.array(self.ranges, dtype=np.float64).T
         return lo.reshape(self.feature_shape), hi.reshape(self.feature_shape)
+
+    def statistics_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, std) arrays of :attr:`feature_shape`, or None when no statistics are declared."""
+        if self.statistics is None:
+            return None
+        mean, std = np.array(self.statistics, dtype=np.float64).T
+        return mean.reshape(self.feature_shape), std.reshape(self.feature_shape)
 
     def class_indices(self, values: Any, where: str) -> np.ndarray:
         """The class index of each label value (compared as text: 1, 1.0 and "1" are the same
@@ -115,6 +128,38 @@ def _ranges(value: Any, features: tuple[str, ...], size: int) -> tuple[tuple[flo
     return tuple(pair(f, value[f]) for f in features)
 
 
+def _statistics(value: Any, features: tuple[str, ...], size: int) -> tuple[tuple[float, float], ...]:
+    """``{"mean": ..., "std": ...}``, each per column or one number: per-feature (mean, std > 0)."""
+    if not isinstance(value, dict) or set(value) != {"mean", "std"}:
+        raise SchemaError(f"data.schema: statistics must be {{\"mean\": ..., \"std\": ...}}, got {value!r}")
+
+    def column(what: str, v: Any) -> list[float]:
+        def number(name: str, b: Any) -> float:
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or (what == "std"
+                                                                                               and b <= 0):
+                raise SchemaError(f"data.schema: statistics {what} of {name} must be a finite number"
+                                  f"{' > 0' if what == 'std' else ''}, got {b!r}")
+            return float(b)
+
+        if isinstance(v, list):  # one value per (flattened) feature
+            if len(v) != size:
+                raise SchemaError(f"data.schema: statistics {what} lists {len(v)} values for {size} features")
+            return [number(f"feature {i}", b) for i, b in enumerate(v)]
+        if not isinstance(v, dict):
+            return [number("every feature", v)] * size
+        if not features:
+            raise SchemaError(f"data.schema: statistics {what} per column need features (column names)")
+        unknown = sorted(set(v) - set(features))
+        if unknown:
+            raise SchemaError(f"data.schema: statistics {what} name {unknown[0]!r}, which is not a feature")
+        missing = [f for f in features if f not in v]
+        if missing:
+            raise SchemaError(f"data.schema: statistics {what} give no value for feature {missing[0]!r}")
+        return [number(f, v[f]) for f in features]
+
+    return tuple(zip(column("mean", value["mean"]), column("std", value["std"]), strict=True))
+
+
 def parse_schema(doc: Any) -> DataSchema:
     """A :class:`DataSchema` from its dict form; SchemaError (one line) for a malformed one."""
     if not isinstance(doc, dict):
@@ -145,7 +190,8 @@ def parse_schema(doc: Any) -> DataSchema:
     ignore = _strings("ignore", doc["ignore"]) if "ignore" in doc else ()
     size = len(features) if features else int(np.prod(shape))
     ranges = _ranges(doc["ranges"], features, size) if doc.get("ranges") is not None else None
-    return DataSchema(classes, features, shape, label, ignore, ranges)
+    stats = _statistics(doc["statistics"], features, size) if doc.get("statistics") is not None else None
+    return DataSchema(classes, features, shape, label, ignore, ranges, stats)
 
 
 def schema_path(value: str) -> Path:

@@ -3,8 +3,8 @@
     python -m scripts.deploy.own_data_files OUT_DIR [--silos 3] [--seed 0]
 
 OUT_DIR/schema.json (the run's data.schema: the 30 column names, label column "diagnosis",
-classes malignant/benign, public per-feature ranges [0, the published maximum + 10%]), OUT_DIR/server/trust.csv (60
-records) and OUT_DIR/server/test.csv (100 records), and OUT_DIR/silo<i>/records.csv for each
+classes malignant/benign, and the public per-feature mean and std of the server's trust file),
+OUT_DIR/server/trust.csv (60 records) and OUT_DIR/server/test.csv (100 records), and OUT_DIR/silo<i>/records.csv for each
 silo: the remaining records shuffled and split into --silos parts of unequal size. Each
 file stands for records a party holds on its own; nothing here is read by the run except
 through those paths. Prints one line per file.
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from app.data.public_statistics import public_statistics
 
 
 def main() -> None:
@@ -35,12 +37,7 @@ def main() -> None:
     df = df.sample(frac=1.0, random_state=args.seed).reset_index(drop=True)
     out = args.out
     (out / "server").mkdir(parents=True, exist_ok=True)
-    # public per-feature bounds: WBCD is a published data set, so its features' ranges are public facts
-    # (every feature is >= 0; the upper bound is the published maximum with a 10% margin, rounded up)
-    highs = [float(f"{h:.2g}") if float(f"{h:.2g}") >= h else float(f"{h * 1.05:.2g}") for h in b.data.max(axis=0) * 1.1]
-    ranges = {n: [0.0, hi] for n, hi in zip(names, highs, strict=True)}
-    schema = {"features": names, "label": "diagnosis", "classes": ["malignant", "benign"], "ranges": ranges}
-    (out / "schema.json").write_text(json.dumps(schema, indent=1) + "\n")
+    schema = {"features": names, "label": "diagnosis", "classes": ["malignant", "benign"]}
     files = {out / "server" / "test.csv": df.iloc[:100], out / "server" / "trust.csv": df.iloc[100:160]}
     rest = df.iloc[160:]
     weights = np.arange(args.silos, 0, -1) + args.silos  # unequal sizes: each silo's n (and delta) is its own
@@ -51,7 +48,13 @@ def main() -> None:
     for path, part in files.items():
         part.to_csv(path, index=False)
         print(f"{path}: {len(part)} records")
-    print(f"{out / 'schema.json'}: {len(names)} features, label diagnosis, classes malignant, benign")
+    # the server's own trust file is public to the server: its per-feature mean and std go into the
+    # schema (as python -m app.data.public_statistics writes them), so every silo standardises its
+    # records with public numbers, inside its epsilon (standardize = "auto")
+    schema["statistics"] = public_statistics(files[out / "server" / "trust.csv"][names].to_numpy(), tuple(names))
+    (out / "schema.json").write_text(json.dumps(schema, indent=1) + "\n")
+    print(f"{out / 'schema.json'}: {len(names)} features, label diagnosis, classes malignant, benign, public "
+          "statistics of the server's trust file")
 
 
 if __name__ == "__main__":
