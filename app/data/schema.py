@@ -117,15 +117,20 @@ def _ranges(value: Any, features: tuple[str, ...], size: int) -> tuple[tuple[flo
         return (pair("every feature", value),) * size
     if not isinstance(value, dict):
         raise SchemaError(f"data.schema: ranges must be {{column: [low, high]}} or [low, high], got {value!r}")
+    _check_columns(value, features, "ranges", "[low, high]", "; use one [low, high]")
+    return tuple(pair(f, value[f]) for f in features)
+
+
+def _check_columns(value: dict, features: tuple[str, ...], what: str, item: str, hint: str = "") -> None:
+    """A per-column mapping names every feature and nothing else (SchemaError, one line)."""
     if not features:
-        raise SchemaError("data.schema: ranges per column need features (column names); use one [low, high]")
+        raise SchemaError(f"data.schema: {what} per column need features (column names){hint}")
     unknown = sorted(set(value) - set(features))
     if unknown:
-        raise SchemaError(f"data.schema: ranges name {unknown[0]!r}, which is not a feature")
+        raise SchemaError(f"data.schema: {what} name {unknown[0]!r}, which is not a feature")
     missing = [f for f in features if f not in value]
     if missing:
-        raise SchemaError(f"data.schema: ranges give no [low, high] for feature {missing[0]!r}")
-    return tuple(pair(f, value[f]) for f in features)
+        raise SchemaError(f"data.schema: {what} give no {item} for feature {missing[0]!r}")
 
 
 def _statistics(value: Any, features: tuple[str, ...], size: int) -> tuple[tuple[float, float], ...]:
@@ -147,14 +152,7 @@ def _statistics(value: Any, features: tuple[str, ...], size: int) -> tuple[tuple
             return [number(f"feature {i}", b) for i, b in enumerate(v)]
         if not isinstance(v, dict):
             return [number("every feature", v)] * size
-        if not features:
-            raise SchemaError(f"data.schema: statistics {what} per column need features (column names)")
-        unknown = sorted(set(v) - set(features))
-        if unknown:
-            raise SchemaError(f"data.schema: statistics {what} name {unknown[0]!r}, which is not a feature")
-        missing = [f for f in features if f not in v]
-        if missing:
-            raise SchemaError(f"data.schema: statistics {what} give no value for feature {missing[0]!r}")
+        _check_columns(v, features, f"statistics {what}", "value")
         return [number(f, v[f]) for f in features]
 
     return tuple(zip(column("mean", value["mean"]), column("std", value["std"]), strict=True))
