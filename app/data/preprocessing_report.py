@@ -25,7 +25,8 @@ _HOW = {
 
 def preprocessing_steps(s: Settings) -> dict[str, Any]:
     """{"steps": [...], "covered_by_eps": all steps covered, "caveat": None or why not}."""
-    mode = resolve_scaling(s.standardize, s.dataset)
+    own = bool(s.data_schema)  # the silos' own records: scaled as app/data/own_data.py says
+    mode = _own_mode(s) if own else resolve_scaling(s.standardize, s.dataset)
     steps: list[dict[str, Any]] = []
     if s.pca:
         steps.append({"step": "pca", "components": s.pca, "fit": s.pca_fit,
@@ -35,6 +36,8 @@ def preprocessing_steps(s: Settings) -> dict[str, Any]:
     how = _HOW[mode]
     if mode == "public" and s.pca:
         how = "mean/std of the server's public sample after PCA; no silo record read"
+    elif mode == "public" and own:
+        how = "the public statistics (else ranges) data.schema declares; no silo record read"
     elif mode == "public":
         how += f" {PUBLIC_RANGES.get(s.dataset)}"
     elif mode == "dp":
@@ -48,3 +51,13 @@ def preprocessing_steps(s: Settings) -> dict[str, Any]:
                   + ". The epsilon printed covers the training releases only: not a guarantee for the records "
                   "(kept to reproduce papers; the defaults are covered)")
     return {"steps": steps, "covered_by_eps": not bad, "caveat": caveat}
+
+
+def _own_mode(s: Settings) -> str:
+    from app.data.own_data import own_mode
+    from app.data.schema import SchemaError, load_schema
+
+    try:
+        return own_mode(s, load_schema(s.data_schema))
+    except SchemaError:  # a schema the ServerApp cannot read: as if nothing public were declared
+        return resolve_scaling(s.standardize, s.dataset, server_data=False)
