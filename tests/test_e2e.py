@@ -39,14 +39,16 @@ def test_flwr_run_two_silos_three_rounds(tmp_path: Path) -> None:
 
 
 def test_failing_clientapp_makes_the_command_fail(tmp_path: Path) -> None:
-    """Silos cannot load their data (the pre-flight check is skipped on purpose): every ClientApp
-    raises, the ServerApp records it and fails the run, and the launcher exits 1."""
+    """Silos cannot load their data (the pre-flight check is skipped on purpose): every silo
+    refuses with the reason (no crash), the ServerApp fails the run naming it, and the launcher
+    exits 1."""
     proc, out = launch(tmp_path, f'num-rounds=2 dataset="fashion-mnist" data-dir="{tmp_path / "nowhere"}" '
                                  'model="logistic" partition="iid"', "--no-preflight")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["client_errors"]
+    assert summary["status"] == "failed" and summary["dropped"]["refused"] > 0
+    assert "fashion-mnist: missing train-images-idx3-ubyte" in summary["status_reason"]
 
 
 def test_flwr_run_srht_half_learns(tmp_path: Path) -> None:

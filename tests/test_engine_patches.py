@@ -134,7 +134,7 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
-    ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_service", "app,app.client_app,app.silo_service"
+    ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_protocol", "app,app.client_app,app.silo_protocol"
     for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours}"),
                                  (engine, {}, f"None True False {ours}"),
                                  (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours}"),

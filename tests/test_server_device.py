@@ -149,7 +149,7 @@ def test_server_device_cpu_reproduces_the_golden_run(tmp_path: Path) -> None:
     """Grad-BANT with SRHT sketches (trust-set gradients and lifts on the server), recorded in
     tests/golden before server-device existed: bit-identical with server-device = "cpu"."""
     golden = json.loads((GOLDEN / "gradbant-sign-flip-srht.json").read_text())
-    summary, rows, _ = run(tmp_path, {"num-rounds": 4, "seed": 3, "server-device": "cpu"} | golden["config"])
+    summary, rows, _ = run(tmp_path, {"num-rounds": 4, "seed": 3, "server-device": "cpu", "standardize": "pooled"} | golden["config"])
     assert [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads(json.dumps(rows))] == golden["rounds"]
     assert summary["test_error"] == golden["summary"]["test_error"]
 
