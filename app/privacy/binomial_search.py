@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from app.privacy.amplification import amplified_curve
 from app.privacy.binomial_compose import _order_epsilon, epsilon_from_curves, gaussian_rdp
 from app.privacy.binomial_lazy import dependencies, lazy_curve
 from app.privacy.binomial_window import (MAX_LEVELS, ORDERS, _delta, _effective_trials, _epsilon, _extra, _int,
@@ -146,19 +147,27 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
 
 
 def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
-                    extra: np.ndarray) -> int:
+                    extra: np.ndarray, gamma: float = 1.0) -> int:
     """Trials at which the Gaussian approximation of the release (std sqrt(m p (1-p)), shift B)
-    meets epsilon: a starting point for the exact search."""
+    meets epsilon: a starting point for the exact search (gamma < 1: the Gaussian curve amplified
+    by the same sampling bound, amplification.amplified_curve, so the search starts near the
+    amplified crossing instead of walking down from the unamplified one)."""
     b = sensitivity(levels, dim)
 
     def eps_at(z: float) -> float:
-        rdp = extra + count * np.asarray(gaussian_rdp(z))
+        curve = gaussian_rdp(z)
+        if gamma < 1.0:
+            try:
+                curve = amplified_curve(ORDERS, curve, gamma)
+            except OverflowError:  # a tiny z: the bound's exp overflows, the plain curve is the answer
+                pass
+        rdp = extra + count * np.asarray(curve)
         return float(compute_epsilon(ORDERS, rdp.tolist(), delta)[0])
 
     lo, hi = 1e-3, 1.0
     while eps_at(hi) > epsilon and hi < 1e12:
         lo, hi = hi, hi * 2
-    for _ in range(60):
+    for _ in range(60 if gamma >= 1.0 else 30):
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps_at(mid) <= epsilon else (mid, hi)
     sd = hi * b
@@ -185,7 +194,7 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
     floor = float(compute_epsilon(ORDERS, extra.tolist(), delta)[0]) if np.any(extra > 0) else 0.0
     if count == 0 or floor >= epsilon:
         raise ValueError(f"epsilon {epsilon} not reachable: extra_rdp alone gives epsilon {floor}")
-    m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra))
+    m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra, gamma))
     # the crossing of the cheap stand-in (the few shifts that decide rho, at the orders next to the
     # last best one), then the exact one near it, trying the stand-in's best order first
     state = {"orders": list(range(len(ORDERS))), "best": None}
