@@ -147,14 +147,14 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
 
 
 def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
-                    extra: np.ndarray, gamma: float = 1.0) -> int:
-    """Trials at which the Gaussian approximation of the release (std sqrt(m p (1-p)), shift B)
+                    extra: np.ndarray, gamma: float = 1.0) -> tuple[int, int]:
+    """(trials, index of the best order) at which the Gaussian approximation of the release (std sqrt(m p (1-p)), shift B)
     meets epsilon: a starting point for the exact search (gamma < 1: the Gaussian curve amplified
     by the same sampling bound, amplification.amplified_curve, so the search starts near the
     amplified crossing instead of walking down from the unamplified one)."""
     b = sensitivity(levels, dim)
 
-    def eps_at(z: float) -> float:
+    def eps_at(z: float, best: bool = False):
         curve = gaussian_rdp(z)
         if gamma < 1.0:
             try:
@@ -162,7 +162,8 @@ def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: in
             except OverflowError:  # a tiny z: the bound's exp overflows, the plain curve is the answer
                 pass
         rdp = extra + count * np.asarray(curve)
-        return float(compute_epsilon(ORDERS, rdp.tolist(), delta)[0])
+        eps, alpha = compute_epsilon(ORDERS, rdp.tolist(), delta)
+        return ORDERS.index(alpha) if best else float(eps)
 
     lo, hi = 1e-3, 1.0
     while eps_at(hi) > epsilon and hi < 1e12:
@@ -171,7 +172,7 @@ def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: in
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps_at(mid) <= epsilon else (mid, hi)
     sd = hi * b
-    return max(1, int(math.ceil(sd * sd / (p * (1 - p)))))
+    return max(1, int(math.ceil(sd * sd / (p * (1 - p))))), eps_at(hi, best=True)
 
 
 def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
@@ -194,10 +195,12 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
     floor = float(compute_epsilon(ORDERS, extra.tolist(), delta)[0]) if np.any(extra > 0) else 0.0
     if count == 0 or floor >= epsilon:
         raise ValueError(f"epsilon {epsilon} not reachable: extra_rdp alone gives epsilon {floor}")
-    m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra, gamma))
+    m0, first = _gaussian_guess(epsilon, delta, p, g, d, count, extra, gamma)
+    m0 = max(2, m0)
     # the crossing of the cheap stand-in (the few shifts that decide rho, at the orders next to the
-    # last best one), then the exact one near it, trying the stand-in's best order first
-    state = {"orders": list(range(len(ORDERS))), "best": None}
+    # last best one, at first next to the Gaussian's), then the exact one near it, trying the
+    # stand-in's best order first
+    state = {"orders": list(range(max(0, first - 2), min(len(ORDERS), first + 3))), "best": None}
 
     def stand_in(m: int) -> float:
         eps_m, best = _stand_in([(m, p, g, d, count, gamma)], delta, extra, state["orders"])
@@ -249,6 +252,15 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
         else:
             lo, e_lo = mid, e_mid
         bisect_next = (hi - lo) * 2 > width and not bisect_next
+        if bisect_next and hi - lo > 1 and (hi == mid or lo == mid):
+            # the interpolation barely moved its side: before bisecting, probe the integer next to
+            # it (the interpolated m is usually the crossing itself or one off)
+            probe = mid - 1 if hi == mid else mid + 1
+            e_probe = eps(probe)
+            if e_probe <= epsilon:
+                hi, e_hi = probe, e_probe
+            else:
+                lo, e_lo = probe, e_probe
     return hi
 
 
