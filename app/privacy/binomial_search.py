@@ -219,7 +219,7 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
     safeguarded interpolation of log eps in log m / bisection over the integers (eps(1) > epsilon)."""
     e0 = eps(m0)
     # bracket: lo fails (eps > epsilon), hi passes
-    factor = 1.02
+    factor = 1.002  # the Gaussian start is usually within 0.1% of the crossing
     if e0 <= epsilon:
         hi, e_hi = m0, e0
         lo = max(1, int(hi / factor))
