@@ -214,15 +214,23 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
                    near, epsilon)
 
 
+#: relative margin of the stand-in's first step past the predicted crossing
+_PRED_MARGIN = 1e-5
+
+
 def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
     """An m with eps(m) <= epsilon < eps(m - 1), by bracketing from m0 (geometric steps out) and
     safeguarded interpolation of log eps in log m / bisection over the integers (eps(1) > epsilon)."""
     e0 = eps(m0)
     # bracket: lo fails (eps > epsilon), hi passes
     factor = 1.002  # the Gaussian start is usually within 0.1% of the crossing
+    # the first step: where eps ~ m^(-1/2) puts the crossing, just past it (no further than a factor step)
+    pred = m0 * (e0 / epsilon) ** 2 if 0 < e0 < math.inf else None
     if e0 <= epsilon:
         hi, e_hi = m0, e0
         lo = max(1, int(hi / factor))
+        if pred is not None:
+            lo = min(hi - 1, max(lo, int(pred * (1 - _PRED_MARGIN)) - 1))
         while (e_lo := eps(lo)) <= epsilon:
             hi, e_hi = lo, e_lo
             factor *= factor
@@ -230,6 +238,8 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
     else:
         lo, e_lo = m0, e0
         hi = int(math.ceil(lo * factor)) + 1
+        if pred is not None:
+            hi = max(lo + 1, min(hi, int(math.ceil(pred * (1 + _PRED_MARGIN))) + 1))
         while (e_hi := eps(hi)) > epsilon:
             if _effective_trials(hi, p, g) < hi:  # eps is flat from here on
                 raise ValueError(f"epsilon {epsilon} not reachable: the window limit MAX_WINDOW "
