@@ -33,6 +33,31 @@ class _Prelude:
     lo64: np.ndarray
 
 
+#: cached longdouble logs of integer ranges: (first integer, np.log of the range)
+_LOGS: list[tuple[int, np.ndarray]] = []
+_LOGS_KEPT = 8
+_LOGS_PAD = 0.125  # a new range is computed this much wider on each side (relative to its length)
+
+
+def _log_ints(lo: int, hi: int) -> np.ndarray:
+    """np.log(np.arange(lo, hi + 1, dtype=np.longdouble)), from a cached wider range when one
+    holds it (a calibration search asks for overlapping ranges at nearby m; longdouble logs are
+    computed element by element, so a slice of a wider range is the same numbers bit for bit)."""
+    for start, logs in _LOGS:
+        if start <= lo and hi < start + len(logs):
+            return logs[lo - start:hi - start + 1]
+    pad = int((hi - lo + 1) * _LOGS_PAD)
+    start = max(1, lo - pad)
+    logs = np.log(np.arange(start, hi + pad + 1, dtype=np.longdouble))
+    logs.setflags(write=False)
+    _LOGS.insert(0, (start, logs))
+    del _LOGS[_LOGS_KEPT:]
+    return logs[lo - start:hi - start + 1]
+
+
+_log_ints.cache_clear = _LOGS.clear  # type: ignore[attr-defined]  (cleared with the lru caches)
+
+
 @functools.lru_cache(maxsize=8)
 @np.errstate(divide="ignore", invalid="ignore")
 def _prelude(m: int, p: float, g: int) -> _Prelude | None:
@@ -43,9 +68,10 @@ def _prelude(m: int, p: float, g: int) -> _Prelude | None:
     lo, hi, q = window
     a = lo - g  # table over t = a .. hi + g
     n_w = hi - lo + 1
-    t = np.arange(a + 1, hi + g + 1, dtype=np.longdouble)
     ld = np.longdouble
-    step = np.log(ld(m) - t + 1) - np.log(t) + (np.log(ld(p)) - np.log1p(-ld(p)))
+    # log(m - t + 1) and log(t), t = a + 1 .. hi + g: the same longdouble logs of the same integers
+    # as np.log over the arrays (element by element), read from a cache shared by nearby m
+    step = _log_ints(m - hi - g + 1, m - a)[::-1] - _log_ints(a + 1, hi + g) + (np.log(ld(p)) - np.log1p(-ld(p)))
     table = np.concatenate(([ld(0)], np.cumsum(step)))  # log P(a + i) - log P(a)
     hi64 = table.astype(np.float64)
     lo64 = (table - hi64.astype(np.longdouble)).astype(np.float64)

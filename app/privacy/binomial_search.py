@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from app.privacy.amplification import amplified_curve
 from app.privacy.binomial_compose import _order_epsilon, epsilon_from_curves, gaussian_rdp
 from app.privacy.binomial_lazy import dependencies, lazy_curve
 from app.privacy.binomial_window import (MAX_LEVELS, ORDERS, _delta, _effective_trials, _epsilon, _extra, _int,
@@ -146,23 +147,32 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
 
 
 def _gaussian_guess(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
-                    extra: np.ndarray) -> int:
-    """Trials at which the Gaussian approximation of the release (std sqrt(m p (1-p)), shift B)
-    meets epsilon: a starting point for the exact search."""
+                    extra: np.ndarray, gamma: float = 1.0) -> tuple[int, int]:
+    """(trials, index of the best order) at which the Gaussian approximation of the release (std sqrt(m p (1-p)), shift B)
+    meets epsilon: a starting point for the exact search (gamma < 1: the Gaussian curve amplified
+    by the same sampling bound, amplification.amplified_curve, so the search starts near the
+    amplified crossing instead of walking down from the unamplified one)."""
     b = sensitivity(levels, dim)
 
-    def eps_at(z: float) -> float:
-        rdp = extra + count * np.asarray(gaussian_rdp(z))
-        return float(compute_epsilon(ORDERS, rdp.tolist(), delta)[0])
+    def eps_at(z: float, best: bool = False):
+        curve = gaussian_rdp(z)
+        if gamma < 1.0:
+            try:
+                curve = amplified_curve(ORDERS, curve, gamma)
+            except OverflowError:  # a tiny z: the bound's exp overflows, the plain curve is the answer
+                pass
+        rdp = extra + count * np.asarray(curve)
+        eps, alpha = compute_epsilon(ORDERS, rdp.tolist(), delta)
+        return ORDERS.index(alpha) if best else float(eps)
 
     lo, hi = 1e-3, 1.0
     while eps_at(hi) > epsilon and hi < 1e12:
         lo, hi = hi, hi * 2
-    for _ in range(60):
+    for _ in range(60 if gamma >= 1.0 else 30):
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if eps_at(mid) <= epsilon else (mid, hi)
     sd = hi * b
-    return max(1, int(math.ceil(sd * sd / (p * (1 - p)))))
+    return max(1, int(math.ceil(sd * sd / (p * (1 - p))))), eps_at(hi, best=True)
 
 
 def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: int, count: int,
@@ -185,10 +195,12 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
     floor = float(compute_epsilon(ORDERS, extra.tolist(), delta)[0]) if np.any(extra > 0) else 0.0
     if count == 0 or floor >= epsilon:
         raise ValueError(f"epsilon {epsilon} not reachable: extra_rdp alone gives epsilon {floor}")
-    m0 = max(2, _gaussian_guess(epsilon, delta, p, g, d, count, extra))
+    m0, first = _gaussian_guess(epsilon, delta, p, g, d, count, extra, gamma)
+    m0 = max(2, m0)
     # the crossing of the cheap stand-in (the few shifts that decide rho, at the orders next to the
-    # last best one), then the exact one near it, trying the stand-in's best order first
-    state = {"orders": list(range(len(ORDERS))), "best": None}
+    # last best one, at first next to the Gaussian's), then the exact one near it, trying the
+    # stand-in's best order first
+    state = {"orders": list(range(max(0, first - 2), min(len(ORDERS), first + 3))), "best": None}
 
     def stand_in(m: int) -> float:
         eps_m, best = _stand_in([(m, p, g, d, count, gamma)], delta, extra, state["orders"])
@@ -202,15 +214,23 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
                    near, epsilon)
 
 
+#: relative margin of the stand-in's first step past the predicted crossing
+_PRED_MARGIN = 1e-5
+
+
 def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
     """An m with eps(m) <= epsilon < eps(m - 1), by bracketing from m0 (geometric steps out) and
     safeguarded interpolation of log eps in log m / bisection over the integers (eps(1) > epsilon)."""
     e0 = eps(m0)
     # bracket: lo fails (eps > epsilon), hi passes
-    factor = 1.02
+    factor = 1.002  # the Gaussian start is usually within 0.1% of the crossing
+    # the first step: where eps ~ m^(-1/2) puts the crossing, just past it (no further than a factor step)
+    pred = m0 * (e0 / epsilon) ** 2 if 0 < e0 < math.inf else None
     if e0 <= epsilon:
         hi, e_hi = m0, e0
         lo = max(1, int(hi / factor))
+        if pred is not None:
+            lo = min(hi - 1, max(lo, int(pred * (1 - _PRED_MARGIN)) - 1))
         while (e_lo := eps(lo)) <= epsilon:
             hi, e_hi = lo, e_lo
             factor *= factor
@@ -218,6 +238,8 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
     else:
         lo, e_lo = m0, e0
         hi = int(math.ceil(lo * factor)) + 1
+        if pred is not None:
+            hi = max(lo + 1, min(hi, int(math.ceil(pred * (1 + _PRED_MARGIN))) + 1))
         while (e_hi := eps(hi)) > epsilon:
             if _effective_trials(hi, p, g) < hi:  # eps is flat from here on
                 raise ValueError(f"epsilon {epsilon} not reachable: the window limit MAX_WINDOW "
@@ -240,6 +262,15 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
         else:
             lo, e_lo = mid, e_mid
         bisect_next = (hi - lo) * 2 > width and not bisect_next
+        if bisect_next and hi - lo > 1 and (hi == mid or lo == mid):
+            # the interpolation barely moved its side: before bisecting, probe the integer next to
+            # it (the interpolated m is usually the crossing itself or one off)
+            probe = mid - 1 if hi == mid else mid + 1
+            e_probe = eps(probe)
+            if e_probe <= epsilon:
+                hi, e_hi = probe, e_probe
+            else:
+                lo, e_lo = probe, e_probe
     return hi
 
 
