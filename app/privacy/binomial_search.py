@@ -25,7 +25,7 @@ from app.privacy.amplification import amplified_curve
 from app.privacy.binomial_compose import _order_epsilon, epsilon_from_curves, gaussian_rdp
 from app.privacy.binomial_lazy import dependencies, lazy_curve
 from app.privacy.binomial_window import (MAX_LEVELS, ORDERS, _delta, _effective_trials, _epsilon, _extra, _int,
-                                         _prob, sensitivity)
+                                         _largest, _prob, sensitivity)
 
 
 def _items(parts: Sequence[tuple]) -> tuple[list[tuple], float]:
@@ -292,10 +292,4 @@ def _settle(fits, near: int, epsilon: float) -> int:
                 raise ValueError(f"epsilon {epsilon} not reachable near {near} trials")
             lo, step = hi, step * 2
             hi = lo + step
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _largest(lambda m: not fits(m), lo, hi) + 1  # the smallest m in (lo, hi] that fits
