@@ -71,7 +71,12 @@ def data_key(s: Settings) -> tuple:
     trust_size = 0 if s.server_trust_file else s.robust.trust_size  # the server's own file: nothing carved out
     own = (s.data_schema, s.data_simulation_file) if s.data_schema else None
     # own records resolve auto as a deployed silo does (app/data/own_data.py): public, else dp
-    mode = resolve_scaling(s.standardize, s.dataset) if own is None else _own_mode(s)
+    if own is None:
+        mode = resolve_scaling(s.standardize, s.dataset)
+    else:
+        from app.data.own_data import own_mode, run_schema
+
+        mode = own_mode(s, run_schema(s))
     needs_public = mode == "server" or (s.pca and (s.pca_fit == "public" or mode == "public"))
     public = (s.public_size or AUTO_PUBLIC) if needs_public else 0
     return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, mode,
@@ -125,13 +130,6 @@ def _splits(key: tuple) -> tuple:
         splits[i] = (tr, te)
         vals.append(va)
     return source, splits, labels, num_classes, vals, trust, public
-
-
-def _own_mode(s: Settings) -> str:
-    from app.data.own_data import own_mode
-    from app.data.schema import load_schema
-
-    return own_mode(s, load_schema(s.data_schema))
 
 
 def _own_public(own: tuple[str, str], shape: tuple[int, ...]) -> Standardizer | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from app.data.own_files import read_records
 from app.data.preprocess import Standardizer, fit_standardizer, standardize_silos
-from app.data.scaling import DPStatsStep, clip_records, range_scaler, resolve_scaling
+from app.data.scaling import DPStatsStep, clip_records, range_scaler
 from app.data.schema import DataSchema, SchemaError, load_schema
 from app.data.sources import Dataset
 from app.data.split import train_test_split_indices
@@ -55,11 +55,14 @@ def public_scaler(schema: DataSchema, shape: tuple[int, ...]) -> Standardizer | 
     return None if ranges is None else range_scaler(*ranges, shape)
 
 
-def own_mode(s: "Settings", schema: DataSchema) -> str:
+def own_mode(s: "Settings", schema: DataSchema | None) -> str:
     """``standardize`` for own records: ``auto`` is ``public`` when the schema declares public
-    statistics or ranges, else ``dp`` (app/data/scaling.py)."""
-    declared = schema.statistics is not None or schema.ranges is not None
-    return resolve_scaling(s.standardize, "own", declared=(0.0, 1.0) if declared else None, server_data=False)
+    statistics or ranges, else ``dp`` (no server sample on a silo; app/data/scaling.py); any
+    other mode as given. ``schema`` None: one that could not be read (nothing declared)."""
+    if s.standardize != "auto":
+        return s.standardize
+    declared = schema is not None and (schema.statistics is not None or schema.ranges is not None)
+    return "public" if declared else "dp"
 
 
 def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:

@@ -54,10 +54,11 @@ def preprocessing_steps(s: Settings) -> dict[str, Any]:
 
 
 def _own_mode(s: Settings) -> str:
-    from app.data.own_data import own_mode
-    from app.data.schema import SchemaError, load_schema
+    from app.data.own_data import own_mode, run_schema
+    from app.data.schema import SchemaError
 
     try:
-        return own_mode(s, load_schema(s.data_schema))
+        schema = run_schema(s)
     except SchemaError:  # a schema the ServerApp cannot read: as if nothing public were declared
-        return resolve_scaling(s.standardize, s.dataset, server_data=False)
+        schema = None
+    return own_mode(s, schema)
