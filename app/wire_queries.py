@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
 from app.wire import CONFIG, EPS_SPENT, METRICS, ReplyError, read_metrics
-from app.wire_messages import ShuffleTicket, _int  # noqa: F401 (ShuffleTicket: read from here too)
+from app.wire_messages import _int
 
 
 LEDGER = "ledger"
