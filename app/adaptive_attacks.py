@@ -8,7 +8,13 @@ Mimic; Allouah et al., AISTATS 2023), with H [h, d] the honest messages and mu t
     tau* = argmax_tau || A(H, b(tau), ..., b(tau)) - mu ||      (f copies of b(tau) after H)
     ALIE:  b(tau) = mu + tau * sigma  (sigma the coordinate-wise sample std, ddof = 1)
     IPM:   b(tau) = -tau * mu
-    Mimic: b = H[0] (every Byzantine silo repeats one honest message, ByzFL's epsilon = 0)
+    Mimic: b = H[i*] (every Byzantine silo repeats one honest message; i* learned below)
+
+Mimic learns its target as Karimireddy, He & Jaggi (ICLR 2022, Sec. 4 and their code's
+MimicVariantAttacker) do: over a warm-up of T0 exchanges it tracks the honest messages' running mean
+mu and, by an averaged power iteration, their direction of largest variance z; each warm-up exchange
+it copies i* = argmax_i <h_i, z>, and after the warm-up it keeps copying that silo (heterogeneous
+silos: the copied silo's data is over-weighted by f + 1). T0 = 0 is ByzFL's fixed form (H[0]).
 
 A = the rule after its pre-aggregators. tau* comes from ByzFL's line search (:func:`optimal_scale`):
 from tau = start, steps of delta doubling while the distance grows, then steps shrinking by
@@ -18,7 +24,8 @@ from tau = start, steps of delta doubling while the distance grows, then steps s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +33,8 @@ from app.attacks import alie
 
 #: the adaptive attacks this module implements (registered in app/attacks.py ATTACKS)
 ADAPTIVE_ATTACKS = ("alie-adaptive", "ipm-adaptive", "mimic")
+#: the default warm-up T0 of the learning Mimic, in exchanges (attack.mimic-warmup)
+MIMIC_WARMUP = 5
 
 
 def optimal_scale(effect: Callable[[float], float], *, start: float = 0.0, delta: float = 10.0,
@@ -102,4 +111,65 @@ def mimic(honest: np.ndarray, target: int = 0) -> np.ndarray:
     return h[target].copy()
 
 
-__all__ = ["ADAPTIVE_ATTACKS", "adaptive_alie", "adaptive_ipm", "attack_effect", "mimic", "optimal_scale"]
+@dataclass(frozen=True)
+class MimicState:
+    """What the learning Mimic carries between exchanges: t exchanges seen, the running mean mu and
+    direction z (None before the first), and the silo it copies (None before the first)."""
+
+    t: int = 0
+    mu: np.ndarray | None = None
+    z: np.ndarray | None = None
+    target: int | None = None
+
+
+def _power_step(honest: np.ndarray, mu: np.ndarray, z: np.ndarray) -> np.ndarray | None:
+    """sum_i <h_i - mu, z> (h_i - mu), normalised; None when it is 0 (no variance along z)."""
+    c = honest - mu
+    v = (c @ z) @ c
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 and math.isfinite(norm) else None
+
+
+def mimic_learning(state: MimicState, honest: np.ndarray, ids: Sequence[int], warmup: int,
+                   rng: np.random.Generator) -> tuple[int, MimicState]:
+    """One exchange of Karimireddy et al.'s Mimic: the silo id (of ``ids``, the honest rows' silos)
+    whose message every Byzantine silo repeats, and the new state.
+
+    t = 0:      mu = mean(H); z0 ~ N(0, I) from ``rng``; z = P(z0) with P(z) = sum_i <h_i - mu, z> (h_i - mu) / ||.||
+    0 < t < T0: mu <- t/(t+1) mu + mean(H)/(t+1);  z <- (t/(t+1) z + P(z)/(t+1)) / ||.||
+    t < T0:     target = ids[argmax_i <h_i, z>] (first on ties)
+    t >= T0:    the last target while it answers; else (it was not sampled) argmax with z as it is.
+    T0 = 0 copies ids[0] (ByzFL's Mimic(epsilon = 0) for the first honest row)."""
+    h = np.asarray(honest, dtype=np.float64)
+    if h.ndim != 2 or len(h) != len(ids) or len(h) == 0:
+        raise ValueError(f"honest must be [h, d] with h = len(ids) >= 1, got shape {h.shape} and {len(ids)} ids")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    ids = [int(i) for i in ids]
+    avg = h.mean(axis=0)
+    mu, z, t = state.mu, state.z, state.t
+    if t < warmup:
+        if t == 0 or mu is None or z is None or mu.shape != avg.shape:
+            mu = avg
+            z0 = rng.standard_normal(h.shape[1])
+            z = _power_step(h, mu, z0)
+            if z is None:
+                z = z0 / max(float(np.linalg.norm(z0)), 1e-300)
+        else:
+            mu = t / (t + 1) * mu + avg / (t + 1)
+            step = _power_step(h, mu, z)
+            if step is not None:
+                z = t / (t + 1) * z + step / (t + 1)
+                z = z / max(float(np.linalg.norm(z)), 1e-300)
+        target = ids[int(np.argmax(h @ z))]
+    elif state.target in ids:
+        target = state.target
+    elif z is not None and z.shape == avg.shape:
+        target = ids[int(np.argmax(h @ z))]
+    else:
+        target = ids[0]
+    return target, replace(state, t=t + 1, mu=mu, z=z, target=target)
+
+
+__all__ = ["ADAPTIVE_ATTACKS", "MIMIC_WARMUP", "MimicState", "adaptive_alie", "adaptive_ipm", "attack_effect", "mimic",
+           "mimic_learning", "optimal_scale"]

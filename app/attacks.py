@@ -169,7 +169,8 @@ ATTACKS: dict[str, AttackInfo] = {
                                 "update", True),
     "ipm-adaptive": AttackInfo("IPM -tau mean(honest), tau searched against the rule (ByzFL's optimal IPM)",
                                "update", True),
-    "mimic": AttackInfo("repeat one honest silo's message (Karimireddy et al. 2022)", "update", True),
+    "mimic": AttackInfo("repeat the honest silo that most skews the mean, learned over attack.mimic-warmup "
+                        "exchanges (Karimireddy et al. 2022)", "update", True),
 }
 
 
@@ -227,6 +228,9 @@ class AttackSettings:
     ipm_epsilon: float = option("attack.ipm-epsilon", number(0, None, lo_open=True), 0.5, "IPM's epsilon")
     alie_z: float = option("attack.alie-z", number(0, None), 0.0, "ALIE's z (0: Baruch et al.'s formula)")
     noise_std: float = option("attack.noise-std", number(0, None), 1.0, "the Gaussian attack's standard deviation")
+    #: Karimireddy et al.'s warm-up T0 (app/adaptive_attacks.py mimic_learning); 0 copies the first honest silo
+    mimic_warmup: int = option("attack.mimic-warmup", number(0, 1_000_000, integer=True), 5,
+                               "exchanges over which Mimic learns whom to copy (0: the first honest silo)")
 
 
 __all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "AttackSettings", "alie", "alie_z",

@@ -12,7 +12,9 @@ y, and the server lifts S^T y), by the attack's output:
 * ``gaussian``: N(0, attack.noise-std^2) in every coordinate;
 * ``alie-adaptive``, ``ipm-adaptive``, ``mimic`` (app/adaptive_attacks.py): the scale searched
   each round against the rule in use, with its pre-aggregators (strategies/composition.py
-  ``rule_simulator``); Mimic repeats the first honest message.
+  ``rule_simulator``); Mimic repeats the honest silo it learned to copy (``mimic_learning``: the
+  largest projection on the honest messages' top variance direction, tracked over
+  ``attack.mimic-warmup`` exchanges in the model space, the lifted messages).
 
 Data-level attacks (label flipping, random labels) run on the Byzantine silos themselves
 (clients/byzantine.py) and need nothing here. :class:`Attacked` wraps any aggregator with the
@@ -31,7 +33,7 @@ from flwr.common import log
 
 from app.config import Settings
 from app.seeding import np_rng
-from app.adaptive_attacks import ADAPTIVE_ATTACKS, adaptive_alie, adaptive_ipm, mimic
+from app.adaptive_attacks import ADAPTIVE_ATTACKS, MimicState, adaptive_alie, adaptive_ipm, mimic_learning
 from app.attacks import MODEL_ATTACKS, alie, alie_z, byzantine_count, byzantine_indices, gaussian_noise, ipm, sign_flip
 
 
@@ -47,10 +49,11 @@ def alie_z_for(s: Settings, n: int, f: int) -> float:
 
 def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int],
                     rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
-                    report: dict[str, float] | None = None) -> dict[int, np.ndarray]:
+                    report: dict[str, float] | None = None, mimic_target: int | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
     The omniscient attacks need at least one honest message; without one they send their own.
-    ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector)."""
+    ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector);
+    ``mimic_target``: the honest node Mimic copies (None: the first honest message)."""
     out = {node: np.asarray(m, dtype=np.float32) for node, m in messages.items()}
     if s.attack.kind not in MODEL_ATTACKS or not byzantine:
         return out
@@ -60,6 +63,9 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
     if s.attack.kind in ADAPTIVE_ATTACKS:
         if stack is None:
             return out
+        if s.attack.kind == "mimic":
+            new = out[mimic_target] if mimic_target in out and mimic_target not in byzantine else stack[0]
+            return out | {node: np.asarray(new, dtype=np.float32) for node in sorted(byzantine & set(out))}
         new = adaptive_message(s, stack, f, rule, report)
         return out | {node: new for node in sorted(byzantine & set(out))}
     for node in sorted(byzantine & set(out)):
@@ -81,11 +87,8 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
 def adaptive_message(s: Settings, honest: np.ndarray, f: int,
                      rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None,
                      report: dict[str, float] | None = None) -> np.ndarray:
-    """The one message every Byzantine silo sends under an adaptive attack (app/adaptive_attacks.py):
-    Mimic repeats the first honest message; ALIE and IPM search their scale against ``rule``
-    (the mean when None); ``report`` gets their scale tau* as ``attack_scale``."""
-    if s.attack.kind == "mimic":
-        return np.asarray(mimic(honest), dtype=np.float32)
+    """The one message every Byzantine silo sends under ALIE or IPM adaptive (app/adaptive_attacks.py):
+    the scale searched against ``rule`` (the mean when None); ``report`` gets tau* as ``attack_scale``."""
     f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
     agg = rule(f_rule, honest.mean(axis=0)) if rule is not None else (lambda rows: rows.mean(axis=0))
     attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
@@ -108,6 +111,8 @@ class Attacked:
         self.byzantine_nodes: set[int] = set()
         #: this exchange's adaptive-attack scale tau* (the row's attack_scale)
         self.report: dict[str, float] = {}
+        #: the learning Mimic's state (app/adaptive_attacks.py mimic_learning)
+        self.mimic = MimicState()
 
     def bind(self, owner: Any) -> None:
         self.s: Settings = owner.s
@@ -143,10 +148,25 @@ class Attacked:
         if self.s.attack.kind not in MODEL_ATTACKS or not byz:
             return updates
         messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex),
-                                   self.report)
+                                   self.report, self.mimic_target(rnd, updates, byz))
         lifted = [updates.lift(messages[node]) if node in byz else u
                   for node, u in zip(updates.nodes, updates.updates, strict=True)]
         return replace(updates, updates=lifted, messages=messages)
+
+    def mimic_target(self, rnd: int, updates: Any, byz: set[int]) -> int | None:
+        """Mimic's silo this exchange, learned on the honest lifted messages (model space: a sketched
+        round's payloads live in a new space each round); None for the other attacks."""
+        if self.s.attack.kind != "mimic":
+            return None
+        from strategies.replies import flatten
+
+        pairs = [(node, u) for node, u in zip(updates.nodes, updates.updates, strict=True) if node not in byz]
+        if not pairs:
+            return None
+        honest = np.stack([flatten(u) for _, u in pairs]).astype(np.float64)
+        target, self.mimic = mimic_learning(self.mimic, honest, [node for node, _ in pairs],
+                                            self.s.attack.mimic_warmup, np_rng(self.s.seed, "mimic-z", rnd))
+        return target
 
     def simulated_rule(self, rnd: int, ex: Any) -> Callable[[int, np.ndarray], Any] | None:
         """The inner rule as the adaptive attacker evaluates it (strategies/composition.py), in the
@@ -167,9 +187,15 @@ class Attacked:
 
     def state(self) -> dict[str, Any]:
         inner = self.inner.state()
-        return {"byzantine_nodes": self.byzantine_nodes} | ({"inner": inner} if inner else {})
+        m = self.mimic
+        mimic = {"t": m.t, "target": -1 if m.target is None else m.target} | (
+            {"mu": m.mu, "z": m.z} if m.mu is not None and m.z is not None else {})
+        return {"byzantine_nodes": self.byzantine_nodes, "mimic": mimic} | ({"inner": inner} if inner else {})
 
     def restore(self, state: dict[str, Any]) -> None:
         self.byzantine_nodes = set(state["byzantine_nodes"])
+        m = state.get("mimic", {})
+        self.mimic = MimicState(int(m.get("t", 0)), m.get("mu"), m.get("z"),
+                                None if int(m.get("target", -1)) < 0 else int(m["target"]))
         if "inner" in state:
             self.inner.restore(state["inner"])
