@@ -149,9 +149,30 @@ class Attacked:
             return updates
         messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex),
                                    self.report, self.mimic_target(rnd, updates, byz))
-        lifted = [updates.lift(messages[node]) if node in byz else u
-                  for node, u in zip(updates.nodes, updates.updates, strict=True)]
-        return replace(updates, updates=lifted, messages=messages)
+        from app.wire import ReplyError
+        from strategies.replies import check_bounded
+
+        keep: list[int] = []
+        lifted: list[Any] = []
+        malformed = dict(updates.malformed)
+        for i, (node, u) in enumerate(zip(updates.nodes, updates.updates, strict=True)):
+            if node in byz:
+                try:  # the server's own bounds on what a silo sends (strategies/replies.py)
+                    check_bounded("update", messages[node])
+                    u = updates.lift(messages[node])
+                except ReplyError as exc:  # refused as the server refuses such a reply: a dropped silo
+                    malformed[node] = str(exc)
+                    continue
+            keep.append(i)
+            lifted.append(u)
+        if len(keep) == len(updates.nodes):
+            return replace(updates, updates=lifted, messages=messages)
+        self.report["attack_dropped"] = len(updates.nodes) - len(keep)
+        log(WARNING, "round %d: %d attacked message(s) out of the server's bounds, dropped as malformed", rnd,
+            len(updates.nodes) - len(keep))
+        nodes = [updates.nodes[i] for i in keep]
+        return replace(updates, nodes=nodes, updates=lifted, metrics=[updates.metrics[i] for i in keep],
+                       messages={n: messages[n] for n in nodes}, malformed=malformed)
 
     def mimic_target(self, rnd: int, updates: Any, byz: set[int]) -> int | None:
         """Mimic's silo this exchange, learned on the honest lifted messages (model space: a sketched

@@ -125,3 +125,18 @@ def test_mimic_state_survives_a_checkpoint(tmp_path):
     again.restore(load_checkpoint(tmp_path / "c.npz")["harness"])
     assert again.mimic.t == 1 and again.mimic.target == harness.mimic.target and again.byzantine_nodes == {7, 8}
     np.testing.assert_array_equal(again.mimic.z, harness.mimic.z)
+
+
+def test_an_attacked_message_beyond_the_servers_bounds_is_dropped_not_fatal(tmp_path):
+    """A harness attack whose message the server would refuse (IPM with epsilon 1e39: -eps * mean
+    overflows float32 to inf) is dropped as malformed, as the server drops such a reply; the run goes
+    on with the honest silos (before: the harness raised ReplyError and the job failed)."""
+    from tests.helpers import run
+
+    cfg = {"algorithm": "robust", "aggregator": "mean", "dataset": "digits", "partition": "iid",
+           "num-silos": 10, "silos-per-round": 10, "privacy.mode": "off", "attack.kind": "ipm",
+           "attack.ipm-epsilon": 1e39, "attack.fraction": 0.3, "num-rounds": 3, "batch-size": 32}
+    summary, rows, _ = run(tmp_path, cfg)
+    assert summary["status"] == "completed" and len(rows) == 3
+    assert all(r["attack_dropped"] == 3 and r["byzantine_answered"] == 0 and r["answered"] == 10 for r in rows)
+    assert summary["test_error"] < 0.5
