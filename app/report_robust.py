@@ -16,7 +16,13 @@ from app.run_health import FINISHED, UNHEALTHY
 # -- Byzantine-robust sweeps (experiment=private-robust) -------------------------------------
 #: the table's name of each rule: (aggregator, gradbant.noise-aware) -> label
 RULE_LABELS = {("gradbant", True): "Grad-BANT noise-aware", ("gradbant", False): "Grad-BANT (paper)",
-               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("trimmed-mean", False): "trimmed mean"}
+               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("trimmed-mean", False): "trimmed mean",
+               ("krum", False): "Krum", ("median", False): "median", ("smea", False): "SMEA",
+               ("robajol", False): "RobAJoL"}
+#: rules whose sweeps state f once for every attack (conf/rule/*.yaml): their label shows it
+STATED_F_RULES = ("smea",)
+#: the pre-aggregators' names in a label (strategies/preaggregation.py)
+PRE_LABELS = {"nnm": "NNM", "bucketing": "Bucketing", "arc": "ARC"}
 REFUSED = "refused: honest majority required"
 
 
@@ -25,8 +31,18 @@ def _true(text: str | None) -> bool:
 
 
 def rule_of(row: dict[str, str]) -> str:
+    """The rule's label: pre-aggregators first (``NNM∘Krum``, the issue's notation: NNM, then Krum),
+    and the f the operator stated when a row states one (``(f=3)``)."""
     agg = row.get("aggregator", "")
-    return RULE_LABELS.get((agg, _true(row.get("gradbant.noise-aware")) and agg == "gradbant"), agg)
+    label = RULE_LABELS.get((agg, _true(row.get("gradbant.noise-aware")) and agg == "gradbant"), agg)
+    pre = [PRE_LABELS.get(p.strip(), p.strip()) for p in str(row.get("pre-aggregators") or "").split(",")
+           if p.strip() and p.strip().lower() != "nan"]
+    if pre:
+        label = "∘".join([*pre, label])
+    f = str(row.get("byzantine.f") or "").strip()
+    if (pre or agg in STATED_F_RULES) and f not in ("", "-1", "nan"):
+        label += f" (f={int(float(f))})"
+    return label
 
 
 def attack_of(row: dict[str, str]) -> str:
@@ -65,7 +81,7 @@ def robust_cells(rows: list[dict[str, str]]) -> dict[tuple[float, str, str, str]
 
 
 #: the issue's order of the attack columns (others after them, by name)
-ATTACK_KINDS = ("none", "label-flip", "sign-flip", "alie")
+ATTACK_KINDS = ("none", "label-flip", "sign-flip", "alie", "alie-adaptive", "ipm-adaptive", "mimic")
 
 
 def _attack_order(a: str) -> tuple[int, str]:
@@ -75,7 +91,8 @@ def _attack_order(a: str) -> tuple[int, str]:
 
 def _rule_order(rule: str) -> tuple[int, str]:
     order = list(RULE_LABELS.values())
-    return (order.index(rule) if rule in order else len(order), rule)
+    base = rule.split(" (f=")[0].split("∘")[-1]
+    return (order.index(base) if base in order else len(order), rule)
 
 
 def _cell_text(cell: dict[str, Any]) -> str:
