@@ -16,7 +16,8 @@ from app.run_health import FINISHED, UNHEALTHY
 # -- Byzantine-robust sweeps (experiment=private-robust) -------------------------------------
 #: the table's name of each rule: (aggregator, gradbant.noise-aware) -> label
 RULE_LABELS = {("gradbant", True): "Grad-BANT noise-aware", ("gradbant", False): "Grad-BANT (paper)",
-               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("trimmed-mean", False): "trimmed mean"}
+               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("trimmed-mean", False): "trimmed mean",
+               ("smea", False): "SMEA"}
 REFUSED = "refused: honest majority required"
 
 
