@@ -16,6 +16,7 @@ coordinate-median      per client, the fraction of the d median "votes" it suppl
 geometric-median       the final Weiszfeld beta_i / sum_j beta_j; ``vector == weights @ updates``
 centered-clipping      exact coefficient a_i of u_i in ``vector = a_0 * center + sum_i a_i u_i``;
                        they sum to 1 - a_0 (a_0, the share left on the center, is not reported)
+smea                   1/(m - f) on each client of the selected subset; ``vector == weights @ updates``
 =====================  ==========================================================================
 
 Honest-majority rules take the number ``f`` of Byzantine clients and raise
@@ -28,6 +29,7 @@ each other's n - f - 2 nearest neighbours, score 0, and Krum picks one of them e
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -294,6 +296,83 @@ def centered_clipping(updates: np.ndarray, center: np.ndarray, tau: float, iters
     return Aggregate(v, a)
 
 
+#: SMEA's largest number of candidate subsets C(n, f), one (n - f) x (n - f) eigenvalue problem
+#: each: beyond it the rule refuses (one line) instead of running for hours (n = 20 with f = 9 is
+#: 167,960 subsets; n = 10 with f = 4 is 210)
+SMEA_MAX_SUBSETS = 100_000
+
+#: SMEA's tie tolerance: subsets whose lambda_max is within this relative distance of the smallest
+#: count as tied (an exact tie computed in floating point), and the first in
+#: itertools.combinations order wins, as ByzFL's strict "<" picks it
+SMEA_TIE_RTOL = 1e-9
+
+
+def check_smea_size(n: int, f: int) -> int:
+    """C(n, f), the number of subsets SMEA compares; ValueError (one line) above SMEA_MAX_SUBSETS."""
+    count = math.comb(n, f)
+    if count > SMEA_MAX_SUBSETS:
+        raise ValueError(f"smea compares every subset of n - f = {n - f} of the n = {n} updates: C({n}, {f}) = "
+                         f"{count:,} subsets, more than its limit of {SMEA_MAX_SUBSETS:,} (one eigenvalue problem "
+                         "each); use fewer silos per round, a smaller f, or another rule")
+    return count
+
+
+def smea_max_eigenvalues(updates: np.ndarray, f: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every subset S of n - f of the n updates, in ``itertools.combinations(range(n), n - f)``
+    order ([C(n, f), n - f] indices), and lambda_max(Sigma_S) of each, Sigma_S the empirical
+    covariance (1/|S|) sum_{i in S} (u_i - mu_S)(u_i - mu_S)^T (normalised by |S|, as ByzFL's and
+    Allouah et al.'s).
+
+    No d x d matrix: Sigma_S = (1/|S|) D^T D with D = C U_S (C the |S| x |S| centring matrix),
+    whose nonzero eigenvalues are those of (1/|S|) D D^T = (1/|S|) C G_SS C, the centred Gram
+    matrix, here from the exact pairwise squared distances (C G C = -1/2 C D2 C, classical MDS),
+    so no precision is lost to a large common component of the rows. Cost: n^2 d once, then
+    C(n, f) symmetric eigenvalue problems of size n - f (np.linalg.eigvalsh, batched)."""
+    u = _check_updates(updates)
+    n = u.shape[0]
+    fi = _check_int("f", f, 0, n - 1)
+    check_smea_size(n, fi)
+    m = n - fi
+    sq = np.empty((n, n))
+    for i in range(n):  # row by row: n x d memory, not n x n x d
+        diff = u - u[i]
+        sq[i] = np.einsum("ij,ij->i", diff, diff)
+    subsets = np.array(list(itertools.combinations(range(n), m)), dtype=np.intp).reshape(-1, m)
+    lam = np.empty(len(subsets))
+    chunk = max(1, 2 ** 22 // (m * m))  # at most 32 MiB of m x m blocks at a time
+    for start in range(0, len(subsets), chunk):
+        sub = subsets[start:start + chunk]
+        d2 = sq[sub[:, :, None], sub[:, None, :]]
+        gram = -0.5 * (d2 - d2.mean(axis=2, keepdims=True) - d2.mean(axis=1, keepdims=True)
+                       + d2.mean(axis=(1, 2), keepdims=True))
+        lam[start:start + chunk] = np.linalg.eigvalsh(gram)[:, -1] / m
+    return subsets, np.maximum(lam, 0.0)
+
+
+def smea(updates: np.ndarray, f: int) -> Aggregate:
+    """SMEA, Smallest Maximum Eigenvalue Averaging (Allouah et al., "On the Privacy-Robustness-
+    Utility Trilemma in Distributed Learning", ICML 2023; ByzFL's ``SMEA``): over all subsets S of
+    n - f updates, S* = argmin_S lambda_max(Sigma_S) (:func:`smea_max_eigenvalues`), and the result
+    is the mean of S*. Needs f < n/2; f = 0 is the mean. Ties (within a relative SMEA_TIE_RTOL): the
+    first subset in itertools.combinations order. ByzFL estimates lambda_max by one power-method
+    step from a random vector; this computes it exactly, so the two agree wherever ByzFL's estimate
+    ranks the subsets as the exact values do (tests/test_byzfl_parity.py). Refused (ValueError)
+    when C(n, f) > SMEA_MAX_SUBSETS.
+    ``weights`` = 1/(n - f) on each client of S*, 0 elsewhere."""
+    u = _check_updates(updates)
+    n = u.shape[0]
+    fi = _check_honest_majority("smea", f, n)
+    check_smea_size(n, fi)
+    if fi == 0:
+        return Aggregate(u.mean(axis=0), np.full(n, 1.0 / n))
+    subsets, lam = smea_max_eigenvalues(u, fi)
+    best = int(np.flatnonzero(lam <= lam.min() * (1.0 + SMEA_TIE_RTOL))[0])
+    chosen = subsets[best]
+    w = np.zeros(n)
+    w[chosen] = 1.0 / (n - fi)
+    return Aggregate(u[chosen].mean(axis=0), w)
+
+
 # ---------------------------------------------------------------------------------------------
 # registry
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +410,8 @@ RULES: dict[str, Rule] = {
     "geometric-median": Rule(geometric_median, True, ("f",), "geometric median (smoothed Weiszfeld, RFA)"),
     "centered-clipping": Rule(centered_clipping, True, ("center", "tau", "f"),
                               "centered clipping around the previous aggregate"),
+    "smea": Rule(smea, True, ("f",), "SMEA: mean of the n-f updates whose covariance has the smallest top eigenvalue",
+                 needs_f=True),
 }
 
 
@@ -338,7 +419,7 @@ RULES: dict[str, Rule] = {
 KRUM_RULES = tuple(name for name, rule in RULES.items() if rule.krum_bound)
 
 #: rules whose result depends on f, so they cannot run without it being stated (with f = 0 the
-#: trimmed mean and Multi-Krum are the plain mean); the other honest-majority rules only check it
+#: trimmed mean, Multi-Krum and SMEA are the plain mean); the other honest-majority rules only check it
 F_RULES = tuple(name for name, rule in RULES.items() if rule.needs_f)
 
 
@@ -352,6 +433,6 @@ def min_clients(name: str, f: int) -> int:
     return 2 * f + 1 if RULES[name].honest_majority else 1
 
 
-__all__ = ["F_RULES", "RULES", "Aggregate", "HonestMajorityRequired", "Rule", "centered_clipping", "coordinate_median",
-           "fltrust", "geometric_median", "krum", "krum_scores", "mean", "min_clients", "multi_krum",
-           "trimmed_mean"]
+__all__ = ["F_RULES", "RULES", "SMEA_MAX_SUBSETS", "Aggregate", "HonestMajorityRequired", "Rule", "centered_clipping",
+           "check_smea_size", "coordinate_median", "fltrust", "geometric_median", "krum", "krum_scores", "mean",
+           "min_clients", "multi_krum", "smea", "smea_max_eigenvalues", "trimmed_mean"]

@@ -19,13 +19,13 @@ gradient g; with Q > 1 local SGD steps of size gamma it sends its model change d
 the server uses the pseudo-gradient g = -d / gamma, computing its reference g0 the same way: Q
 SGD steps of size gamma on batches of the trust set (as FLTrust does). The baselines
 (``aggregator``: mean, fltrust, krum, multi-krum, trimmed-mean, median, geometric-median,
-centered-clipping; strategies/aggregation.py) get the same lifted pseudo-gradients and step
+centered-clipping, smea; strategies/aggregation.py) get the same lifted pseudo-gradients and step
 x_{t+1} = x_t - gamma * rule(u_1..u_m). Krum & co. are told f = ``byzantine.f``, the number of
 Byzantine silos the operator states the rule must tolerate; when it is not stated (-1), only a
 simulation with an attack can run them: its harness tells them the number of Byzantine silos
 among the round's replies (an oracle, as in the papers' experiments) and the log says so. A rule
-that needs f refuses to start with neither (app/config.py): with f = 0 the trimmed mean and
-Multi-Krum are the plain mean, which one hostile silo ruins.
+that needs f refuses to start with neither (app/config.py): with f = 0 the trimmed mean,
+Multi-Krum and SMEA are the plain mean, which one hostile silo ruins.
 
 Identity: p is indexed by the server's own slot for each Flower node (strategies/replies.py
 NodeRoster), never by anything a reply says. Which nodes are Byzantine is the experiment's

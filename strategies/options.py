@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from app.attacks import byzantine_count
 from app.options import ConfigError, boolean, choice, int_list, number, number_or_word, option
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
-from strategies.aggregation import RULES
-from strategies.preaggregation import PRE_AGGREGATORS
+from strategies.aggregation import RULES, check_smea_size
+from strategies.preaggregation import PRE_AGGREGATORS, rows_after
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -121,6 +121,8 @@ def check_byzantine(s: Settings) -> None:
             f"aggregator = {agg!r} needs num-silos > 2f + 2 (Blanchard et al. 2017), but attack.fraction = "
             f"{s.attack.fraction:g} makes f = {byz} of the {s.num_silos} silos Byzantine (at least {2 * byz + 3} "
             "silos needed); with fewer, colluding identical updates (IPM, ALIE) win every round")
+    if agg == "smea":
+        _check_smea_size(s, s.robust.byzantine_f if stated else byz)
     if s.robust.gradbant_noise_aware:
         if agg != "gradbant":
             raise ConfigError(f"gradbant.noise-aware = true needs aggregator = 'gradbant', got {agg!r}")
@@ -136,6 +138,17 @@ def check_byzantine(s: Settings) -> None:
     if s.attack.kind == "alie" and not s.attack.alie_z and byz >= s.num_silos / 2:
         raise ConfigError(f"attack.alie-z = 0 (Baruch et al.'s formula) is undefined for a Byzantine majority "
                           f"({byz} of {s.num_silos} silos); allowed: attack.alie-z > 0, e.g. 1.0")
+
+
+def _check_smea_size(s: Settings, f: int) -> None:
+    """SMEA compares C(n, f) subsets of the n rows it gets each round (silos-per-round replies,
+    after the pre-aggregators): refused (one line) above strategies.aggregation.SMEA_MAX_SUBSETS
+    for the largest f a round can bring (C(n, f) grows with f up to n/2)."""
+    n = rows_after(s.robust.pre, s.silos_per_round, s.robust.bucket_size)
+    try:
+        check_smea_size(n, max(0, min(f, (n - 1) // 2)))
+    except ValueError as exc:
+        raise ConfigError(f"aggregator = 'smea' cannot run: {exc}") from None
 
 
 def _check_byzantine_f(s: Settings) -> None:

@@ -3,6 +3,7 @@ the function under test: small stacks of 2-5 vectors in R^1..R^3. Well under a s
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -21,6 +22,8 @@ from strategies.aggregation import (
     min_clients,
     mean,
     multi_krum,
+    smea,
+    smea_max_eigenvalues,
     trimmed_mean,
 )
 
@@ -252,6 +255,83 @@ def test_centered_clipping_bad_tau_and_center():
         centered_clipping(u, A([0.0]), tau=1.0)
 
 
+# ------------------------------------------------------------------------------------------ SMEA
+
+def test_smea_one_dimension_by_hand():
+    # {0, 1, 3}, f = 1: subsets (0,1), (0,2), (1,2) in itertools.combinations order; lambda_max of
+    # the 1/|S| covariance = the variance: 0.25, 2.25, 1.0 -> (0, 1), mean 0.5
+    subsets, lam = smea_max_eigenvalues(A([[0.0], [1.0], [3.0]]), 1)
+    np.testing.assert_array_equal(subsets, [[0, 1], [0, 2], [1, 2]])
+    np.testing.assert_allclose(lam, [0.25, 2.25, 1.0], rtol=1e-14)
+    r = smea(A([[0.0], [1.0], [3.0]]), 1)
+    np.testing.assert_allclose(r.vector, [0.5])
+    np.testing.assert_allclose(r.weights, [0.5, 0.5, 0.0])
+
+
+def test_smea_excludes_far_outliers():
+    # honest (0,0), (1,0), (0,1) at rows 0, 2, 4; two far rows 1, 3. The honest triangle's
+    # covariance: deviations (-1,-1)/3, (2,-1)/3, (-1,2)/3 -> [[2/9, -1/9], [-1/9, 2/9]], eigenvalues
+    # 1/3 and 1/9; it is subset 4 of combinations(range(5), 3): (0,1,2) (0,1,3) (0,1,4) (0,2,3) (0,2,4)
+    u = A([[0.0, 0.0], [100.0, 0.0], [1.0, 0.0], [0.0, -100.0], [0.0, 1.0]])
+    subsets, lam = smea_max_eigenvalues(u, 2)
+    np.testing.assert_array_equal(subsets[4], [0, 2, 4])
+    assert lam[4] == pytest.approx(1 / 3, rel=1e-12) and np.argmin(lam) == 4
+    r = smea(u, 2)
+    np.testing.assert_allclose(r.vector, [1 / 3, 1 / 3])
+    np.testing.assert_allclose(r.weights, [1 / 3, 0.0, 1 / 3, 0.0, 1 / 3])
+    np.testing.assert_allclose(r.weights @ u, r.vector)
+
+
+def test_smea_ties_go_to_the_first_subset_in_combinations_order():
+    # {0, 1, 2}, f = 1: (0,1) and (1,2) both have variance 1/4, (0,2) has 1 -> (0,1), mean 0.5
+    np.testing.assert_allclose(smea(A([[0.0], [1.0], [2.0]]), 1).vector, [0.5])
+    # regular polygons on the unit circle (rotated by 0.1 rad): exact ties that rounding breaks
+    # either way (the computed values differ in the last bits); the tie tolerance gives the first
+    # in combinations order. Triangle, f = 1: every pair has lambda_max 3/4 -> rows 0 and 1
+    tri = A([[math.cos(0.1 + 2 * math.pi * k / 3), math.sin(0.1 + 2 * math.pi * k / 3)] for k in range(3)])
+    r = smea(tri, 1)
+    np.testing.assert_allclose(r.vector, tri[[0, 1]].mean(axis=0), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(r.weights, [0.5, 0.5, 0.0])
+    # pentagon, f = 2: the five triples of adjacent vertices tie; the first is (0, 1, 2)
+    pent = A([[math.cos(0.1 + 2 * math.pi * k / 5), math.sin(0.1 + 2 * math.pi * k / 5)] for k in range(5)])
+    np.testing.assert_allclose(smea(pent, 2).weights, [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])
+
+
+def test_smea_f0_is_the_mean():
+    u = np.random.default_rng(5).normal(size=(6, 4))
+    r = smea(u, 0)
+    np.testing.assert_allclose(r.vector, u.mean(axis=0), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(r.weights, np.full(6, 1 / 6))
+
+
+@pytest.mark.parametrize("n, d", [(5, 1), (5, 2), (7, 3), (9, 2), (9, 7), (6, 20)])
+@pytest.mark.parametrize("offset", [0.0, 1e6])
+def test_smea_eigenvalues_equal_the_d_by_d_covariance_brute_force(n, d, offset):
+    """lambda_max of (1/|S|) sum (u_i - mu_S)(u_i - mu_S)^T formed as a d x d matrix, for every
+    subset and f < n/2; the rows shifted by a large common offset give the same values (the
+    covariance does not move with a translation)."""
+    rng = np.random.default_rng(n * 100 + d)
+    u = rng.normal(size=(n, d)) * rng.uniform(0.1, 3.0, size=(n, 1))
+    for f in range(1, (n + 1) // 2):
+        brute = []
+        for sub in itertools.combinations(range(n), n - f):
+            x = u[list(sub)] - u[list(sub)].mean(axis=0)
+            brute.append(np.linalg.eigvalsh(x.T @ x / (n - f))[-1])
+        subsets, lam = smea_max_eigenvalues(u + offset, f)
+        np.testing.assert_array_equal(subsets, list(itertools.combinations(range(n), n - f)))
+        np.testing.assert_allclose(lam, brute, rtol=1e-8 if offset else 1e-11, atol=0)
+        best = list(subsets[int(np.argmin(brute))])
+        np.testing.assert_allclose(smea(u, f).vector, u[best].mean(axis=0), rtol=0, atol=1e-15)
+
+
+def test_smea_refuses_too_many_subsets_and_a_byzantine_half():
+    with pytest.raises(ValueError, match=r"^smea compares every subset of n - f = 11 of the n = 20 updates: "
+                                         r"C\(20, 9\) = 167,960 subsets, more than its limit of 100,000"):
+        smea(np.zeros((20, 1)), 9)
+    with pytest.raises(HonestMajorityRequired, match="^smea needs an honest majority: f = 2 Byzantine of n = 4"):
+        smea(np.zeros((4, 1)), 2)
+
+
 # ----------------------------------------------------------------------------- honest majority
 
 def test_honest_majority_messages():
@@ -267,6 +347,7 @@ def test_honest_majority_messages():
         ("coordinate_median", lambda: coordinate_median(u10, f=5)),
         ("geometric_median", lambda: geometric_median(u10, f=5)),
         ("centered_clipping", lambda: centered_clipping(u10, np.zeros(2), 1.0, f=5)),
+        ("smea", lambda: smea(u10, 5)),
     ]
     for name, call in cases:
         with pytest.raises(HonestMajorityRequired, match=f"^{name} needs an honest majority: f = 5 Byzantine "
@@ -301,9 +382,9 @@ def test_every_rule_keeps_its_declared_needs(name: str):
 
 def test_registry_and_min_clients():
     assert {"mean", "fltrust", "krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
-            "centered-clipping"} <= set(RULES)
+            "centered-clipping", "smea"} <= set(RULES)
     assert min_clients("mean", 4) == 1 and min_clients("fltrust", 4) == 1
-    for name in ("trimmed-mean", "median", "geometric-median", "centered-clipping"):
+    for name in ("trimmed-mean", "median", "geometric-median", "centered-clipping", "smea"):
         assert min_clients(name, 4) == 9, name  # f < n/2
     assert min_clients("krum", 4) == min_clients("multi-krum", 4) == 11  # n > 2f + 2
     with pytest.raises(ValueError, match="unknown aggregation rule 'foo'"):

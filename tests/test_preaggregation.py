@@ -161,10 +161,12 @@ def test_nnm_krum_under_adaptive_alie_runs_and_reports_silo_weights(tmp_path: Pa
 
 
 @pytest.mark.parametrize("rule,pre,attack", [("gradbant", "nnm", "ipm-adaptive"), ("fltrust", "bucketing", "mimic"),
-                                             ("centered-clipping", "arc", "alie-adaptive")])
+                                             ("centered-clipping", "arc", "alie-adaptive"),
+                                             ("smea", "nnm", "ipm-adaptive")])
 def test_every_kind_of_rule_composes_and_meets_the_adaptive_attacks(tmp_path: Path, rule, pre, attack):
     """Trust rules (the attacker's g0: the honest mean), a stateful rule (centered clipping's
-    center, copied) and Bucketing's per-round generator, through the real ServerApp."""
+    center, copied), a subset-search rule (SMEA, about 20 times a round in the line search) and
+    Bucketing's per-round generator, through the real ServerApp."""
     from tests.helpers import run
 
     cfg = {"algorithm": "robust", "aggregator": rule, "pre-aggregators": pre, "dataset": "digits", "trust.size": 60,

@@ -54,7 +54,7 @@ def _hostile(nodes: set[int], kind: str):
 # the config: f is stated, or the rule does not start
 # -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("rule", ["krum", "multi-krum", "trimmed-mean"])
+@pytest.mark.parametrize("rule", ["krum", "multi-krum", "trimmed-mean", "smea"])
 def test_a_rule_that_needs_f_refuses_to_start_without_it(rule: str) -> None:
     cfg = merged_run_config([]) | DEPLOYED | {"aggregator": rule}
     with pytest.raises(ConfigError, match="needs byzantine.f") as exc:
@@ -71,7 +71,7 @@ def test_rules_that_take_no_f_or_only_check_it_start_without_it(rule: str) -> No
 
 
 @pytest.mark.parametrize("rule", ["krum", "multi-krum", "trimmed-mean", "median", "geometric-median",
-                                  "centered-clipping"])
+                                  "centered-clipping", "smea"])
 @pytest.mark.parametrize("n", [3, 4, 5, 6, 7, 9])
 def test_byzantine_f_is_refused_exactly_where_the_rule_cannot_tolerate_it(rule: str, n: int) -> None:
     """Blanchard et al.: Krum and Multi-Krum need n > 2f + 2; the other honest-majority rules
@@ -85,6 +85,24 @@ def test_byzantine_f_is_refused_exactly_where_the_rule_cannot_tolerate_it(rule: 
         else:
             with pytest.raises(ConfigError, match=f"byzantine.f = {f} is out of range for aggregator '{rule}'"):
                 parse_settings(cfg)
+
+
+def test_smea_with_too_many_subsets_is_refused_at_the_start() -> None:
+    """SMEA compares C(n, f) subsets of the round's n rows: C(20, 8) = 125,970 is over its limit
+    of 100,000, C(20, 7) = 77,520 is not; the rows are those after the pre-aggregators (40 replies,
+    f = 5: C(40, 5) = 658,008, bucketed in pairs C(20, 5) = 15,504); an attack's count stands for
+    an unstated f."""
+    cfg = merged_run_config([]) | DEPLOYED | {"aggregator": "smea", "num-silos": 20, "silos-per-round": 20}
+    with pytest.raises(ConfigError, match=r"^aggregator = 'smea' cannot run: smea compares .*"
+                                          r"C\(20, 8\) = 125,970 subsets") as exc:
+        parse_settings(cfg | {"byzantine.f": 8})
+    assert "\n" not in str(exc.value)
+    parse_settings(cfg | {"byzantine.f": 7})
+    with pytest.raises(ConfigError, match=r"C\(40, 5\) = 658,008"):
+        parse_settings(cfg | {"byzantine.f": 5, "num-silos": 40, "silos-per-round": 40})
+    parse_settings(cfg | {"byzantine.f": 5, "num-silos": 40, "silos-per-round": 40, "pre-aggregators": "bucketing"})
+    with pytest.raises(ConfigError, match=r"C\(20, 9\) = 167,960"):
+        parse_settings(cfg | {"attack.kind": "sign-flip", "attack.fraction": 0.45})
 
 
 def test_byzantine_f_with_nothing_that_tolerates_it_is_refused() -> None:
