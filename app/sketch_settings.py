@@ -13,6 +13,11 @@ SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "srft", "fjlt", "count
                 "adaptive", "powersgd")
 #: sketch kinds with an exact expected noise energy E||S^T S xi||^2 (app/sketch/noise.py), for gradbant.noise-aware
 NOISE_AWARE_SKETCH_KINDS = ("none", "gaussian", "rademacher", "srht", "countsketch", "randk")
+#: linear JL maps drawn from the round's broadcast seed, so one S_t for every silo: the kinds under
+#: which ``aggregation-space = sketch`` may run a rule on the sketches y_i = S_t x_i (RobAJoL,
+#: docs/byzantine.md). Not randk (linear but not JL: it cannot preserve distances between sparse
+#: vectors) nor powersgd (not linear, and each silo keeps its own state).
+JL_SKETCH_KINDS = ("gaussian", "rademacher", "srht", "srft", "fjlt", "countsketch", "kronecker", "adaptive")
 _NO_SKETCH = ("sketch.kind", ("none",))
 
 

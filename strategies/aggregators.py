@@ -10,7 +10,8 @@ SPIDER; without ``aggregator`` the run config's ``aggregator`` is used (``auto``
 algorithm). A rule sees each message in the space it was sent in, lifted: a gradient (grad, anchor,
 disjoint), a model change (local: as the pseudo-gradient -d / gamma) or a gradient difference
 (SPIDER's and SVRG's difference rounds: Grad-BANT and FLTrust then score against the trust set's
-own difference grad f0(at) - grad f0(prev)). The simulation's attack harness
+own difference grad f0(at) - grad f0(prev)); with ``aggregation-space = sketch`` it sees the sketch
+y itself, and only its result is lifted (RobAJoL). The simulation's attack harness
 (strategies/byzantine_harness.py ``Attacked``, a wrapper) replaces the Byzantine silos' messages
 before any rule, the mean included. A combination that cannot work is refused with one line (:func:`refuse_combination`).
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 #: the short knob names of :func:`GradBANT` and :class:`Rule`, as RobustSettings fields
 _KNOBS = {"beta": "gradbant_beta", "smoothness": "gradbant_smoothness", "noise_aware": "gradbant_noise_aware",
-          "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau", "pre": "pre", "bucket_size": "bucket_size"}
+          "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau", "pre": "pre",
+          "bucket_size": "bucket_size", "space": "space"}
 
 
 class Aggregator:
@@ -64,7 +66,9 @@ class Mean(Aggregator):
 class Rule(Aggregator):
     """A robust rule (``gradbant`` or a baseline of strategies/aggregation.py) with the attack
     harness; ``knobs`` override the run config's: beta, smoothness, noise_aware, trust_size, f, tau,
-    pre (pre-aggregators applied in order, e.g. ``Rule("krum", f=2, pre=("nnm",))``) and bucket_size."""
+    pre (pre-aggregators applied in order, e.g. ``Rule("krum", f=2, pre=("nnm",))``), bucket_size and
+    space (``"sketch"``: the rule on the sketches y_i, then S_t^T once; RobAJoL is
+    ``Rule("trimmed-mean", pre="nnm", space="sketch")``, strategies/composition.py)."""
 
     def __init__(self, name: str, **knobs: Any) -> None:
         from app.config import AGGREGATORS
@@ -81,6 +85,10 @@ class Rule(Aggregator):
         bad = [p for p in knobs.get("pre", ()) if p not in PRE_AGGREGATORS]
         if bad:
             raise ValueError(f"unknown pre-aggregator {bad[0]!r}; allowed: {', '.join(PRE_AGGREGATORS)}")
+        from strategies.options import AGGREGATION_SPACES
+
+        if knobs.get("space", "lifted") not in AGGREGATION_SPACES:
+            raise ValueError(f"unknown space {knobs['space']!r}; allowed: {', '.join(AGGREGATION_SPACES)}")
         self.name, self.knobs = name, {_KNOBS[k]: (tuple(v) if k == "pre" else v) for k, v in knobs.items()}
         self.impl: Any = None
 
@@ -93,6 +101,10 @@ class Rule(Aggregator):
             from strategies.composition import refuse_pre
 
             refuse_pre(s)  # the same one-line refusal as the run config's pre-aggregators
+        if s.robust.space == "sketch":
+            from strategies.composition import refuse_space
+
+            refuse_space(s)  # ... and as its aggregation-space
         phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
         self.impl = RobustAggregator(s, owner.layout, owner.roster, phase)
 

@@ -13,7 +13,15 @@
   generator, seeded by (seed, "bucketing", round).
 * :func:`rule_simulator`: the rule in use as the adaptive attacker evaluates it
   (app/adaptive_attacks.py): the same chain and rule, state copied, never changed; a trust rule's
-  reference g0, which the attacker cannot see, replaced by the honest messages' mean.
+  reference g0, which the attacker cannot see, replaced by the honest messages' mean. It runs on
+  the messages as sent (the sketches y_i when the round is sketched): with
+  ``aggregation-space = sketch`` exactly what the server aggregates (the server then lifts the
+  result, S_t^T agg, which the attacker's objective ||A(rows) - mean(H)|| in R^k does not need).
+* :func:`refuse_space` (app/config.py, the ``Rule`` knob ``space``): ``aggregation-space =
+  sketch`` (RobAJoL: rule(y_1..y_m) in R^k, then S_t^T once) needs a linear JL sketch drawn from
+  the round's broadcast seed (one S_t for every silo) and a rule that reads only the messages:
+  not Grad-BANT or FLTrust (their reference g0 and Grad-BANT's descent-lemma penalty live in the
+  model space), not centered clipping (its centre, the last aggregate, is in the last round's S).
 """
 
 from __future__ import annotations
@@ -61,6 +69,30 @@ def refuse_pre(s: Settings) -> None:
         raise ConfigError(f"pre-aggregators = {chain!r} leaves {rows} rows of the {n} replies (bucketing.size = "
                           f"{s.robust.bucket_size}), but {rule} with f = {f} needs at least {min_clients(rule, f)}; "
                           "use a smaller bucket size or f")
+
+
+def refuse_space(s: Settings) -> None:
+    """ConfigError (one line) when ``aggregation-space = sketch`` cannot work (see the module docstring)."""
+    from app.config import ConfigError, effective_aggregator
+    from app.sketch_settings import JL_SKETCH_KINDS
+
+    rule, kind = effective_aggregator(s), s.sketch.kind
+    ok = [name for name, spec in RULES.items() if not spec.trust and "center" not in spec.inputs]
+    if kind == "none":
+        raise ConfigError("aggregation-space = 'sketch' runs the rule on the silos' sketches y_i = S_t x_i, but "
+                          f"sketch.kind = 'none'; allowed: sketch.kind in {', '.join(JL_SKETCH_KINDS)}, or "
+                          "aggregation-space = 'lifted'")
+    if kind not in JL_SKETCH_KINDS:
+        raise ConfigError(f"aggregation-space = 'sketch' needs a linear JL sketch shared by every silo, but "
+                          f"sketch.kind = {kind!r} is not one (distances between its payloads do not track the "
+                          f"updates'); allowed: {', '.join(JL_SKETCH_KINDS)}")
+    if rule == "gradbant" or (rule in RULES and RULES[rule].trust):
+        raise ConfigError(f"aggregation-space = 'sketch' gives the rule only the sketches y_i, but aggregator = "
+                          f"{rule!r} scores them against the server's trust-set reference in the model space; "
+                          f"allowed: {', '.join(ok)}")
+    if rule in RULES and "center" in RULES[rule].inputs:
+        raise ConfigError(f"aggregation-space = 'sketch': {rule}'s centre, the last aggregate, lies in the last "
+                          f"round's sketch space (S_t is redrawn every round); allowed: {', '.join(ok)}")
 
 
 def chain_rng(s: Settings, server_round: int) -> np.random.Generator:

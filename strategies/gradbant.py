@@ -20,12 +20,15 @@ the server uses the pseudo-gradient g = -d / gamma, computing its reference g0 t
 SGD steps of size gamma on batches of the trust set (as FLTrust does). The baselines
 (``aggregator``: mean, fltrust, krum, multi-krum, trimmed-mean, median, geometric-median,
 centered-clipping, smea; strategies/aggregation.py) get the same lifted pseudo-gradients and step
-x_{t+1} = x_t - gamma * rule(u_1..u_m). Krum & co. are told f = ``byzantine.f``, the number of
-Byzantine silos the operator states the rule must tolerate; when it is not stated (-1), only a
-simulation with an attack can run them: its harness tells them the number of Byzantine silos
-among the round's replies (an oracle, as in the papers' experiments) and the log says so. A rule
-that needs f refuses to start with neither (app/config.py): with f = 0 the trimmed mean,
-Multi-Krum and SMEA are the plain mean, which one hostile silo ruins.
+x_{t+1} = x_t - gamma * rule(u_1..u_m), or with ``aggregation-space = sketch`` (RobAJoL; a linear
+JL sketch) x_{t+1} = x_t - gamma S_t^T rule(y_1..y_m): the rule and its pre-aggregators on the
+payloads in R^k, the aggregate lifted once (strategies/composition.py refuse_space). Krum & co.
+are told f = ``byzantine.f``, the number of Byzantine silos the operator states the rule must
+tolerate; when it is not stated (-1), only a simulation with an attack can run them: its harness
+tells them the number of Byzantine silos among the round's replies (an oracle, as in the papers'
+experiments) and the log says so. A rule that needs f refuses to start with neither
+(app/config.py): with f = 0 the trimmed mean, Multi-Krum and SMEA are the plain mean, which one
+hostile silo ruins.
 
 Identity: p is indexed by the server's own slot for each Flower node (strategies/replies.py
 NodeRoster), never by anything a reply says. Which nodes are Byzantine is the experiment's
@@ -94,6 +97,20 @@ def secant_smoothness(grad_at: Any, w: dict[str, np.ndarray], g0: np.ndarray, ga
     moved = wire.unflatten(x - gamma * np.asarray(g0, dtype=np.float64), layout, dtype=np.float32)
     est = float(np.linalg.norm(grad_at(moved) - grad_at(w))) / (gamma * norm)
     return est if np.isfinite(est) else float(np.finfo(np.float64).max)
+
+
+def message_rows(updates: Updates) -> np.ndarray:
+    """The messages as sent [m, k] (float64), in reply order: with a sketch the payloads y_i = S_t x_i
+    (``aggregation-space = sketch``: the rule's input, RobAJoL)."""
+    return np.stack([np.asarray(updates.messages[node], dtype=np.float64) for node in updates.nodes])
+
+
+def lift_flat(updates: Updates, vector: np.ndarray) -> np.ndarray:
+    """S_t^T ``vector`` (then the mechanism's decode, as for every message) as a flat float64
+    vector: the lift of an aggregate computed in the sketch space."""
+    if updates.lift is None:
+        raise ValueError("aggregation-space = 'sketch' needs the round's lift S_t^T (Updates.lift), got none")
+    return flatten(updates.lift(np.asarray(vector, dtype=np.float32))).astype(np.float64)
 
 
 class RobustState(TypedDict):
@@ -256,14 +273,18 @@ class RobustAggregator:
         rule kept nothing), and the row's entries (each silo's weight, the Byzantine weight)."""
         nodes = updates.nodes
         byz_nodes = self.oracle & set(nodes)
-        lifted = np.stack([flatten(u) for u in updates.updates]).astype(np.float64)
+        sketched = self.s.robust.space == "sketch"
+        rows = message_rows(updates) if sketched else \
+            np.stack([flatten(u) for u in updates.updates]).astype(np.float64)
         if ex.phase == Phase.LOCAL:
-            lifted = -lifted / self.s.lr  # model change d -> pseudo-gradient -d / gamma
+            rows = -rows / self.s.lr  # model change d -> pseudo-gradient -d / gamma (S d -> S(-d / gamma))
         idx = np.array([self.roster.slot(node) for node in nodes])
         if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
             self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
         f = self.s.robust.byzantine_f if self.s.robust.byzantine_f >= 0 else len(byz_nodes)
-        direction, weights = self.aggregate(lifted, idx, ex.at, rnd, f, ex)
+        direction, weights = self.aggregate(rows, idx, ex.at, rnd, f, ex)
+        if sketched and direction is not None:
+            direction = lift_flat(updates, direction)  # S_t^T rule(y_1..y_m), once
         row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
                "byzantine_answered": len(byz_nodes)} | self.score_terms

@@ -41,6 +41,10 @@ def parse_pre_list(key: str, value: object) -> tuple[str, ...]:
     return out
 
 
+#: where a rule runs on sketched messages: on the lifts S_t^T y_i (model space) or on the sketches
+#: y_i themselves, the aggregate then lifted once (RobAJoL; strategies/composition.py refuse_space)
+AGGREGATION_SPACES = ("lifted", "sketch")
+
 #: the trust set's appearance shifts (= app.data.federated.TRUST_SHIFTS, a copy: that module imports torch)
 TRUST_SHIFTS = ("none", "noise", "blur")
 
@@ -80,6 +84,11 @@ class RobustSettings:
     #: it; -1 = not stated (a simulation's attack harness then tells the rule each round's count)
     byzantine_f: int = option("byzantine.f", number(-1, 10_000, integer=True), -1,
                               "the number of Byzantine silos the rule must tolerate (-1: not stated)")
+    #: lifted: the rule (and its pre-aggregators) on S_t^T y_i in R^d; sketch: on y_i in R^k, then
+    #: S_t^T once on the aggregate (RobAJoL, Xia et al. 2025: robust averaging in the JL space)
+    space: str = option("aggregation-space", choice(AGGREGATION_SPACES), "lifted",
+                        "where the rule runs on sketched messages: lifted (S^T y) or sketch (y, then S^T once)",
+                        inert=("sketch.kind", ("none",)))
 
 
 # -- the checks of these options that depend on each other (app.config.parse_settings) -----------
@@ -96,6 +105,10 @@ def check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
     agg = effective_aggregator(s)
     _check_byzantine_f(s)
+    if s.robust.space == "sketch":
+        from strategies.composition import refuse_space
+
+        refuse_space(s)  # ConfigError (one line) for a rule or sketch that cannot aggregate sketches
     if s.robust.pre:
         from strategies.composition import refuse_pre
 

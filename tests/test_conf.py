@@ -38,7 +38,7 @@ def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None
             extra += ["attack.fraction=0.2", "num-silos=5"]  # Krum needs num-silos > 2f + 2
             extra += ["silos-per-round=5", "byzantine.f=1"]  # no attack: the rule is told f
         if group == "+rule":
-            extra += ["byzantine.f=0"]
+            extra += ["byzantine.f=0"] + (["sketch=srht"] if option == "robajol" else [])  # RobAJoL: a JL sketch
         flat = composed(f"{group}={option}", *extra)
         assert set(flat) == set(SCHEMA), (group, option)
         s = parse_settings(flat)
