@@ -66,16 +66,21 @@ def optimal_scale(effect: Callable[[float], float], *, start: float = 0.0, delta
 
 
 def attack_effect(honest: np.ndarray, byzantine: np.ndarray, f: int,
-                  aggregate: Callable[[np.ndarray], np.ndarray]) -> float:
-    """|| aggregate([H; b; ...; b]) - mean(H) || with f copies of ``byzantine`` after the honest rows;
-    a rule that raises or returns a non-finite vector counts as no effect (0)."""
+                  aggregate: Callable[[np.ndarray], np.ndarray], reference: np.ndarray | None = None) -> float:
+    """|| aggregate([H; b; ...; b]) - reference || with f copies of ``byzantine`` after the honest rows,
+    ``reference`` = mean(H) unless given (a rule that reads the rows through a linear map L, e.g. the
+    lift S^T of a sketched round, is compared with L mean(H)); a rule that raises or returns a
+    non-finite vector counts as no effect (0)."""
     h = np.asarray(honest, dtype=np.float64)
     rows = np.concatenate([h, np.repeat(np.asarray(byzantine, dtype=np.float64)[None, :], f, axis=0)])
     try:
         out = np.asarray(aggregate(rows), dtype=np.float64)
     except ValueError:
         return 0.0
-    dist = float(np.linalg.norm(out - h.mean(axis=0)))
+    ref = h.mean(axis=0) if reference is None else np.asarray(reference, dtype=np.float64)
+    if out.shape != ref.shape:
+        return 0.0
+    dist = float(np.linalg.norm(out - ref))
     return dist if math.isfinite(dist) else 0.0
 
 
@@ -84,21 +89,25 @@ def _sigma(h: np.ndarray) -> np.ndarray:
 
 
 def adaptive_alie(honest: np.ndarray, f: int, aggregate: Callable[[np.ndarray], np.ndarray],
-                  **search: float) -> tuple[np.ndarray, float]:
-    """ALIE mu + tau* sigma with tau* = :func:`optimal_scale` against ``aggregate``; (vector, tau*)."""
+                  reference: np.ndarray | None = None, **search: float) -> tuple[np.ndarray, float]:
+    """ALIE mu + tau* sigma with tau* = :func:`optimal_scale` against ``aggregate`` (compared with
+    ``reference``, :func:`attack_effect`); (vector, tau*)."""
     h = np.asarray(honest, dtype=np.float64)
     mu, sd = h.mean(axis=0), _sigma(h)
-    tau = optimal_scale(lambda t: attack_effect(h, mu + t * sd, f, aggregate), **search)  # type: ignore[arg-type]
+    tau = optimal_scale(lambda t: attack_effect(h, mu + t * sd, f, aggregate, reference),  # type: ignore[arg-type]
+                        **search)
     return alie(h, len(h) + f, f, z=tau) if math.isfinite(tau) else mu, tau
 
 
 def adaptive_ipm(honest: np.ndarray, f: int, aggregate: Callable[[np.ndarray], np.ndarray],
-                 **search: float) -> tuple[np.ndarray, float]:
-    """IPM -tau* mu with tau* = :func:`optimal_scale` against ``aggregate``; (vector, tau*).
-    tau* = 0 (nothing beats the honest mean's own aggregate) sends the zero vector."""
+                 reference: np.ndarray | None = None, **search: float) -> tuple[np.ndarray, float]:
+    """IPM -tau* mu with tau* = :func:`optimal_scale` against ``aggregate`` (compared with
+    ``reference``); (vector, tau*). tau* = 0 (nothing beats the honest mean's own aggregate) sends
+    the zero vector."""
     h = np.asarray(honest, dtype=np.float64)
     mu = h.mean(axis=0)
-    tau = optimal_scale(lambda t: attack_effect(h, -t * mu, f, aggregate), **search)  # type: ignore[arg-type]
+    tau = optimal_scale(lambda t: attack_effect(h, -t * mu, f, aggregate, reference),  # type: ignore[arg-type]
+                        **search)
     return -tau * mu, tau
 
 

@@ -39,6 +39,8 @@ def rule_of(row: dict[str, str]) -> str:
            if p.strip() and p.strip().lower() != "nan"]
     if pre:
         label = "∘".join([*pre, label])
+    if str(row.get("aggregation-space") or "lifted") == "sketch":  # RobAJoL: the rule on the sketches
+        label = f"RobAJoL ({label} on y)"
     f = str(row.get("byzantine.f") or "").strip()
     if (pre or agg in STATED_F_RULES) and f not in ("", "-1", "nan"):
         label += f" (f={int(float(f))})"
@@ -91,7 +93,7 @@ def _attack_order(a: str) -> tuple[int, str]:
 
 def _rule_order(rule: str) -> tuple[int, str]:
     order = list(RULE_LABELS.values())
-    base = rule.split(" (f=")[0].split("∘")[-1]
+    base = "RobAJoL" if rule.startswith("RobAJoL") else rule.split(" (f=")[0].split("∘")[-1]
     return (order.index(base) if base in order else len(order), rule)
 
 

@@ -46,8 +46,21 @@ class ResultsFile:
         return any(r["job"] == job and r["status"] in FINISHED for r in self.rows())
 
     def append(self, row: Mapping[str, Any]) -> None:
+        """One row; a file written by a version with other options (another header) is first
+        rewritten under the union of both headers, so no column shifts under the wrong name."""
         with exclusive_lock(self.path.with_suffix(".lock")):
             new = not self.path.exists()
+            if not new:
+                with self.path.open(newline="") as fh:
+                    reader = csv.DictReader(fh)
+                    header, old = list(reader.fieldnames or []), list(reader)
+                if header != self.fields:
+                    fields = self.fields + [f for f in header if f not in self.fields]
+                    with self.path.open("w", newline="") as fh:
+                        writer = csv.DictWriter(fh, fieldnames=fields, restval="")
+                        writer.writeheader()
+                        writer.writerows(old)
+                    self.fields = fields
             with self.path.open("a", newline="") as fh:
                 writer = csv.DictWriter(fh, fieldnames=self.fields, extrasaction="ignore")
                 if new:

@@ -49,11 +49,13 @@ def alie_z_for(s: Settings, n: int, f: int) -> float:
 
 def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int],
                     rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
-                    report: dict[str, float] | None = None, mimic_target: int | None = None) -> dict[int, np.ndarray]:
+                    report: dict[str, float] | None = None, mimic_target: int | None = None,
+                    lift: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
     The omniscient attacks need at least one honest message; without one they send their own.
     ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector);
-    ``mimic_target``: the honest node Mimic copies (None: the first honest message)."""
+    ``mimic_target``: the honest node Mimic copies (None: the first honest message); ``lift``: how
+    the server reads a message when it aggregates lifts of sketches (:func:`adaptive_message`)."""
     out = {node: np.asarray(m, dtype=np.float32) for node, m in messages.items()}
     if s.attack.kind not in MODEL_ATTACKS or not byzantine:
         return out
@@ -66,7 +68,7 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
         if s.attack.kind == "mimic":
             new = out[mimic_target] if mimic_target in out and mimic_target not in byzantine else stack[0]
             return out | {node: np.asarray(new, dtype=np.float32) for node in sorted(byzantine & set(out))}
-        new = adaptive_message(s, stack, f, rule, report)
+        new = adaptive_message(s, stack, f, rule, report, lift)
         return out | {node: new for node in sorted(byzantine & set(out))}
     for node in sorted(byzantine & set(out)):
         own = out[node]
@@ -86,13 +88,18 @@ def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.nd
 
 def adaptive_message(s: Settings, honest: np.ndarray, f: int,
                      rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None,
-                     report: dict[str, float] | None = None) -> np.ndarray:
+                     report: dict[str, float] | None = None,
+                     lift: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The one message every Byzantine silo sends under ALIE or IPM adaptive (app/adaptive_attacks.py):
-    the scale searched against ``rule`` (the mean when None); ``report`` gets tau* as ``attack_scale``."""
+    the scale searched against ``rule`` (the mean when None); ``report`` gets tau* as ``attack_scale``.
+    ``lift`` (a sketched round aggregated in the model space): the rule reads S^T y, so the search
+    compares its output with the lifted honest mean S^T mean(y) (``rule`` is built with ``lift``)."""
     f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
-    agg = rule(f_rule, honest.mean(axis=0)) if rule is not None else (lambda rows: rows.mean(axis=0))
+    reference = None if lift is None else np.asarray(lift(honest.mean(axis=0)), dtype=np.float64)
+    mean = honest.mean(axis=0) if reference is None else reference
+    agg = rule(f_rule, mean) if rule is not None else (lambda rows: rows.mean(axis=0))
     attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
-    vector, tau = attack(honest, f, agg)
+    vector, tau = attack(honest, f, agg, None if rule is None else reference)
     log(DEBUG, "%s: tau* = %.4g against the rule in use", s.attack.kind, tau)
     if report is not None:
         report["attack_scale"] = float(tau)
@@ -147,8 +154,9 @@ class Attacked:
             self.inner.impl.oracle = byz
         if self.s.attack.kind not in MODEL_ATTACKS or not byz:
             return updates
-        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex),
-                                   self.report, self.mimic_target(rnd, updates, byz))
+        lift = self.model_space_lift(updates)
+        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex, lift),
+                                   self.report, self.mimic_target(rnd, updates, byz), lift)
         from app.wire import ReplyError
         from strategies.replies import check_bounded
 
@@ -189,9 +197,21 @@ class Attacked:
                                             self.s.attack.mimic_warmup, np_rng(self.s.seed, "mimic-z", rnd))
         return target
 
-    def simulated_rule(self, rnd: int, ex: Any) -> Callable[[int, np.ndarray], Any] | None:
-        """The inner rule as the adaptive attacker evaluates it (strategies/composition.py), in the
-        messages' space (a local phase's model changes read as -d / gamma); None for the mean."""
+    def model_space_lift(self, updates: Any) -> Callable[[np.ndarray], np.ndarray] | None:
+        """y -> S_t^T y flattened, when the round is sketched and the rule runs on the lifts
+        (``aggregation-space = lifted``): what the adaptive attacks must aim at; else None."""
+        if (self.s.attack.kind not in ("alie-adaptive", "ipm-adaptive") or self.s.sketch.kind == "none"
+                or self.s.robust.space != "lifted" or updates.lift is None):
+            return None
+        from strategies.replies import flatten
+
+        return lambda y: flatten(updates.lift(np.asarray(y, dtype=np.float32))).astype(np.float64)
+
+    def simulated_rule(self, rnd: int, ex: Any,
+                       lift: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable[[int, np.ndarray], Any] | None:
+        """The inner rule as the adaptive attacker evaluates it (strategies/composition.py), on the
+        messages as the server reads them (``lift``; a local phase's model changes read as
+        -d / gamma); None for the mean."""
         impl = getattr(self.inner, "impl", None)
         if impl is None or self.s.attack.kind not in ADAPTIVE_ATTACKS:
             return None
@@ -199,7 +219,7 @@ class Attacked:
         from strategies.composition import rule_simulator
 
         scale = -1.0 / self.s.lr if getattr(ex, "phase", None) == Phase.LOCAL else 1.0
-        return lambda f, mean: rule_simulator(impl, rnd, f, mean, scale)
+        return lambda f, mean: rule_simulator(impl, rnd, f, mean, scale, lift)
 
     def combine(self, rnd: int, ex: Any, updates: Any) -> tuple[Any, dict[str, Any]]:
         self.report = {}

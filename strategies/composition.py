@@ -111,20 +111,36 @@ def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np
     return direction, np.asarray(weights, dtype=np.float64) @ mixed.mix
 
 
-def rule_simulator(agg: Any, server_round: int, f: int, honest_mean: np.ndarray,
-                   scale: float = 1.0) -> Callable[[np.ndarray], np.ndarray]:
+def rule_simulator(agg: Any, server_round: int, f: int, honest_mean: np.ndarray, scale: float = 1.0,
+                   lift: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
     """rows (messages, times ``scale`` into the rule's space) -> the rule's direction after the
     chain, back in the messages' space (divided by ``scale``), with ``agg``'s state copied (the
     real round is not touched); zero when the rule keeps nothing. Trust rules score against
-    ``honest_mean`` (times scale) in place of the server's g0."""
+    ``honest_mean`` (times scale) in place of the server's g0. ``lift`` (a sketched round whose
+    rule runs in the model space, ``aggregation-space = lifted``): each row is read as the server
+    reads it, S_t^T y, and the direction (and ``honest_mean``) is in the model space."""
     from strategies.gradbant import gradbant_step
 
     s = agg.s
     rule, g0 = s.robust.aggregator, np.asarray(honest_mean, dtype=np.float64) * scale
     spec = RULES.get(rule)
 
+    lifted: dict[bytes, np.ndarray] = {}  # the honest rows recur in every evaluation: lift each once
+
+    def read(rows: np.ndarray) -> np.ndarray:
+        r = np.asarray(rows, dtype=np.float64)
+        if lift is None:
+            return r
+        out = []
+        for row in r:
+            key = row.tobytes()
+            if key not in lifted:
+                lifted[key] = np.asarray(lift(row), dtype=np.float64)
+            out.append(lifted[key])
+        return np.stack(out)
+
     def run(rows: np.ndarray) -> np.ndarray:
-        u = np.asarray(rows, dtype=np.float64) * scale
+        u = read(rows) * scale
         if s.robust.pre:
             u = apply_chain(u, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round)).rows
         if rule == "gradbant":

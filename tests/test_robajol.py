@@ -172,3 +172,47 @@ def test_robajol_under_adaptive_alie_runs_through_the_server_app(tmp_path: Path)
         assert r["byzantine_answered"] == 3 and "attack_scale" in r
         assert sum(r["silo_weights"].values()) == pytest.approx(1.0)
 
+
+
+def test_the_adaptive_attacker_aims_at_the_lifts_when_the_rule_runs_in_the_model_space():
+    """aggregation-space = lifted (the default) with a sketch: the server's rule reads S^T y_i, so
+    the attacker's simulator must too (before: it ran the rule on y, a different rule for a
+    coordinate-wise trimmed mean). Its output equals the server's direction, and the harness's
+    search compares it with S^T mean(y), so the tau it picks maximises the server's real deviation."""
+    from strategies.byzantine_harness import Attacked, adaptive_message
+    from strategies.composition import rule_simulator
+    from strategies.gradbant import RobustAggregator
+    from strategies.replies import flatten
+
+    cfg = BASE | {"aggregator": "trimmed-mean", "attack.kind": "alie-adaptive", "attack.fraction": 0.2}
+    sketch, S = _sketch_and_matrix()
+    y = (_rows() @ S.T).astype(np.float32).astype(np.float64)
+    updates = _updates(sketch, y)
+    s = parse_settings(cfg)
+    agg = RobustAggregator(s, LAYOUT, NodeRoster())
+    harness = Attacked(type("Inner", (), {"name": "trimmed-mean", "impl": agg})())
+    harness.s = s
+    lift = harness.model_space_lift(updates)
+    assert lift is not None
+    np.testing.assert_allclose(lift(y[0]), S.T @ y[0], rtol=0, atol=1e-4)
+    simulated = rule_simulator(agg, 1, 2, S.T @ y[2:].mean(axis=0), 1.0, lift)(y)
+    np.testing.assert_allclose(simulated, _direction(cfg, updates), rtol=0, atol=1e-4)
+    # the search's objective is the server's: ||TM(S^T rows) - S^T mean(H)||, evaluated independently
+    honest = y[2:]
+    report: dict[str, float] = {}
+    sent = adaptive_message(s, honest, 2, lambda f, mean: rule_simulator(agg, 1, f, mean, 1.0, lift), report, lift)
+    from strategies.aggregation import trimmed_mean
+
+    def server_deviation(b):
+        rows = np.concatenate([honest, np.repeat(b[None, :], 2, axis=0)]) @ S
+        return np.linalg.norm(trimmed_mean(rows, 2).vector - S.T @ honest.mean(axis=0))
+
+    mu, sd = honest.mean(axis=0), honest.std(axis=0, ddof=1)
+    assert server_deviation(sent) >= server_deviation(mu + 0.0 * sd) - 1e-9
+    np.testing.assert_allclose(sent, mu + report["attack_scale"] * sd, rtol=1e-5, atol=1e-5)
+    # the search in the payload space (what it did before) finds a tau that moves the server less
+    from app.adaptive_attacks import adaptive_alie
+
+    naive, _ = adaptive_alie(honest, 2, rule_simulator(agg, 1, 2, honest.mean(axis=0)))
+    assert server_deviation(sent) > server_deviation(naive)
+    assert harness.model_space_lift(updates) is not None and flatten(updates.lift(y[0].astype(np.float32))).shape == (17,)

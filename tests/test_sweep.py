@@ -74,6 +74,20 @@ def test_failed_job_is_recorded_and_resume_skips_completed_jobs(tmp_path: Path, 
     assert len(calls) == n + 1
 
 
+def test_results_written_by_another_version_keep_their_columns(tmp_path: Path) -> None:
+    """A results.csv whose header lacks an option added since (or holds one removed) is rewritten
+    under the union of the headers before the row is appended: before, the new row's values
+    landed under the old header's names, shifted by one column from the new option on."""
+    path = tmp_path / "results.csv"
+    old = sweep.ResultsFile(path)
+    old.fields = [f for f in old.fields if f != "seed"] + ["retired-option"]
+    old.append({"job": "a", "status": "completed", "test_error": 0.25, "lr": 0.1, "retired-option": "x"})
+    sweep.ResultsFile(path).append({"job": "b", "status": "completed", "test_error": 0.5, "lr": 0.3, "seed": 7})
+    rows = sweep.ResultsFile(path).rows()
+    assert [(r["job"], r["test_error"], r["lr"], r["seed"], r["retired-option"]) for r in rows] == [
+        ("a", "0.25", "0.1", "", "x"), ("b", "0.5", "0.3", "7", "")]
+
+
 def test_report_tables_and_plots(tmp_path: Path) -> None:
     pytest.importorskip("pandas", reason="app.report needs pandas (pyproject dependency; pip install pandas)")
     fields = sweep.ResultsFile(tmp_path / "results.csv")
