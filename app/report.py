@@ -41,7 +41,8 @@ from app.report_cells import (AXIS_ORDER, PERCENT_METRICS, Layout, _number, _unh
                               cell_stats, context_line, curves, default_target, effective_settings, grid_table, label,
                               layout, load_rows, reach_stats, reach_text, stats_text, tuned_keys, value_text)
 from app.report_plots import plot_metric, plot_traffic
-from app.report_robust import REFUSED, latest_per_job, plot_accuracy_vs_epsilon, robust_markdown  # noqa: F401 (REFUSED)
+from app.report_robust import (  # noqa: F401 (REFUSED)
+    REFUSED, latest_per_job, plot_accuracy_heatmap, plot_accuracy_vs_epsilon, robust_markdown)
 from app.run_health import FINISHED
 
 
@@ -176,8 +177,9 @@ def main(argv: list[str] | None = None) -> None:
         md = robust_markdown(rows)
         (args.sweep_dir / "results.md").write_text(md + "\n")
         plot_accuracy_vs_epsilon(rows, args.sweep_dir / "accuracy_vs_epsilon.png")
+        plot_accuracy_heatmap(rows, args.sweep_dir / "accuracy_heatmap.png")
         print(md)
-        print(f"[report] wrote results.md, accuracy_vs_epsilon.png in {args.sweep_dir}")
+        print(f"[report] wrote results.md, accuracy_vs_epsilon.png, accuracy_heatmap.png in {args.sweep_dir}")
         return
     rep = GridReport.build(rows, args.sweep_dir, x=args.x, series=args.series, facets=args.facet,
                            metric=args.metric, target=args.target)

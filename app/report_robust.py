@@ -16,8 +16,8 @@ from app.run_health import FINISHED, UNHEALTHY
 # -- Byzantine-robust sweeps (experiment=private-robust) -------------------------------------
 #: the table's name of each rule: (aggregator, gradbant.noise-aware) -> label
 RULE_LABELS = {("gradbant", True): "Grad-BANT noise-aware", ("gradbant", False): "Grad-BANT (paper)",
-               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("trimmed-mean", False): "trimmed mean",
-               ("krum", False): "Krum", ("median", False): "median", ("smea", False): "SMEA",
+               ("fltrust", False): "FLTrust", ("mean", False): "mean", ("krum", False): "Krum",
+               ("median", False): "median", ("trimmed-mean", False): "trimmed mean", ("smea", False): "SMEA",
                ("robajol", False): "RobAJoL"}
 #: rules whose sweeps state f once for every attack (conf/rule/*.yaml): their label shows it
 STATED_F_RULES = ("smea",)
@@ -32,19 +32,19 @@ def _true(text: str | None) -> bool:
 
 def rule_of(row: dict[str, str]) -> str:
     """The rule's label: pre-aggregators first (``NNM∘Krum``, the issue's notation: NNM, then Krum),
-    and the f the operator stated when a row states one (``(f=3)``)."""
+    the f the operator stated when a row states one (``(f=3)``), and RobAJoL for a rule run on the
+    sketches (``RobAJoL (NNM∘trimmed mean on y, f=4)``)."""
     agg = row.get("aggregator", "")
     label = RULE_LABELS.get((agg, _true(row.get("gradbant.noise-aware")) and agg == "gradbant"), agg)
     pre = [PRE_LABELS.get(p.strip(), p.strip()) for p in str(row.get("pre-aggregators") or "").split(",")
            if p.strip() and p.strip().lower() != "nan"]
     if pre:
         label = "∘".join([*pre, label])
-    if str(row.get("aggregation-space") or "lifted") == "sketch":  # RobAJoL: the rule on the sketches
-        label = f"RobAJoL ({label} on y)"
     f = str(row.get("byzantine.f") or "").strip()
-    if (pre or agg in STATED_F_RULES) and f not in ("", "-1", "nan"):
-        label += f" (f={int(float(f))})"
-    return label
+    stated = f", f={int(float(f))}" if (pre or agg in STATED_F_RULES) and f not in ("", "-1", "nan") else ""
+    if str(row.get("aggregation-space") or "lifted") == "sketch":  # RobAJoL: the rule on the sketches
+        return f"RobAJoL ({label} on y{stated})"
+    return f"{label} ({stated[2:]})" if stated else label
 
 
 def attack_of(row: dict[str, str]) -> str:
@@ -177,4 +177,47 @@ def plot_accuracy_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
         fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(4, len(labels)))
     fig.tight_layout(rect=(0, 0.16 / nrows if handles else 0, 1, 1))
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_accuracy_heatmap(rows: list[dict[str, str]], path: Path) -> None:
+    """One panel per epsilon: rows = rule (and sketch), columns = attack, colour and text = the mean
+    final test accuracy over seeds (± their std); a refused cell says "refused", an empty one is
+    blank. The table of results.md as a picture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cells = robust_cells(rows)
+    eps_all = sorted({k[0] for k in cells}, key=lambda e: (not math.isinf(e), -e))
+    attacks = sorted({k[3] for k in cells}, key=_attack_order)
+    pairs = sorted({(k[1], k[2]) for k in cells}, key=lambda p: (_rule_order(p[0]), p[1] != "none", p[1]))
+    sketches = {p[1] for p in pairs}
+    labels = [rule if len(sketches) == 1 else f"{rule} + {sketch}" for rule, sketch in pairs]
+    fig, axes = plt.subplots(1, len(eps_all), figsize=(1.25 * len(attacks) * len(eps_all) + 3.2, 0.42 * len(pairs) + 1.6),
+                             squeeze=False, sharey=True)
+    image = None
+    for ax, eps in zip(axes.flat, eps_all):
+        grid = np.full((len(pairs), len(attacks)), np.nan)
+        for i, (rule, sketch) in enumerate(pairs):
+            for j, attack in enumerate(attacks):
+                cell = cells.get((eps, rule, sketch, attack))
+                if cell is None:
+                    continue
+                if cell["acc"]:
+                    m, s = _mean_std(cell["acc"])
+                    grid[i, j] = m
+                    ax.text(j, i, f"{m:.1%}\n±{s:.1%}", ha="center", va="center", fontsize=6.5,
+                            color="white" if m < 0.45 else "black")
+                elif cell["refused"]:
+                    ax.text(j, i, "refused", ha="center", va="center", fontsize=6.5, color="0.4")
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(pairs)), labels, fontsize=7)
+        ax.set_title("ε = ∞ (privacy off)" if math.isinf(eps) else f"ε = {eps:g} (each silo)", fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes.flat), fraction=0.02, pad=0.01, label="test accuracy")
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)

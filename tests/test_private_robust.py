@@ -200,7 +200,31 @@ def test_report_tables_from_a_hand_made_results_csv(tmp_path: Path) -> None:
     # the rows are in the rule order of the issue
     assert eps8.index("Grad-BANT noise-aware") < eps8.index("Grad-BANT (paper)") < eps8.index("| mean") < eps8.index("trimmed")
     assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 1000
+    assert (tmp_path / "accuracy_heatmap.png").stat().st_size > 1000
     assert not (tmp_path / "error_vs_epsilon.png").exists()
+
+
+def test_robust_report_labels_pre_aggregated_rules_robajol_and_the_stated_f(tmp_path: Path):
+    """A row's label: the pre-aggregators first (the issue's NNM∘Krum), the f its preset stated,
+    RobAJoL for a rule run on the sketches; in the issue's row order."""
+    from app import report, sweep
+
+    results = sweep.ResultsFile(tmp_path / "results.csv")
+    specs = [("smea", "", "4", "lifted"), ("trimmed-mean", "nnm", "4", "sketch"), ("krum", "nnm", "3", "lifted"),
+             ("median", "bucketing", "2", "lifted"), ("trimmed-mean", "arc", "4", "lifted"), ("fltrust", "", "-1", "lifted")]
+    for n, (agg, pre, f, space) in enumerate(specs):
+        results.append({"job": f"j{n}", "status": "completed", "algorithm": "robust", "aggregator": agg,
+                        "pre-aggregators": pre, "byzantine.f": f, "aggregation-space": space,
+                        "gradbant.noise-aware": "false", "privacy.mode": "off", "attack.kind": "mimic",
+                        "attack.fraction": 0.4, "sketch.kind": "srht", "seed": 0, "test_accuracy": 0.5 + n / 100,
+                        "test_error": 0.5 - n / 100})
+    report.main([str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    labels = ["FLTrust", "NNM∘Krum (f=3)", "Bucketing∘median (f=2)", "ARC∘trimmed mean (f=4)", "SMEA (f=4)",
+              "RobAJoL (NNM∘trimmed mean on y, f=4)"]
+    where = [md.index(f"| {label} | srht | 5") for label in labels]
+    assert where == sorted(where)
+    assert (tmp_path / "accuracy_heatmap.png").stat().st_size > 1000
 
 
 def test_a_robust_cell_counts_its_unhealthy_seeds(tmp_path: Path) -> None:
