@@ -37,8 +37,10 @@ def test_every_group_option_composes_into_a_valid_run_config(group: str) -> None
         if group == "+aggregator" and option not in ("gradbant", "mean", "fltrust"):
             extra += ["attack.fraction=0.2", "num-silos=5"]  # Krum needs num-silos > 2f + 2
             extra += ["silos-per-round=5", "byzantine.f=1"]  # no attack: the rule is told f
-        if group == "+rule":
-            extra += ["byzantine.f=0"] + (["sketch=srht"] if option == "robajol" else [])  # RobAJoL: a JL sketch
+        if group == "+rule":  # 10 silos (Krum with f = 3 needs n > 8); f = 0 unless the preset states one
+            states_f = "byzantine:" in (CONF / "rule" / f"{option}.yaml").read_text()
+            extra += ["num-silos=10", "silos-per-round=10"] + ([] if states_f else ["byzantine.f=0"])
+            extra += ["sketch=srht"] if option == "robajol" else []  # RobAJoL: a JL sketch
         flat = composed(f"{group}={option}", *extra)
         assert set(flat) == set(SCHEMA), (group, option)
         s = parse_settings(flat)
