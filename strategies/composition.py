@@ -105,7 +105,16 @@ def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np
     """``agg.rule_aggregate`` on the chain's rows; the rule's row weights mapped to silos (w @ M).
     With bucketing the rows are buckets: Grad-BANT is refused there, other rules ignore ``idx``."""
     s = agg.s
-    mixed = apply_chain(lifted, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round))
+    try:
+        mixed = apply_chain(lifted, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round))
+    except ValueError as exc:  # e.g. NNM with f >= the rows left this round: as the rule itself, skip
+        from logging import WARNING
+
+        from flwr.common import log
+
+        log(WARNING, "round %d: pre-aggregators %s: %s; the model is unchanged this round", server_round,
+            ",".join(s.robust.pre), exc)
+        return None, np.zeros(len(lifted))
     rows_idx = idx if len(mixed.rows) == len(idx) else np.arange(len(mixed.rows))
     direction, weights = agg.rule_aggregate(mixed.rows, rows_idx, w, server_round, f, ex)
     return direction, np.asarray(weights, dtype=np.float64) @ mixed.mix

@@ -176,3 +176,23 @@ def test_every_kind_of_rule_composes_and_meets_the_adaptive_attacks(tmp_path: Pa
     assert summary["status"] == "completed" and len(rows) == 2
     assert all(("attack_scale" in r) == (attack != "mimic") for r in rows)
     assert all(sum(r["silo_weights"].values()) <= 1.0 + 1e-9 for r in rows)
+
+
+def test_a_round_with_fewer_rows_than_the_chain_needs_keeps_the_model():
+    """NNM with f = 3 over a round where only 3 replies were valid (the others dropped): the model
+    stays this round, as when the rule itself cannot run (before: NNM's ValueError ended the run)."""
+    from app.algorithms import Phase
+    from app.config import parse_settings
+    from strategies.exchange import Exchange
+    from strategies.gradbant import RobustAggregator
+    from strategies.replies import NodeRoster, Updates
+
+    layout = {"w": (2, 3)}
+    s = parse_settings({"algorithm": "robust", "aggregator": "krum", "pre-aggregators": "nnm", "byzantine.f": 3,
+                        "num-silos": 10, "silos-per-round": 10, "privacy.mode": "off", "model": "logistic"})
+    agg = RobustAggregator(s, layout, NodeRoster())
+    rows = np.random.default_rng(0).normal(size=(3, 6))
+    updates = Updates(nodes=[11, 12, 13], updates=[{"w": r.reshape(2, 3)} for r in rows],
+                      messages={n: r.astype(np.float32) for n, r in zip([11, 12, 13], rows)})
+    direction, row = agg.combine_flat(1, Exchange(Phase.GRAD, {"w": np.zeros((2, 3), dtype=np.float32)}), updates)
+    assert direction is None and all(v == 0 for v in row["silo_weights"].values())
