@@ -181,7 +181,7 @@ def plot_accuracy_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
 
 
 def plot_accuracy_heatmap(rows: list[dict[str, str]], path: Path) -> None:
-    """One panel per epsilon: rows = rule (and sketch), columns = attack, colour and text = the mean
+    """One panel per epsilon, stacked: rows = rule (and sketch), columns = attack, colour and text = the mean
     final test accuracy over seeds (± their std); a refused cell says "refused", an empty one is
     blank. The table of results.md as a picture."""
     import matplotlib
@@ -196,8 +196,8 @@ def plot_accuracy_heatmap(rows: list[dict[str, str]], path: Path) -> None:
     pairs = sorted({(k[1], k[2]) for k in cells}, key=lambda p: (_rule_order(p[0]), p[1] != "none", p[1]))
     sketches = {p[1] for p in pairs}
     labels = [rule if len(sketches) == 1 else f"{rule} + {sketch}" for rule, sketch in pairs]
-    fig, axes = plt.subplots(1, len(eps_all), figsize=(1.25 * len(attacks) * len(eps_all) + 3.2, 0.42 * len(pairs) + 1.6),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(len(eps_all), 1, figsize=(1.05 * len(attacks) + 3.6, (0.36 * len(pairs) + 0.9) * len(eps_all)),
+                             squeeze=False, sharex=True)
     image = None
     for ax, eps in zip(axes.flat, eps_all):
         grid = np.full((len(pairs), len(attacks)), np.nan)
@@ -215,6 +215,7 @@ def plot_accuracy_heatmap(rows: list[dict[str, str]], path: Path) -> None:
                     ax.text(j, i, "refused", ha="center", va="center", fontsize=6.5, color="0.4")
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right", fontsize=7)
+        ax.tick_params(axis="x", labelbottom=ax is axes.flat[-1])
         ax.set_yticks(range(len(pairs)), labels, fontsize=7)
         ax.set_title("ε = ∞ (privacy off)" if math.isinf(eps) else f"ε = {eps:g} (each silo)", fontsize=9)
     if image is not None:
