@@ -150,7 +150,14 @@ def test_server_device_cpu_reproduces_the_golden_run(tmp_path: Path) -> None:
     tests/golden before server-device existed: bit-identical with server-device = "cpu"."""
     golden = json.loads((GOLDEN / "gradbant-sign-flip-srht.json").read_text())
     summary, rows, _ = run(tmp_path, {"num-rounds": 4, "seed": 3, "server-device": "cpu", "standardize": "pooled"} | golden["config"])
-    assert [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads(json.dumps(rows))] == golden["rounds"]
+    got = [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads(json.dumps(rows))]
+    from tests.test_golden import _close, platform_signature
+
+    if golden.get("platform") != platform_signature():  # recorded on another machine: test_golden's tolerance
+        _close(got, golden["rounds"], "rounds")
+        _close(summary["test_error"], golden["summary"]["test_error"], "test_error")
+        return
+    assert got == golden["rounds"]
     assert summary["test_error"] == golden["summary"]["test_error"]
 
 
