@@ -33,8 +33,6 @@ from app.attacks import alie
 
 #: the adaptive attacks this module implements (registered in app/attacks.py ATTACKS)
 ADAPTIVE_ATTACKS = ("alie-adaptive", "ipm-adaptive", "mimic")
-#: the default warm-up T0 of the learning Mimic, in exchanges (attack.mimic-warmup)
-MIMIC_WARMUP = 5
 
 
 def optimal_scale(effect: Callable[[float], float], *, start: float = 0.0, delta: float = 10.0,
@@ -180,5 +178,5 @@ def mimic_learning(state: MimicState, honest: np.ndarray, ids: Sequence[int], wa
     return target, replace(state, t=t + 1, mu=mu, z=z, target=target)
 
 
-__all__ = ["ADAPTIVE_ATTACKS", "MIMIC_WARMUP", "MimicState", "adaptive_alie", "adaptive_ipm", "attack_effect", "mimic",
+__all__ = ["ADAPTIVE_ATTACKS", "MimicState", "adaptive_alie", "adaptive_ipm", "attack_effect", "mimic",
            "mimic_learning", "optimal_scale"]

@@ -52,9 +52,9 @@ class ResultsFile:
             new = not self.path.exists()
             if not new:
                 with self.path.open(newline="") as fh:
-                    reader = csv.DictReader(fh)
-                    header, old = list(reader.fieldnames or []), list(reader)
-                if header != self.fields:
+                    header = next(csv.reader(fh), [])
+                if header != self.fields:  # the whole file is read (and rewritten) only then
+                    old = self.rows()
                     fields = self.fields + [f for f in header if f not in self.fields]
                     with self.path.open("w", newline="") as fh:
                         writer = csv.DictWriter(fh, fieldnames=fields, restval="")

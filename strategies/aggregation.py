@@ -362,7 +362,6 @@ def smea(updates: np.ndarray, f: int) -> Aggregate:
     u = _check_updates(updates)
     n = u.shape[0]
     fi = _check_honest_majority("smea", f, n)
-    check_smea_size(n, fi)
     if fi == 0:
         return Aggregate(u.mean(axis=0), np.full(n, 1.0 / n))
     subsets, lam = smea_max_eigenvalues(u, fi)

@@ -95,11 +95,11 @@ def adaptive_message(s: Settings, honest: np.ndarray, f: int,
     ``lift`` (a sketched round aggregated in the model space): the rule reads S^T y, so the search
     compares its output with the lifted honest mean S^T mean(y) (``rule`` is built with ``lift``)."""
     f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
-    reference = None if lift is None else np.asarray(lift(honest.mean(axis=0)), dtype=np.float64)
-    mean = honest.mean(axis=0) if reference is None else reference
-    agg = rule(f_rule, mean) if rule is not None else (lambda rows: rows.mean(axis=0))
+    reference = None if lift is None else lift(honest.mean(axis=0))  # S^T mean(y): what the rule's output is near
+    agg = rule(f_rule, honest.mean(axis=0) if reference is None else reference) if rule is not None \
+        else (lambda rows: rows.mean(axis=0))
     attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
-    vector, tau = attack(honest, f, agg, None if rule is None else reference)
+    vector, tau = attack(honest, f, agg, reference)
     log(DEBUG, "%s: tau* = %.4g against the rule in use", s.attack.kind, tau)
     if report is not None:
         report["attack_scale"] = float(tau)
@@ -201,11 +201,12 @@ class Attacked:
         """y -> S_t^T y flattened, when the round is sketched and the rule runs on the lifts
         (``aggregation-space = lifted``): what the adaptive attacks must aim at; else None."""
         if (self.s.attack.kind not in ("alie-adaptive", "ipm-adaptive") or self.s.sketch.kind == "none"
-                or self.s.robust.space != "lifted" or updates.lift is None):
+                or self.s.robust.space != "lifted" or updates.lift is None
+                or getattr(self.inner, "impl", None) is None):  # the mean: no rule to simulate
             return None
-        from strategies.replies import flatten
+        from strategies.gradbant import lift_flat
 
-        return lambda y: flatten(updates.lift(np.asarray(y, dtype=np.float32))).astype(np.float64)
+        return lambda y: lift_flat(updates, y)
 
     def simulated_rule(self, rnd: int, ex: Any,
                        lift: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable[[int, np.ndarray], Any] | None:

@@ -96,9 +96,42 @@ def test_learning_mimic_refuses_bad_input():
     assert target in (1, 2) and np.all(np.isfinite(state.z))
 
 
-def test_mimic_through_the_server_copies_one_honest_silo(tmp_path):
-    """The real ServerApp and harness (digits, no DP): every Byzantine row carries exactly one honest
-    silo's weight pattern; the run completes and the harness's state survives a checkpoint dict."""
+def test_the_harness_sends_the_learned_silos_message_from_every_byzantine_silo():
+    """Attacked.attacked on one exchange of real (unsketched) replies: every Byzantine message
+    becomes the message of the honest silo mimic_learning picks, and that lift is what the rule sees."""
+    from types import SimpleNamespace
+
+    from app.config import parse_settings
+    from app.seeding import np_rng
+    from strategies.byzantine_harness import Attacked
+    from strategies.replies import ReplyReader, Updates, flatten
+
+    s = parse_settings({"algorithm": "robust", "aggregator": "mean", "num-silos": 6, "silos-per-round": 6,
+                        "privacy.mode": "off", "attack.kind": "mimic", "attack.fraction": 0.3,
+                        "attack.mimic-warmup": 2})
+    layout = {"w": (2, 3)}
+    reader = ReplyReader(layout, None, lambda msg, what: "")
+    rows = np.random.default_rng(5).normal(size=(6, 6)).astype(np.float32)
+    nodes = [31, 32, 33, 34, 35, 36]
+    messages = {n: r for n, r in zip(nodes, rows)}
+    updates = Updates(nodes=nodes, updates=[reader.lift(messages[n]) for n in nodes], messages=messages,
+                      metrics=[None] * 6, lift=reader.lift)
+    harness = Attacked(SimpleNamespace(name="mean"))
+    harness.s, harness.byzantine_nodes = s, {31, 34}
+    expected, _ = mimic_learning(MimicState(), rows[[1, 2, 4, 5]].astype(np.float64), [32, 33, 35, 36], 2,
+                                 np_rng(s.seed, "mimic-z", 1))
+    out = harness.attacked(1, updates)
+    assert expected not in (31, 34) and harness.mimic.target == expected
+    for node in (31, 34):
+        np.testing.assert_array_equal(out.messages[node], messages[expected])
+        np.testing.assert_array_equal(flatten(out.updates[nodes.index(node)]), messages[expected])
+    for node in (32, 33, 35, 36):
+        np.testing.assert_array_equal(out.messages[node], messages[node])
+
+
+def test_mimic_through_the_server_runs_to_its_end(tmp_path):
+    """The real ServerApp and harness (digits, no DP, trimmed mean told f = 3): a Mimic run with its
+    warm-up completes, the 3 Byzantine silos answering every round."""
     from tests.helpers import run
 
     cfg = {"algorithm": "robust", "aggregator": "trimmed-mean", "dataset": "digits", "partition": "iid",
