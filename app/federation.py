@@ -103,6 +103,9 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     if warm:
         keep_engine_warm()
     fast_poll(fast_poll_setting(fast))
+    from app.data.schema import with_inline_schema
+
+    run_config = with_inline_schema(run_config)  # the silos read the schema's text, never a path
     s = parse_settings(run_config)
     out = Path(s.outputs_dir) / s.run_name
     for name in ("summary.json", "rounds.jsonl"):

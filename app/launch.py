@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     from app.results import run_name  # light: not the ServerApp (torch)
 
     name = settings.run_name if args.resume else run_name(settings, secrets.randbelow(100_000))
+    if settings.data_schema:  # the silos read the schema's text, never a path the run names (app/refusal.py)
+        from app.data.schema import with_inline_schema
+
+        cfg = with_inline_schema(cfg)
     overrides = {k: v for k, v in cfg.items() if k in parse_config_overrides(args.run_config)}
     overrides |= {"outputs-dir": str(outputs), "run-name": name}
     run_config = " ".join(f"{k}={toml_value(v)}" for k, v in overrides.items())

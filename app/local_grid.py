@@ -83,6 +83,9 @@ def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = N
 
     import app.server_app as server_app
 
+    from app.data.schema import with_inline_schema
+
+    run_config = with_inline_schema(run_config)  # as the launcher sends it: the silos never open a path
     run_id = next(_RUN_IDS) if run_id is None else run_id  # a new run id per run, as Flower gives
     grid = InProcessGrid(run_config, simulation_nodes(run_config), state_dir, run_id=run_id, hook=hook,
                          node_config=node_config, client=client)

@@ -38,14 +38,13 @@ from typing import Any
 
 from flwr.app import Context, MessageType, RecordDict
 
-from app import wire
+from app import refusal, wire
 from app.admission import Rejection, check_shuffle_request
 from app.config import Settings, parse_settings
 from app.data.federated import SiloData, build_federated_data
-from app.data.schema import SchemaError
-from app.data.sources import DataUnavailableError
+from app.data.schema import DataSchema, SchemaError, inline_schema, load_schema
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
-from app.privacy.ledger import LedgerError
+from app.privacy.ledger import BudgetExceededError, LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
@@ -157,8 +156,12 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             del _SILOS[old]
         try:
             data, num_classes, feature_shape = silo_records(s, node, index, deployed)
-        except (SchemaError, DataUnavailableError) as exc:  # before any ledger: nothing is spent, one line says why
-            _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_CONFIG)
+        except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
+            _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_POLICY)
+            return _SILOS[key]
+        except Exception as exc:  # noqa: BLE001 - before any ledger: nothing is spent; the server learns only
+            # that the records cannot be used (a fixed text), the detail goes to this node's log (app/refusal.py)
+            _SILOS[key] = RefusingSilo(index, refusal.data_reason(index, exc), wire.REFUSED_DATA)
             return _SILOS[key]
         n = data.n
         if s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
@@ -191,8 +194,33 @@ def silo(context: Context, deployed: bool = False) -> Silo:
                                trust_silo_sampling=policy.shuffle_trust_silo_sampling,
                                ledger_mark_dir=node.get("ledger-mark-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
-            _SILOS[key] = RefusingSilo(index, str(exc))
+            _SILOS[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
+        except BudgetExceededError as exc:  # the pre-processing release did not fit: ledger totals only
+            _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_BUDGET)
+        except Exception as exc:  # noqa: BLE001 - a silo that cannot be built refuses; its detail stays here
+            _SILOS[key] = RefusingSilo(index, refusal.internal_reason(index, exc), wire.REFUSED_INTERNAL)
     return _SILOS[key]
+
+
+class SchemaPinError(ValueError):
+    """The run's data.schema is not the one this node's operator pinned (node config data-schema)."""
+
+
+def silo_schema(s: Settings, node: Mapping[str, Any]) -> DataSchema:
+    """The schema this silo checks its own records against: the run's ``data.schema``, read only
+    as inline JSON (a silo never opens a path the server names; the launcher inlines a file),
+    and, when the node config pins one (``data-schema``, a file of the node's operator), equal
+    to it (SchemaPinError otherwise: a refusal that depends on no record)."""
+    if not s.data_schema:
+        raise SchemaError("a silo's own data-file needs the run's data.schema (the schema it must match)")
+    run = inline_schema(s.data_schema)
+    pinned = str(node.get("data-schema", "") or "")
+    if pinned:
+        own = load_schema(pinned)  # the operator's own file, on this node
+        if own != run:
+            raise SchemaPinError("the run's data.schema is not the schema this node's operator pinned (node config "
+                                 "data-schema); the silo trains only against its own schema")
+    return run
 
 
 def silo_records(s: Settings, node: Mapping[str, Any], index: int,
@@ -203,14 +231,19 @@ def silo_records(s: Settings, node: Mapping[str, Any], index: int,
     only its own file, never one the run config names. SchemaError / DataUnavailableError: one line."""
     own_file = str(node.get("data-file", "") or "")
     if own_file:
-        from app.data.own_data import own_silo_data, run_schema
+        from app.data.own_data import own_silo_data
 
-        schema = run_schema(s)
-        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index)
+        schema = silo_schema(s, node)
+        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index, schema=schema)
         return data, schema.num_classes, schema.feature_shape
     if s.data_schema and deployed:
         raise SchemaError("this run trains on the silos' own records (data.schema) and this node config names no "
                           "data-file; set data-file=<path of this silo's records> (docs/your-data.md)")
+    if deployed:  # a deployed silo opens no path the run config names: its data-dir is its own
+        if s.data_simulation_file:
+            raise SchemaError("data.simulation-file names a file on the server's side; a deployed silo reads only "
+                              "its own records (node config data-file)")
+        s = replace(s, data_dir=str(node.get("data-dir", "") or ""))  # "": the source's default place
     fed = build_federated_data(s)
     return fed.silos[index], fed.num_classes, fed.feature_shape
 
@@ -228,7 +261,8 @@ def _silo_answer(method: str, not_here: str, content: RecordDict, context: Conte
     except wire.ReplyError as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
     except LedgerError as exc:  # the ledger stopped matching its mark while serving: release nothing
-        return wire.Refusal(wire.REFUSED_LEDGER, str(exc), math.nan).encode()
+        return wire.Refusal(wire.REFUSED_LEDGER, refusal.ledger_reason(getattr(node_silo, "index", "?"), exc),
+                            math.nan).encode()
 
 
 def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
@@ -252,7 +286,8 @@ def ledger(content: RecordDict, context: Context, deployed: bool = False) -> Rec
             report["ledger_adoptions"] = [{k: a.get(k) for k in keep} for a in adopted]
         return wire.ledger_reply(report)
     except LedgerError as exc:
-        return wire.ledger_reply({"silo": int(context.node_config["partition-id"]), "error": str(exc)})
+        index = int(context.node_config["partition-id"])
+        return wire.ledger_reply({"silo": index, "error": refusal.ledger_reason(index, exc)})
 
 
 def keys(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
@@ -320,4 +355,8 @@ def handle(message_type: str, content: RecordDict, context: Context, *, deployed
         fn = HANDLERS[message_type]
     except KeyError:
         raise ValueError(f"unknown message type {message_type!r}; known: {', '.join(HANDLERS)}") from None
-    return fn(content, context, deployed)
+    try:
+        return fn(content, context, deployed)
+    except Exception as exc:  # noqa: BLE001 - never a crash whose text reaches the server (app/refusal.py)
+        index = context.node_config.get("partition-id", "?")
+        return wire.Refusal(wire.REFUSED_INTERNAL, refusal.internal_reason(index, exc), math.nan).encode()

@@ -46,6 +46,12 @@ REFUSED_POLICY = "silo-policy"
 REFUSED_LEDGER = "ledger-unusable"
 #: the silo's update came out non-finite (the model and step size sent made it overflow)
 REFUSED_NON_FINITE = "non-finite"
+#: the silo's own records cannot be used for this run (schema, format, limits): the reason is
+#: always the same text (app/refusal.py); the detail stays in the node's log
+REFUSED_DATA = "data-unusable"
+#: the silo failed while handling the request: the reason is always the same text; the
+#: server counts it as a ClientApp failure (fail-on-client-error)
+REFUSED_INTERNAL = "silo-error"
 
 Layout = Mapping[str, tuple[int, ...]]
 

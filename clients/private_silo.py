@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-from app import wire
+from app import refusal, wire
 from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms, sketch_error
 from app.algorithms import Phase
 from app.config import SCHEMA, ConfigError, Settings, parse_settings
@@ -53,6 +53,9 @@ from clients.silo import RefusingSilo, Silo
 
 #: node-config key (PrivateSilo's policy): the algorithms this silo releases for, comma-separated
 ALGORITHMS_KEY = "algorithms"
+#: the one reason a PrivateSilo gives when its plan cannot be built on its records (detail: its log)
+PLAN_REASON = ("this silo's plan (batch size, rounds, clip, algorithm) cannot be applied to its records; the detail "
+               "is in the node's log")
 
 Records = tuple  # (x, y) or (x, y, test_x, test_y): float features, int64 labels
 RecordSource = Records | Callable[[Context], Records]
@@ -96,9 +99,19 @@ class PrivateSilo:
 
     # -- the run's silo ---------------------------------------------------------------------
     def node_policy(self, context: Context) -> NodePolicy:
-        """The node's policy: its config with ``policy`` over it (PolicyError when malformed)."""
+        """The node's policy: its config with ``policy`` over it (PolicyError when malformed),
+        on the safe side wherever the constructor's ``policy`` does not say otherwise: noise and
+        batches from the OS CSPRNG (``noise-seed = "run"`` only when ``policy`` says so), and no
+        open evaluation (exact statistics and the training gradient, outside the guarantee)
+        unless ``policy`` says ``evaluation = "open"``: a node config alone, or a simulation's
+        defaults, never opens it."""
         node = dict(context.node_config) | self.policy_keys
-        return node_policy({k: v for k, v in node.items() if k != ALGORITHMS_KEY}, deployed=self._deployed())
+        policy = node_policy({k: v for k, v in node.items() if k != ALGORITHMS_KEY}, deployed=self._deployed())
+        if policy.noise_seed is None:  # a simulation without caps: the run config would decide
+            policy = replace(policy, noise_seed="os")
+        if policy.evaluation == "open" and str(self.policy_keys.get("evaluation", "")) != "open":
+            policy = replace(policy, evaluation="off")
+        return policy
 
     def settings(self, context: Context, policy: NodePolicy) -> Settings:
         """The run's config with this silo's plan over it, as the silo applies it."""
@@ -121,7 +134,11 @@ class PrivateSilo:
         except (PolicyError, ConfigError) as exc:
             self._silos[key] = _Refusing(index, f"this silo cannot serve the run: {exc}", wire.REFUSED_POLICY)
             return self._silos[key]
-        data = self._data(context, index)
+        try:
+            data = self._data(context, index)
+        except Exception as exc:  # noqa: BLE001 - the user's records: the server learns only that they failed
+            self._silos[key] = _Refusing(index, refusal.data_reason(index, exc), wire.REFUSED_DATA)
+            return self._silos[key]
         where = self.state_dir or Path(str(context.node_config.get("state-dir") or _default_state_dir()))
         ledger_key = "node" if policy.ledger_scope == "node" else (s.ledger_run_key or f"run{context.run_id}")
         budget = None
@@ -139,10 +156,12 @@ class PrivateSilo:
                         evaluation_noise_ratio=policy.evaluation_noise_ratio, run_id=context.run_id,
                         ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
-            self._silos[key] = RefusingSilo(index, str(exc))
+            self._silos[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
             return self._silos[key]
-        except ValueError as exc:  # a plan that does not fit the records (e.g. K > n): say why, every time
-            self._silos[key] = _Refusing(index, f"this silo's plan does not fit its records: {exc}", wire.REFUSED_CONFIG)
+        except Exception as exc:  # noqa: BLE001 - e.g. a plan that does not fit the records (K > n): a fixed
+            # reason to the server, the detail in this node's log (app/refusal.py)
+            refusal.logged(index, f"{type(exc).__name__}: {exc}")
+            self._silos[key] = _Refusing(index, PLAN_REASON, wire.REFUSED_CONFIG)
             return self._silos[key]
         self._silos = {k: v for k, v in self._silos.items() if k[0] == context.run_id}  # old runs: drop
         self._silos[key] = silo
@@ -196,7 +215,8 @@ class PrivateSilo:
         try:
             return Message(wire.ledger_reply(silo.ledger_report()), reply_to=msg)
         except LedgerError as exc:
-            return Message(wire.ledger_reply({"silo": getattr(silo, "index", 0), "error": str(exc)}), reply_to=msg)
+            index = getattr(silo, "index", 0)
+            return Message(wire.ledger_reply({"silo": index, "error": refusal.ledger_reason(index, exc)}), reply_to=msg)
 
     def eps_spent(self, context: Context) -> float:
         silo = self.silo(context)
@@ -204,12 +224,15 @@ class PrivateSilo:
 
     def _answer(self, method: str, content: RecordDict, context: Context) -> RecordDict:
         silo = self.silo(context)
+        index = getattr(silo, "index", "?")
         try:
             return getattr(silo, method)(content)
         except wire.ReplyError as exc:
             return wire.Refusal(wire.REFUSED_CONFIG, str(exc), silo.ledger.spent()).encode()
         except LedgerError as exc:
-            return wire.Refusal(wire.REFUSED_LEDGER, str(exc), math.nan).encode()
+            return wire.Refusal(wire.REFUSED_LEDGER, refusal.ledger_reason(index, exc), math.nan).encode()
+        except Exception as exc:  # noqa: BLE001 - never a crash whose text reaches the server
+            return wire.Refusal(wire.REFUSED_INTERNAL, refusal.internal_reason(index, exc), math.nan).encode()
 
     # -- the policy mod ---------------------------------------------------------------------
     def policy_mod(self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
@@ -246,7 +269,7 @@ class PrivateSilo:
         try:
             spent = silo.ledger.spent()
         except LedgerError as exc:
-            return wire.Refusal(wire.REFUSED_LEDGER, str(exc), math.nan)
+            return wire.Refusal(wire.REFUSED_LEDGER, refusal.ledger_reason(silo.data.index, exc), math.nan)
         if silo.policy_violation:
             return wire.Refusal(wire.REFUSED_POLICY, silo.policy_violation, spent)
         ins = check_instruction(content, silo_terms(silo))

@@ -45,6 +45,7 @@ from flwr.app import RecordDict
 from flwr.common import log
 
 from app import wire
+from app.refusal import PublicError
 from app.admission import Rejection, check_instruction, silo_terms
 from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
 from app.config import Settings
@@ -219,7 +220,8 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
                     try:
                         self.ledger.record(pre_fixed, round_=0)
                     except BudgetExceededError as exc:
-                        raise ValueError(f"the pre-processing release (standardize = 'dp') was refused: {exc}") from None
+                        raise BudgetExceededError(f"the pre-processing release (standardize = 'dp') was refused: "
+                                                  f"{exc}") from None
                 calibration["preprocess_seed"] = self.preprocess_seed
             self.ledger.set_calibration(calibration)
         self.disjoint_kind = f"disjoint:{hashlib.sha256(str(self.block_seed).encode()).hexdigest()[:12]}"
@@ -401,5 +403,5 @@ def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device = 'cuda' but no CUDA device is available on this node")
+        raise PublicError("device = 'cuda' but no CUDA device is available on this node")
     return device

@@ -13,6 +13,7 @@ from flwr.app import Message
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from app import wire
 from app.seeding import np_rng
 from strategies.messaging import is_unavailable
 
@@ -100,7 +101,11 @@ class SiloNodes:
     def _client_error(self, msg: Message, what: str) -> str:
         """Record an error reply: a node that is gone is a dropped silo (logged), anything
         else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
-        reason = (msg.error.reason or "").strip().splitlines()
+        if msg.has_error():
+            reason = (msg.error.reason or "").strip().splitlines()
+        else:  # a silo-error refusal (app/refusal.py): the silo failed and said only that
+            found = wire.refusal_of(msg.content)
+            reason = [f"{found[0]}: {found[1]}"] if found else []
         short = reason[-1] if reason else f"error code {msg.error.code}"
         text = f"node {msg.metadata.src_node_id} ({what}): {short}"
         if is_unavailable(msg):

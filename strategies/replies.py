@@ -235,6 +235,9 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
             out.errors[node] = client_error(msg, "train")
             continue
         refusal = wire.Refusal.decode(msg.content)
+        if refusal is not None and refusal.code == wire.REFUSED_INTERNAL:  # the silo failed: a ClientApp failure
+            out.errors[node] = client_error(msg, "train")
+            continue
         if refusal is not None:
             out.refused[node] = f"{refusal.code}: {refusal.reason}"
             log(WARNING, "round %d: silo node %d refused: %s", server_round, node, out.refused[node])

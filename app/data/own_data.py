@@ -92,11 +92,12 @@ def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[
     return standardize_silos(None, [train_x], mode)[0], None
 
 
-def own_silo_data(s: "Settings", path: str, fmt: str, index: int) -> "SiloData":
+def own_silo_data(s: "Settings", path: str, fmt: str, index: int, schema: DataSchema | None = None) -> "SiloData":
     """Silo ``index``'s records from its own file: checked against the schema, split into train /
     test (``test-fraction``) and validation (``validation-fraction``) with the run seed, and
     pre-processed with its own training records. SchemaError (one line) for a file that does not
-    fit, or a run whose pre-processing needs records the silo does not have."""
+    fit, or a run whose pre-processing needs records the silo does not have. ``schema``: the one
+    the silo checked (app/node_runtime.py silo_schema); None: the run's."""
     import torch
 
     from app.data.federated import SiloData
@@ -104,7 +105,7 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int) -> "SiloData":
     if s.pca:
         raise SchemaError(f"pca = {s.pca} is fitted on every silo's pooled records, which a silo with its own "
                           "data-file does not hold; set pca = 0")
-    schema = run_schema(s)
+    schema = run_schema(s) if schema is None else schema
     x, y = read_records(path, schema, fmt)
     tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
     tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))

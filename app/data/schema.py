@@ -218,6 +218,47 @@ def load_schema(value: str) -> DataSchema:
     return _load_schema(text, stamp)
 
 
+def is_inline(value: str) -> bool:
+    """Whether ``data.schema``'s value is the JSON text itself (not a path)."""
+    return value.strip().startswith("{")
+
+
+def inline_schema(value: str) -> DataSchema:
+    """``data.schema`` as a silo reads it: inline JSON only. A silo never opens a path the run
+    config names (whether it exists, or parses, would answer the server); the launcher sends a
+    schema file's text (:func:`inlined`). SchemaError for a path or malformed JSON."""
+    if not is_inline(value):
+        raise SchemaError("data.schema reaches this silo as a path; a silo reads the schema only as inline JSON "
+                          "(python -m app.launch inlines a schema file before the run starts)")
+    return load_schema(value)
+
+
+def inlined(value: str) -> str:
+    """``data.schema``'s value as the inline JSON a silo reads (:func:`inline_schema`): a file
+    (read here, on the side that submits the run) becomes its document as compact JSON with
+    sorted keys; inline JSON is kept as it is. SchemaError when it cannot be read or is malformed."""
+    if not value.strip() or is_inline(value):
+        return value
+    load_schema(value)  # malformed: one line naming the file
+    path = schema_path(value.strip())
+    raw = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        doc = yaml.safe_load(raw)
+    else:
+        doc = json.loads(raw)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def with_inline_schema(run_config: dict[str, Any]) -> dict[str, Any]:
+    """``run_config`` with its ``data.schema`` :func:`inlined` (a copy; unchanged without one)."""
+    value = run_config.get("data.schema")
+    if not isinstance(value, str) or not value.strip() or is_inline(value):
+        return run_config
+    return run_config | {"data.schema": inlined(value)}
+
+
 @functools.lru_cache(maxsize=8)
 def _load_schema(text: str, _stamp: tuple[int, int] | None) -> DataSchema:
     if text.startswith("{"):

@@ -1,7 +1,10 @@
 """Which record-level amplification a shuffle-DP silo claims (``shuffle.amplification``).
 
-``none`` and ``sampling`` are taken as set. ``auto`` (the default) resolves, per silo, to
-``sampling`` only where amplification by the silo's batch sampling is real and safe to claim:
+Amplification is the silo's own conclusion from where its batch randomness comes from, never a
+request: the run config (written by the server's side) can ask for ``none`` (always granted:
+less is claimed) or ``sampling`` (granted only where the batches are secret, below; otherwise the
+silo claims ``none`` and says why). ``auto`` (the default) resolves, per silo, to ``sampling``
+only where amplification by the silo's batch sampling is real and safe to claim:
 
 * the batch is secret from the server: the silo draws it from the OS CSPRNG
   (``privacy.noise-seed = "os"``, a deployed node's default). With ``"run"`` (simulations) the
@@ -24,11 +27,14 @@ def resolve_amplification(setting: str, noise_seed: str, count_on: int) -> tuple
     ``privacy.noise-seed`` and its effective count-on (``shuffle.count-on``, or silos-per-round when 0)."""
     if setting not in AMPLIFICATION_SETTINGS:
         raise ValueError(f"shuffle.amplification must be one of {AMPLIFICATION_SETTINGS}, got {setting!r}")
-    if setting != "auto":
-        return setting, f"shuffle.amplification = {setting} (set in the run config)"
-    if noise_seed != "os":
-        return "none", (f"auto: none, the batches are drawn from the run seed (privacy.noise-seed = {noise_seed}), "
+    if setting == "none":
+        return "none", "shuffle.amplification = none (set in the run config)"
+    if noise_seed != "os":  # the server can recompute every batch: no sampling is hidden from it, whatever it asks
+        return "none", (f"{setting}: none, the batches are drawn from the run seed (privacy.noise-seed = {noise_seed}), "
                         "which the server knows, so their sampling is not secret")
+    if setting == "sampling":  # a request the silo grants only because its batches are secret
+        return "sampling", "shuffle.amplification = sampling (set in the run config); the batches are secret " \
+                           "(privacy.noise-seed = os)"
     if count_on != 1:
         return "none", (f"auto: none, count-on is {count_on} (> 1): amplified requirements of silos of different "
                         "sizes differ too much for one sum")
