@@ -163,8 +163,13 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             # that the records cannot be used (a fixed text), the detail goes to this node's log (app/refusal.py)
             _SILOS[key] = RefusingSilo(index, refusal.data_reason(index, exc), wire.REFUSED_DATA)
             return _SILOS[key]
+        model_refused = model_violation(s.model, node, policy)
+        if model_refused:  # before the model is imported or built: the server names no code this node runs
+            _SILOS[key] = RefusingSilo(index, model_refused, wire.REFUSED_POLICY)
+            return _SILOS[key]
         n = data.n
-        if s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s):  # a Byzantine silo poisons its labels
+        if (s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s)
+                and not (deployed or policy.capped)):  # a simulated Byzantine silo poisons its labels; a real one never
             data = poison_labels(data, s, num_classes)
         ledger_budget = None
         if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
@@ -200,6 +205,27 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         except Exception as exc:  # noqa: BLE001 - a silo that cannot be built refuses; its detail stays here
             _SILOS[key] = RefusingSilo(index, refusal.internal_reason(index, exc), wire.REFUSED_INTERNAL)
     return _SILOS[key]
+
+
+#: node config: the import paths of models this node agrees to build (comma-separated)
+ALLOWED_MODELS_KEY = "allowed-models"
+
+
+def model_violation(model: str, node: Mapping[str, Any], policy: NodePolicy) -> str | None:
+    """Why this node refuses to build ``model`` (the run config's), or None. A zoo model or an
+    installed ``silofl.models`` entry point (the node's own packages) is built anywhere; an import
+    path (``package.module:Attr``, which the silo would import and call with the run's
+    model-kwargs: any callable of the node's environment) only in a simulation without caps, or
+    when the node's operator lists it in node config ``allowed-models``."""
+    from app.model_spec import is_import_path
+
+    if not is_import_path(model):
+        return None
+    allowed = {m.strip() for m in str(node.get(ALLOWED_MODELS_KEY, "") or "").split(",") if m.strip()}
+    if model in allowed or not (policy.deployed or policy.capped):
+        return None
+    return (f"model = {model!r} is an import path this node's operator did not allow (node config "
+            f"{ALLOWED_MODELS_KEY}); a deployed or capped silo imports and calls no code the run config names")
 
 
 class SchemaPinError(ValueError):

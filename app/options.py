@@ -130,6 +130,7 @@ def choice(choices: tuple[str, ...] | None = None, planned: tuple[str, ...] = ()
             raise ConfigError(f"{key} = {value!r} is not allowed; allowed: {', '.join(choices)}")
         return value
 
+    parse.hostile = tuple(choices) if choices is not None else HOSTILE_STRINGS  # type: ignore[attr-defined]
     return parse
 
 
@@ -153,7 +154,31 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
             raise ConfigError(f"{key} = {value!r} is out of range; allowed: {_range(lo, hi, lo_open, hi_open)}")
         return int(v) if integer else v
 
+    parse.hostile = _number_edges(lo, hi, lo_open, hi_open, integer, allow_inf)  # type: ignore[attr-defined]
     return parse
+
+
+#: what a hostile server may write into a free-form string key (tests/test_hostile_run_config.py)
+HOSTILE_STRINGS: tuple[str, ...] = ("", "/etc/hostname", "../../../../etc/passwd", "{}", "x" * 300)
+
+
+def _number_edges(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool, integer: bool,
+                  allow_inf: bool) -> tuple[Any, ...]:
+    """The values at the edges of a number option's range (both ends, the smallest step inside an
+    open end, a huge value for an unbounded end): what a hostile run config would try."""
+    step = 1 if integer else None
+    out: list[Any] = []
+    if lo is not None:
+        out.append(lo + step if lo_open and step else math.nextafter(lo, math.inf) if lo_open else lo)
+    else:
+        out.append(-(2**31 - 1) if integer else -1e12)
+    if hi is not None:
+        out.append(hi - step if hi_open and step else math.nextafter(hi, -math.inf) if hi_open else hi)
+    else:
+        out.append(2**31 - 1 if integer else 1e12)
+    if allow_inf:
+        out.append("inf")
+    return tuple(int(v) if integer and not isinstance(v, str) else v for v in dict.fromkeys(out))
 
 
 def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
@@ -174,6 +199,7 @@ def number_or_word(parse_number: Parser, word: str) -> Parser:
         except ConfigError as exc:
             raise ConfigError(f"{exc}, or {word!r}") from None
 
+    parse.hostile = (word, *getattr(parse_number, "hostile", ()))  # type: ignore[attr-defined]
     return parse
 
 
@@ -184,6 +210,9 @@ def boolean(key: str, value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise ConfigError(f"{key} = {value!r} must be true or false")
+
+
+boolean.hostile = (True, False)  # type: ignore[attr-defined]
 
 
 def int_list(lo: int, example: str, what: str) -> Parser:
@@ -201,4 +230,5 @@ def int_list(lo: int, example: str, what: str) -> Parser:
             raise ConfigError(f"{key} = {value!r} must be a comma-separated list of {what}")
         return out
 
+    parse.hostile = ("", str(lo), ",".join([str(max(lo, 4096))] * 3))  # type: ignore[attr-defined]
     return parse

@@ -27,8 +27,8 @@ DATA_REASON = ("this silo's records cannot be used for this run (they do not fit
                "operator can run `python -m app.data check` on the node (docs/your-data.md)")
 #: the one reason a silo gives when its ledger cannot be used (code ledger-unusable)
 LEDGER_REASON = ("this silo's privacy ledger cannot be used (unreadable, or it does not match its high-water mark "
-                 "or witness); it releases nothing until its operator repairs it. The detail is in the node's log "
-                 "(docs/deployment.md, the ledger)")
+                 "or witness); it releases nothing until its operator repairs it (python -m app.ledger verify on "
+                 "the node, docs/deployment.md). The detail is in the node's log")
 #: the one reason a silo gives when it failed while answering (code silo-error)
 INTERNAL_REASON = "this silo failed while answering; the detail is in the node's log"
 
