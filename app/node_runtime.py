@@ -40,7 +40,7 @@ from flwr.app import Context, MessageType, RecordDict
 
 from app import refusal, wire
 from app.admission import Rejection, check_shuffle_request
-from app.config import Settings, parse_settings
+from app.config import ConfigError, Settings, parse_settings
 from app.data.federated import SiloData, build_federated_data
 from app.data.schema import DataSchema, SchemaError, inline_schema, load_schema
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
@@ -383,6 +383,8 @@ def handle(message_type: str, content: RecordDict, context: Context, *, deployed
         raise ValueError(f"unknown message type {message_type!r}; known: {', '.join(HANDLERS)}") from None
     try:
         return fn(content, context, deployed)
+    except ConfigError as exc:  # the run config itself is malformed: its own one-line reason reads no record
+        return wire.Refusal(wire.REFUSED_CONFIG, str(exc), math.nan).encode()
     except Exception as exc:  # noqa: BLE001 - never a crash whose text reaches the server (app/refusal.py)
         index = context.node_config.get("partition-id", "?")
         return wire.Refusal(wire.REFUSED_INTERNAL, refusal.internal_reason(index, exc), math.nan).encode()
