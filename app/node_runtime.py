@@ -155,7 +155,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
             del _SILOS[old]
         try:
-            data, num_classes, feature_shape = silo_records(s, node, index, deployed)
+            data, num_classes, feature_shape = silo_records(s, node, index, deployed, deployed or policy.capped)
         except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
             _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_POLICY)
             return _SILOS[key]
@@ -232,15 +232,22 @@ class SchemaPinError(ValueError):
     """The run's data.schema is not the one this node's operator pinned (node config data-schema)."""
 
 
-def silo_schema(s: Settings, node: Mapping[str, Any]) -> DataSchema:
+def silo_schema(s: Settings, node: Mapping[str, Any], require_pin: bool = False) -> DataSchema:
     """The schema this silo checks its own records against: the run's ``data.schema``, read only
     as inline JSON (a silo never opens a path the server names; the launcher inlines a file),
     and, when the node config pins one (``data-schema``, a file of the node's operator), equal
-    to it (SchemaPinError otherwise: a refusal that depends on no record)."""
+    to it (SchemaPinError otherwise: a refusal that depends on no record). ``require_pin`` (a
+    deployed or capped node): without a pin the silo refuses, since a schema of the server's
+    choosing turns whether the silo refuses into one bit about its records per run (a class
+    list that leaves out one value refuses only if some record holds it)."""
     if not s.data_schema:
         raise SchemaError("a silo's own data-file needs the run's data.schema (the schema it must match)")
-    run = inline_schema(s.data_schema)
     pinned = str(node.get("data-schema", "") or "")
+    if require_pin and not pinned:
+        raise SchemaPinError("this node pins no data.schema (node config data-schema = <the schema file on this "
+                             "node>): a deployed or capped silo checks its own records only against its operator's "
+                             "schema, so a run cannot choose what a refusal says about them (docs/your-data.md)")
+    run = inline_schema(s.data_schema)
     if pinned:
         own = load_schema(pinned)  # the operator's own file, on this node
         if own != run:
@@ -249,17 +256,19 @@ def silo_schema(s: Settings, node: Mapping[str, Any]) -> DataSchema:
     return run
 
 
-def silo_records(s: Settings, node: Mapping[str, Any], index: int,
-                 deployed: bool) -> tuple[SiloData, int, tuple[int, ...]]:
+def silo_records(s: Settings, node: Mapping[str, Any], index: int, deployed: bool,
+                 require_pin: bool = False) -> tuple[SiloData, int, tuple[int, ...]]:
     """(this silo's records, number of classes, feature shape): from its own ``data-file`` (node
     config; ``data-format`` when the name does not tell), checked against the run's data.schema,
     or its part of the run's data set. A deployed silo of an own-data run (data.schema) reads
-    only its own file, never one the run config names. SchemaError / DataUnavailableError: one line."""
+    only its own file, never one the run config names; ``require_pin`` (a deployed or capped node):
+    only against the schema its node config pins (:func:`silo_schema`). SchemaError /
+    DataUnavailableError: one line."""
     own_file = str(node.get("data-file", "") or "")
     if own_file:
         from app.data.own_data import own_silo_data
 
-        schema = silo_schema(s, node)
+        schema = silo_schema(s, node, require_pin)
         data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index, schema=schema)
         return data, schema.num_classes, schema.feature_shape
     if s.data_schema and deployed:

@@ -138,16 +138,19 @@ def test_no_hostile_value_of_any_key_lets_a_silo_spend_more_than_it_records(tmp_
     for name, age0 in (("d", 30), ("dprime", 97)):
         files[name] = tmp_path / f"{name}.csv"
         records(age0).to_csv(files[name], index=False)
+    pin = tmp_path / "schema.json"  # the operator's own copy (node config data-schema)
+    pin.write_text(SCHEMA)
     base = merged_run_config([]) | BASE
     scenarios = [({key: value}, f"{key}={value!r}") for key, value in cases()]
     scenarios.append(({"model": "subprocess:call", "model-kwargs": json.dumps({"args": ["touch", str(marker)]})},
                       "model=subprocess:call with model-kwargs"))
     failures: list[str] = []
+    answered = 0
     for i, (over, label) in enumerate(scenarios):
         seen = {}
         for name, path in files.items():
             node = {"partition-id": 0, "num-partitions": 2, "data-file": str(path), "epsilon-cap": CAP,
-                    "state-dir": str(tmp_path / f"state-{name}-{i}")}
+                    "data-schema": str(pin), "state-dir": str(tmp_path / f"state-{name}-{i}")}
             refusals, released, silo = drive(base | over, node)
             seen[name] = (refusals, released)
             ledger = getattr(silo, "ledger", None)
@@ -163,6 +166,8 @@ def test_no_hostile_value_of_any_key_lets_a_silo_spend_more_than_it_records(tmp_
                     failures.append(f"{label}: amplification claimed with noise-seed {silo.s.privacy.noise_seed}")
         if seen["d"] != seen["dprime"]:
             failures.append(f"{label}: the refusals differ between files that differ in one record")
+        answered += sum(seen["d"][1])
+    assert answered >= len(scenarios), f"only {answered} releases answered: the base run must train"
     assert not marker.exists(), "a model named by the run config ran code on the silo"
     assert not failures, "\n".join(failures[:20])
 

@@ -46,7 +46,9 @@ def records(seed: int = 0, *, age0: int | None = None, id0: str | None = None) -
 
 
 class Node:
-    """One capped silo node answered by the real ClientApp, a new Flower run per ``ask``."""
+    """One silo node with its own file, answered by the real ClientApp, a new Flower run per
+    ``ask``. ``extra``: node config on top (None: a simulation's node, no cap, so the run's
+    data.schema is the one checked; ``CAPPED``: a capped node, which needs a pinned schema)."""
 
     run_ids = iter(range(5000, 10**6))
 
@@ -54,7 +56,7 @@ class Node:
         self.path = tmp / f"{name}.csv"
         df.to_csv(self.path, index=False)
         self.state = tmp / f"state-{name}"
-        self.node_config = {"partition-id": 0, "num-partitions": 2, "data-file": str(self.path), "epsilon-cap": 3.0,
+        self.node_config = {"partition-id": 0, "num-partitions": 2, "data-file": str(self.path),
                             "state-dir": str(self.state)} | (extra or {})
 
     def ask(self, run_config: dict[str, Any], content: RecordDict | None = None, run_id: int | None = None,
@@ -81,18 +83,26 @@ def schema(**doc: Any) -> str:
     return json.dumps(doc)
 
 
-def test_the_schema_enumeration_recovers_no_value_of_a_column(tmp_path: Path) -> None:
-    """The review's attack, scripted: label = age, classes grown by whatever the refusal quotes.
-    Before the fix: all 27 distinct ages (97 included) in 28 refused runs. After: none, and the
-    refusal is one fixed text that names no value, column count or path."""
-    node = Node(tmp_path, records(), "d")
+CAPPED = {"epsilon-cap": 3.0}
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_the_schema_enumeration_recovers_no_value_of_a_column(tmp_path: Path, capped: bool) -> None:
+    """The review's attack, scripted: label = age, classes grown by whatever the refusal quotes,
+    on a simulation's node and on a capped one (epsilon-cap = 3, as in the review). Before the
+    fix: all 27 distinct ages (97 included) in 28 refused runs. After: none, and the refusal is
+    one fixed text that names no value, column count or path; the capped node, which pins no
+    schema, does not even read its records for a schema the server chose."""
+    node = Node(tmp_path, records(), "d", CAPPED if capped else None)
     classes = ["-1", "-2"]
     reasons = set()
+    expected = (wire.REFUSED_POLICY, None) if capped else (wire.REFUSED_DATA, DATA_REASON)
     for _ in range(40):
         reply = node.ask({"data.schema": schema(features=["f1", "f2"], label="age", classes=classes,
                                                 ignore=["diagnosis", "id"])})
         code, reason = wire.refusal_of(reply)
-        assert code == wire.REFUSED_DATA
+        assert code == expected[0]
+        assert expected[1] is None or reason == expected[1]
         reasons.add(reason)
         found = re.findall(r"class '([^']*)'", reason)
         if not found or found[0] in classes:
@@ -100,8 +110,8 @@ def test_the_schema_enumeration_recovers_no_value_of_a_column(tmp_path: Path) ->
         classes.append(found[0])
     recovered = set(classes) - {"-1", "-2"}
     assert recovered == set(), f"the server read {len(recovered)} values of age back: {sorted(recovered)}"
-    assert reasons == {DATA_REASON}
-    assert "97" not in DATA_REASON and str(node.path) not in DATA_REASON
+    assert len(reasons) == 1
+    assert "97" not in reasons.pop() and str(node.path) not in DATA_REASON
     assert not list(node.state.glob("ledger-*")), "nothing was spent"
 
 
@@ -185,11 +195,28 @@ def _instruction(rnd: int) -> RecordDict:
     return wire.Instruction(rnd, wire.Phase.GRAD, arrays).encode()
 
 
+def test_a_capped_node_checks_its_records_only_against_its_operators_schema(tmp_path: Path) -> None:
+    """A capped node with a pinned schema (node config data-schema) trains when the run's schema is
+    the same document, and refuses any other with a policy reason that reads no record."""
+    pin = tmp_path / "pinned.json"
+    pin.write_text(GOOD["data.schema"])
+    node = Node(tmp_path, records(), "d", CAPPED | {"data-schema": str(pin)})
+    assert wire.refusal_of(node.ask(GOOD, _instruction(1), run_id=7)) is None
+    other = GOOD | {"data.schema": schema(features=["f1", "f2"], label="age", classes=["-1", "-2"],
+                                          ignore=["diagnosis", "id"])}
+    code, reason = wire.refusal_of(node.ask(other, _instruction(1), run_id=8))
+    assert code == wire.REFUSED_POLICY and "pinned" in reason
+
+
 def test_the_other_refusal_paths_are_the_same_bytes_on_d_and_d_prime(tmp_path: Path, monkeypatch) -> None:
     """Admission, policy, budget, an unusable ledger and the silo's own failure: releases and
-    refusals in one sequence of requests on D and on D' (record 0 replaced); every refusal is
-    byte-identical, and the failure's text (here one that quotes a record) never leaves the node."""
-    nodes = [Node(tmp_path, records(), "d"), Node(tmp_path, records(age0=55, id0="patient-x"), "dprime")]
+    refusals in one sequence of requests on D and on D' (record 0 replaced), capped nodes with a
+    pinned schema; every refusal is byte-identical, and the failure's text (here one that quotes a
+    record) never leaves the node."""
+    pin = tmp_path / "pinned.json"
+    pin.write_text(GOOD["data.schema"])
+    extra = CAPPED | {"data-schema": str(pin)}
+    nodes = [Node(tmp_path, records(), "d", extra), Node(tmp_path, records(age0=55, id0="patient-x"), "dprime", extra)]
     seen: list[list[bytes]] = [[], []]
     for i, node in enumerate(nodes):
         ask = [
