@@ -292,3 +292,15 @@ def test_a_compressed_tsv_is_read_with_tabs(tmp_path: Path, name: str) -> None:
     assert x.shape == (569, 30)
     np.testing.assert_allclose(x, df[names].to_numpy().astype(np.float32))
     np.testing.assert_array_equal(y, (df["diagnosis"] == "benign").astype(int))
+
+
+def test_the_servers_own_file_refuses_an_overflowing_pre_processing(tmp_path: Path) -> None:
+    from app.data.own_data import server_records
+
+    df, names = wbcd()
+    stats = {"mean": {n: -1e35 if n == "mean area" else 0.0 for n in names},
+             "std": {n: 1e-5 if n == "mean area" else 1.0 for n in names}}
+    df.iloc[:60].to_csv(tmp_path / "trust.csv", index=False)
+    s = parse_settings({"data.schema": table_schema(tmp_path, names, statistics=stats), "standardize": "public"})
+    with pytest.raises(SchemaError, match="pre-processing \\(standardize = 'public'\\) failed: 60 value"):
+        server_records(s, str(tmp_path / "trust.csv"))

@@ -147,13 +147,13 @@ def scaled(path: str, mode: str, scaler: Standardizer, x: np.ndarray) -> np.ndar
     """``scaler`` applied to ``x``, float32; SchemaError when a value comes out not finite in
     float32 (e.g. public ranges far narrower than the records) or the scaling fails."""
     try:
-        with np.errstate(all="ignore"):
-            z = scaler.apply(x)
-            bad = int(np.count_nonzero(~(np.abs(z) <= F32_MAX)))
+        with np.errstate(all="ignore"):  # an overflow is found below, as inf
+            z = np.ascontiguousarray(scaler.apply(x), dtype=np.float32)
+        bad = int(z.size - np.count_nonzero(np.isfinite(z)))
         if bad:
             raise SchemaError(f"{bad} value(s) are not finite as float32 after it (the training dtype: |v| <= "
                               f"{F32_MAX:.4g})")
-        return np.ascontiguousarray(z, dtype=np.float32)
+        return z
     except Exception as exc:
         raise preprocessing_error(path, mode, exc) from None
 
@@ -177,13 +177,18 @@ def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
     x, y = read_records(path, schema)
     mode = own_mode(s, schema)
     shape = tuple(x.shape[1:])
-    if mode == "none":
-        return x.astype(np.float32), y
-    if mode == "public" and (scaler := public_scaler(schema, shape)) is not None:
-        return scaler.apply(x).astype(np.float32), y
-    if mode == "dp":
-        ranges = schema.range_arrays()
-        if ranges is not None:
-            x = range_scaler(*ranges, shape).apply(x)
-        x = clip_records(x, s.preprocess_clip)
-    return fit_standardizer(x).apply(x).astype(np.float32), y
+    try:
+        if mode == "none":
+            scaler = Standardizer.identity(shape)
+        elif mode == "public" and (public := public_scaler(schema, shape)) is not None:
+            scaler = public
+        else:
+            if mode == "dp":
+                ranges = schema.range_arrays()
+                if ranges is not None:
+                    x = range_scaler(*ranges, shape).apply(x)
+                x = clip_records(x, s.preprocess_clip)
+            scaler = fit_standardizer(x)
+    except Exception as exc:  # one line, like a file that does not match
+        raise preprocessing_error(path, mode, exc) from None
+    return scaled(path, mode, scaler, x), y
