@@ -304,3 +304,24 @@ def test_the_servers_own_file_refuses_an_overflowing_pre_processing(tmp_path: Pa
     s = parse_settings({"data.schema": table_schema(tmp_path, names, statistics=stats), "standardize": "public"})
     with pytest.raises(SchemaError, match="pre-processing \\(standardize = 'public'\\) failed: 60 value"):
         server_records(s, str(tmp_path / "trust.csv"))
+
+
+def test_your_data_md_shows_the_refusals_the_code_prints(tmp_path: Path) -> None:
+    df, names = wbcd()
+    doc = (ROOT / "docs" / "your-data.md").read_text(encoding="utf-8")
+    path = tmp_path / "records.csv"
+
+    def shown(msg: str) -> None:
+        line = msg.replace(str(path), "/srv/hospital/records.csv")
+        assert line in doc, f"docs/your-data.md does not show the refusal the code prints: {line}"
+
+    big = df.iloc[:100].copy()
+    big.loc[10, "worst area"] = 1e39
+    big.to_csv(path, index=False)
+    shown(silo_refusal({"data.schema": table_schema(tmp_path, names)}, {"data-file": str(path)}))
+    df.iloc[:2].to_csv(path, index=False)
+    shown(silo_refusal({"data.schema": table_schema(tmp_path, names)}, {"data-file": str(path)}))
+    stats = {"mean": {n: -1e35 if n == "mean area" else 0.0 for n in names},
+             "std": {n: 1e-5 if n == "mean area" else 1.0 for n in names}}
+    df.iloc[:100].to_csv(path, index=False)
+    shown(silo_refusal({"data.schema": table_schema(tmp_path, names, statistics=stats)}, {"data-file": str(path)}))
