@@ -9,6 +9,7 @@ node runtime's ``silo_records``."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import subprocess
 import sys
@@ -325,3 +326,45 @@ def test_your_data_md_shows_the_refusals_the_code_prints(tmp_path: Path) -> None
              "std": {n: 1e-5 if n == "mean area" else 1.0 for n in names}}
     df.iloc[:100].to_csv(path, index=False)
     shown(silo_refusal({"data.schema": table_schema(tmp_path, names, statistics=stats)}, {"data-file": str(path)}))
+
+
+def _png_header(width: int, height: int) -> bytes:
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b""))
+
+
+def test_every_malformed_file_is_a_one_line_schema_refusal(tmp_path: Path) -> None:
+    """A corrupt, truncated or hostile file is a SchemaError naming it, never another exception."""
+    tab = '{"features": ["a", "b"], "classes": [0, 1]}'
+    arr = '{"shape": [2], "classes": [0, 1]}'
+    npy = io.BytesIO()
+    np.save(npy, np.zeros((5, 2)))
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(5, np.int64))
+    cases: dict[str, tuple[bytes, str, str]] = {
+        "header.csv": (b"a,b,label\n", tab, "holds no records"),
+        "cut.csv.gz": (gzip.compress(b"a,b,label\n1,2,1\n" * 100)[:-20], tab, "EOFError"),
+        "bad.csv": (b"a,b,label\n\xff\xfe,2,1\n", tab, "UnicodeDecodeError"),
+        "garbage.parquet": (b"PAR1garbagePAR1", tab, "cannot read it as parquet"),
+        "plain.npz": (npy.getvalue(), arr, "BadZipFile"),
+    }
+    for name, (content, schema, words) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        assert words in refused(tmp_path / name, schema), name
+    with zipfile.ZipFile(tmp_path / "two.csv.zip", "w") as zf:
+        zf.writestr("a.csv", "a,b,label\n1,2,1\n")
+        zf.writestr("b.csv", "a,b,label\n")
+    assert "must hold exactly one file; it holds 2" in refused(tmp_path / "two.csv.zip", tab)
+    with zipfile.ZipFile(tmp_path / "cut.npz", "w") as zf:
+        zf.writestr("x.npy", npy.getvalue()[:-16])
+        zf.writestr("y.npy", labels.getvalue())
+    assert "expected 80 bytes got 64" in refused(tmp_path / "cut.npz", arr)
+    (tmp_path / "img" / "c1").mkdir(parents=True)
+    (tmp_path / "img" / "c1" / "huge.png").write_bytes(_png_header(100_000, 100_000))
+    assert "DecompressionBombError" in refused(tmp_path / "img", '{"shape": [1, 4, 4], "classes": ["c0", "c1"]}')

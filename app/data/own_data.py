@@ -110,11 +110,11 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int, limits: DataLi
     limits = limits or DataLimits()
     schema = run_schema(s)
     x, y = read_records(path, schema, fmt, limits)
-    tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
-    tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
-    check_min_records(path, len(y), len(tr), limits.min_records, s)
     mode = own_mode(s, schema)
     try:
+        tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
+        tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
+        check_min_records(path, len(y), len(tr), limits.min_records, s)
         scaler, dp_step = own_scaler(s, schema, x[tr])
     except SchemaError:
         raise

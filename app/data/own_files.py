@@ -276,6 +276,8 @@ def _table_part(df: Any, schema: DataSchema, start: int) -> tuple[np.ndarray, np
     the checks of every feature column: numbers, each finite as a float32."""
     import pandas as pd
 
+    if len(df) == 0:  # a header without rows: the caller says it holds no records
+        return np.zeros((0, len(schema.features)), np.float32), np.zeros(0, np.int64)
     for name in schema.features:
         col = df[name]
         if not pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col):
