@@ -145,7 +145,7 @@ def check_min_records(path: str, records: int, n: int, minimum: int, s: "Setting
 
 def scaled(path: str, mode: str, scaler: Standardizer, x: np.ndarray) -> np.ndarray:
     """``scaler`` applied to ``x``, float32; SchemaError when a value comes out not finite in
-    float32 (e.g. public ranges far narrower than the records) or the scaling fails."""
+    float32 (e.g. public statistics with a std far below the records' spread) or the scaling fails."""
     try:
         with np.errstate(all="ignore"):  # an overflow is found below, as inf
             z = np.ascontiguousarray(scaler.apply(x), dtype=np.float32)
