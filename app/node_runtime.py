@@ -259,17 +259,21 @@ def silo_schema(s: Settings, node: Mapping[str, Any], require_pin: bool = False)
 def silo_records(s: Settings, node: Mapping[str, Any], index: int, deployed: bool,
                  require_pin: bool = False) -> tuple[SiloData, int, tuple[int, ...]]:
     """(this silo's records, number of classes, feature shape): from its own ``data-file`` (node
-    config; ``data-format`` when the name does not tell), checked against the run's data.schema,
-    or its part of the run's data set. A deployed silo of an own-data run (data.schema) reads
-    only its own file, never one the run config names; ``require_pin`` (a deployed or capped node):
+    config; ``data-format`` when the name does not tell), checked against the run's data.schema
+    and the node's limits (``data-min-records``, ``data-max-records``, ``data-max-bytes``), or
+    its part of the run's data set. A deployed silo of an own-data run (data.schema) reads only
+    its own file, never one the run config names; ``require_pin`` (a deployed or capped node):
     only against the schema its node config pins (:func:`silo_schema`). SchemaError /
     DataUnavailableError: one line."""
     own_file = str(node.get("data-file", "") or "")
     if own_file:
         from app.data.own_data import own_silo_data
+        from app.data.own_files import DataLimits
 
         schema = silo_schema(s, node, require_pin)
-        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index, schema=schema)
+        limits = DataLimits.from_node(node.get("data-min-records"), node.get("data-max-records"),
+                                      node.get("data-max-bytes"))
+        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index, limits, schema=schema)
         return data, schema.num_classes, schema.feature_shape
     if s.data_schema and deployed:
         raise SchemaError("this run trains on the silos' own records (data.schema) and this node config names no "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.data.own_files import read_records
+from app.data.own_files import F32_MAX, DataLimits, read_records
 from app.data.preprocess import Standardizer, fit_standardizer, standardize_silos
 from app.data.scaling import DPStatsStep, clip_records, range_scaler
 from app.data.schema import DataSchema, SchemaError, load_schema
@@ -92,12 +92,15 @@ def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[
     return standardize_silos(None, [train_x], mode)[0], None
 
 
-def own_silo_data(s: "Settings", path: str, fmt: str, index: int, schema: DataSchema | None = None) -> "SiloData":
-    """Silo ``index``'s records from its own file: checked against the schema, split into train /
+def own_silo_data(s: "Settings", path: str, fmt: str, index: int, limits: DataLimits | None = None,
+                  schema: DataSchema | None = None) -> "SiloData":
+    """Silo ``index``'s records from its own file: checked against the schema and the node's
+    ``limits`` (:class:`app.data.own_files.DataLimits`, defaults when None), split into train /
     test (``test-fraction``) and validation (``validation-fraction``) with the run seed, and
-    pre-processed with its own training records. SchemaError (one line) for a file that does not
-    fit, or a run whose pre-processing needs records the silo does not have. ``schema``: the one
-    the silo checked (app/node_runtime.py silo_schema); None: the run's."""
+    pre-processed with its own training records. SchemaError (one line), and never another
+    exception type, for a file that does not fit, fewer training records than
+    ``data-min-records``, or a run whose pre-processing needs records the silo does not have or
+    fails on these (e.g. overflows float32)."""
     import torch
 
     from app.data.federated import SiloData
@@ -105,18 +108,64 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int, schema: DataSc
     if s.pca:
         raise SchemaError(f"pca = {s.pca} is fitted on every silo's pooled records, which a silo with its own "
                           "data-file does not hold; set pca = 0")
+    limits = limits or DataLimits()
     schema = run_schema(s) if schema is None else schema
-    x, y = read_records(path, schema, fmt)
-    tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
-    tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
-    scaler, dp_step = own_scaler(s, schema, x[tr])
+    x, y = read_records(path, schema, fmt, limits)
+    mode = own_mode(s, schema)
+    try:
+        tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
+        tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
+        check_min_records(path, len(y), len(tr), limits.min_records, s)
+        scaler, dp_step = own_scaler(s, schema, x[tr])
+    except SchemaError:
+        raise
+    except Exception as exc:  # e.g. ValueError: mean/std contain non-finite values; never a ClientApp failure
+        raise preprocessing_error(path, mode, exc) from None
 
     def tensors(idx: np.ndarray) -> tuple["torch.Tensor", "torch.Tensor"]:
-        return (torch.from_numpy(np.ascontiguousarray(scaler.apply(x[idx]), dtype=np.float32)),
-                torch.from_numpy(y[idx]))
+        return torch.from_numpy(scaled(path, mode, scaler, x[idx])), torch.from_numpy(y[idx])
 
     (train_x, train_y), (test_x, test_y), (val_x, val_y) = tensors(tr), tensors(te), tensors(va)
     return SiloData(index, train_x, train_y, test_x, test_y, val_x, val_y, dp_step)
+
+
+def check_min_records(path: str, records: int, n: int, minimum: int, s: "Settings") -> None:
+    """SchemaError when the silo would train on ``n`` < ``minimum`` records (node config
+    ``data-min-records``): δ = 1/n² is 1 at n = 1 (a guarantee of nothing) and a batch K <= n of a
+    handful of records says more about each record than the plan assumes."""
+    if n >= minimum:
+        return
+    delta = "δ = 1/n^2" + (f" = {1.0 / (n * n):.3g}" if n else "")
+    if records < minimum:
+        raise SchemaError(f"data-file {path}: holds {records} records ({n} for training, {delta}); this node trains "
+                          f"on at least data-min-records = {minimum} (node config)")
+    raise SchemaError(f"data-file {path}: the run keeps {n} of its {records} records for training (test-fraction "
+                      f"{s.test_fraction:g}, validation-fraction {s.validation_fraction:g}; {delta}); this node trains "
+                      f"on at least data-min-records = {minimum} (node config)")
+
+
+def scaled(path: str, mode: str, scaler: Standardizer, x: np.ndarray) -> np.ndarray:
+    """``scaler`` applied to ``x``, float32; SchemaError when a value comes out not finite in
+    float32 (e.g. public statistics with a std far below the records' spread) or the scaling fails."""
+    try:
+        with np.errstate(all="ignore"):  # an overflow is found below, as inf
+            z = np.ascontiguousarray(scaler.apply(x), dtype=np.float32)
+        bad = int(z.size - np.count_nonzero(np.isfinite(z)))
+        if bad:
+            raise SchemaError(f"{bad} value(s) are not finite as float32 after it (the training dtype: |v| <= "
+                              f"{F32_MAX:.4g})")
+        return z
+    except Exception as exc:
+        raise preprocessing_error(path, mode, exc) from None
+
+
+def preprocessing_error(path: str, mode: str, exc: Exception) -> SchemaError:
+    """The one-line refusal of a pre-processing failure on the silo's own records (any exception:
+    a ValueError of non-finite statistics, a MemoryError, ...): the node refuses, the federation
+    goes on."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    what = first if isinstance(exc, SchemaError) else f"{type(exc).__name__}" + (f": {first}" if first else "")
+    return SchemaError(f"data-file {path}: pre-processing (standardize = {mode!r}) failed: {what}")
 
 
 def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -129,13 +178,18 @@ def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
     x, y = read_records(path, schema)
     mode = own_mode(s, schema)
     shape = tuple(x.shape[1:])
-    if mode == "none":
-        return x.astype(np.float32), y
-    if mode == "public" and (scaler := public_scaler(schema, shape)) is not None:
-        return scaler.apply(x).astype(np.float32), y
-    if mode == "dp":
-        ranges = schema.range_arrays()
-        if ranges is not None:
-            x = range_scaler(*ranges, shape).apply(x)
-        x = clip_records(x, s.preprocess_clip)
-    return fit_standardizer(x).apply(x).astype(np.float32), y
+    try:
+        if mode == "none":
+            scaler = Standardizer.identity(shape)
+        elif mode == "public" and (public := public_scaler(schema, shape)) is not None:
+            scaler = public
+        else:
+            if mode == "dp":
+                ranges = schema.range_arrays()
+                if ranges is not None:
+                    x = range_scaler(*ranges, shape).apply(x)
+                x = clip_records(x, s.preprocess_clip)
+            scaler = fit_standardizer(x)
+    except Exception as exc:  # one line, like a file that does not match
+        raise preprocessing_error(path, mode, exc) from None
+    return scaled(path, mode, scaler, x), y
