@@ -221,7 +221,7 @@ def model_violation(model: str, node: Mapping[str, Any], policy: NodePolicy) -> 
 
     if not is_import_path(model):
         return None
-    allowed = {m.strip() for m in str(node.get(ALLOWED_MODELS_KEY, "") or "").split(",") if m.strip()}
+    allowed = {m.strip() for m in str(node.get("allowed-models", "") or "").split(",") if m.strip()}
     if model in allowed or not (policy.deployed or policy.capped):
         return None
     return (f"model = {model!r} is an import path this node's operator did not allow (node config "

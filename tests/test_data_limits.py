@@ -25,6 +25,13 @@ from app.data.own_files import DataLimits, read_records
 from app.data.schema import SchemaError, load_schema
 from app.node_runtime import silo_records
 
+
+def inline_settings(cfg: dict):
+    """The run's settings as a silo gets them: data.schema inlined by the launcher."""
+    from app.data.schema import with_inline_schema
+
+    return parse_settings(with_inline_schema(cfg))
+
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ["malignant", "benign"]
 
@@ -56,7 +63,7 @@ def refused(path: Path, schema: str, limits: DataLimits | None = None) -> str:
 def silo_refusal(settings: dict, node: dict) -> str:
     """silo_records as the node runtime calls it: a SchemaError (never another type), one line."""
     with pytest.raises(SchemaError) as info:
-        silo_records(parse_settings(settings), node, 0, deployed=True)
+        silo_records(inline_settings(settings), node, 0, deployed=True)
     assert type(info.value) is SchemaError and "\n" not in str(info.value)
     return str(info.value)
 
@@ -207,7 +214,7 @@ def test_node_config_limits_reach_the_reader(tmp_path: Path) -> None:
     s = {"data.schema": schema, "standardize": "local"}
     assert "data-max-records = 99" in silo_refusal(s, node | {"data-max-records": 99})
     assert "data-max-bytes = 1000" in silo_refusal(s, node | {"data-max-bytes": "1000"})
-    data, *_ = silo_records(parse_settings(s), node | {"data-max-records": 100, "data-max-bytes": "1MiB"}, 0, True)
+    data, *_ = silo_records(inline_settings(s), node | {"data-max-records": 100, "data-max-bytes": "1MiB"}, 0, True)
     assert data.n == 80
     for key, value in (("data-max-records", "lots"), ("data-max-bytes", 0), ("data-min-records", -1),
                        ("data-max-records", 1.5), ("data-max-bytes", True)):
@@ -273,11 +280,11 @@ def test_a_silo_with_too_few_records_refuses(tmp_path: Path) -> None:
     node = {"data-file": str(tmp_path / "mine.csv")}
     msg = silo_refusal({"data.schema": schema, "standardize": "local", "test-fraction": 0.9}, node)
     assert "10 of its 100 records for training" in msg and "data-min-records = 20" in msg
-    data, *_ = silo_records(parse_settings({"data.schema": schema, "standardize": "local", "test-fraction": 0.9}),
+    data, *_ = silo_records(inline_settings({"data.schema": schema, "standardize": "local", "test-fraction": 0.9}),
                             node | {"data-min-records": 10}, 0, True)
     assert data.n == 10
     df.iloc[:25].to_csv(tmp_path / "25.csv", index=False)  # n = 20: the default minimum, allowed
-    data, *_ = silo_records(parse_settings({"data.schema": schema, "standardize": "local"}),
+    data, *_ = silo_records(inline_settings({"data.schema": schema, "standardize": "local"}),
                             {"data-file": str(tmp_path / "25.csv")}, 0, True)
     assert data.n == 20
 

@@ -48,7 +48,9 @@ RUN_CONFIG="num-rounds=$ROUNDS outputs-dir='$WORK/outputs'"
 NODE_EXTRA=()
 if [[ $OWN == 1 ]]; then  # each silo's own CSV, the server's own trust and test files
   (cd "$REPO_ROOT" && "$PYTHON" -m scripts.deploy.own_data_files "$WORK/data" --silos "$NODES") >&2
-  for ((i = 0; i < NODES; i++)); do NODE_EXTRA+=(" data-file='$WORK/data/silo$i/records.csv'"); done
+  for ((i = 0; i < NODES; i++)); do
+    NODE_EXTRA+=(" data-file='$WORK/data/silo$i/records.csv' data-schema='$WORK/data/schema.json'")
+  done
   RUN_CONFIG+=" num-silos=$NODES silos-per-round=$NODES data.schema='$WORK/data/schema.json'"
   RUN_CONFIG+=" algorithm='robust' aggregator='gradbant' gradbant.noise-aware=true gradbant.smoothness=0.1"
   RUN_CONFIG+=" gradbant.silo-records='80,140'"
