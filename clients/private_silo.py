@@ -137,7 +137,9 @@ class PrivateSilo:
             silo = Silo(s, data, 0, tuple(data.train_x.shape[1:]), where, ledger_key, policy_violation=violation,
                         ledger_budget=budget, evaluation=evaluation,
                         evaluation_noise_ratio=policy.evaluation_noise_ratio, run_id=context.run_id,
-                        ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model)
+                        ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model,
+                        ledger_key_file=context.node_config.get("ledger-key-file") or None,
+                        ledger_witness_dir=context.node_config.get("ledger-witness-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             self._silos[key] = RefusingSilo(index, str(exc))
             return self._silos[key]

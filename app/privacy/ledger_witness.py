@@ -54,6 +54,8 @@ KEY_BYTES = 32
 WITNESS_FILE = "ledger-witnesses.json"
 #: the most witnesses the server keeps per node (the most recently updated ones), and the longest one
 MAX_PER_NODE = 16
+#: the most nodes the server keeps witnesses for (the most recently updated ones)
+MAX_NODES = 256
 MAX_WITNESS_BYTES = 1024
 _FIELDS = {"ledger": str, "id": str, "entries": int, "releases": int, "head": str}
 _MAC_DOMAIN = b"silofl-ledger-witness-1\n"
@@ -275,13 +277,17 @@ class WitnessStore:
         w = parse_witness(text)
         if w is None:
             return False
-        held = self._load().setdefault(str(int(node)), {})
+        nodes = self._load()
+        held = nodes.pop(str(int(node)), {})
+        nodes[str(int(node))] = held  # the most recently updated node last
         if held.get(w["ledger"]) == text:
             return False
         held.pop(w["ledger"], None)
-        held[w["ledger"]] = text  # the most recently updated last
+        held[w["ledger"]] = text  # the most recently updated ledger last
         while len(held) > MAX_PER_NODE:
             del held[next(iter(held))]
+        while len(nodes) > MAX_NODES:
+            del nodes[next(iter(nodes))]
         self._dirty = True
         return True
 
@@ -290,6 +296,6 @@ class WitnessStore:
         if not self._dirty:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomically(self.path, json.dumps({"witnesses": 1, "nodes": self._load()}, indent=1,
-                                                      sort_keys=True).encode(), sync_dir=True)
+        write_bytes_atomically(self.path, json.dumps({"witnesses": 1, "nodes": self._load()}, indent=1).encode(),
+                               sync_dir=True)
         self._dirty = False
