@@ -51,7 +51,7 @@ from app.privacy.ledger import LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
-from clients.silo import RefusingSilo, Silo
+from clients.silo import RefusingSilo, Silo, witnessed_answer
 
 #: the silos (and shufflers) this process serves, built once per run and reused across messages
 _SILOS: dict[tuple, Silo] = {}
@@ -228,24 +228,11 @@ def _silo_answer(method: str, not_here: str, content: RecordDict, context: Conte
         return wire.Refusal(wire.REFUSED_CONFIG, f"this node is the shuffler; {not_here}", 0.0).encode()
     node_silo = silo(context, deployed)
     try:
-        return _witnessed(node_silo, method, content)
+        return witnessed_answer(node_silo, method, content)
     except wire.ReplyError as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
     except LedgerError as exc:  # the ledger stopped matching its mark while serving: release nothing
         return wire.Refusal(wire.REFUSED_LEDGER, str(exc), math.nan).encode()
-
-
-def _witnessed(node_silo: Silo, method: str, content: RecordDict) -> RecordDict:
-    """``node_silo``'s ``method`` answer to ``content``, checked against the ledger witnesses the
-    instruction carries (the server's copies, app/privacy/ledger_witness.py) before anything is
-    recorded (LedgerError when one is ahead of the ledger: a restored or wiped state dir), and
-    carrying the ledger's own witness after it."""
-    ledger_ = getattr(node_silo, "ledger", None)
-    if ledger_ is None or not hasattr(ledger_, "check_witnesses"):  # a RefusingSilo: no ledger
-        return getattr(node_silo, method)(content)
-    ledger_.check_witnesses(wire.witnesses_of(content))
-    reply = getattr(node_silo, method)(content)
-    return wire.with_witnesses(reply, [ledger_.check_witnesses([])])
 
 
 def train(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:

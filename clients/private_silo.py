@@ -49,7 +49,7 @@ from app.privacy.ledger import BUDGET_RTOL, LedgerError
 from app.privacy.policy import NodePolicy, PolicyError, node_policy, policy_violation
 from app.sketch.broadcast import build_sketch
 from app.sketch.powersgd import PowerSGDState
-from clients.silo import RefusingSilo, Silo
+from clients.silo import RefusingSilo, Silo, witnessed_answer
 
 #: node-config key (PrivateSilo's policy): the algorithms this silo releases for, comma-separated
 ALGORITHMS_KEY = "algorithms"
@@ -196,6 +196,8 @@ class PrivateSilo:
         """The silo's public privacy record (the ``query.ledger`` silofl's ServerApp asks for)."""
         silo = self.silo(context)
         try:
+            if getattr(silo, "ledger", None) is not None:  # the server's witnesses: a restored state dir
+                silo.ledger.check_witnesses(wire.witnesses_of(msg.content))
             return Message(wire.ledger_reply(silo.ledger_report()), reply_to=msg)
         except LedgerError as exc:
             return Message(wire.ledger_reply({"silo": getattr(silo, "index", 0), "error": str(exc)}), reply_to=msg)
@@ -207,7 +209,7 @@ class PrivateSilo:
     def _answer(self, method: str, content: RecordDict, context: Context) -> RecordDict:
         silo = self.silo(context)
         try:
-            return getattr(silo, method)(content)
+            return witnessed_answer(silo, method, content)
         except wire.ReplyError as exc:
             return wire.Refusal(wire.REFUSED_CONFIG, str(exc), silo.ledger.spent()).encode()
         except LedgerError as exc:

@@ -401,6 +401,19 @@ class RefusingSilo:
         return {"silo": self.index, "error": self.reason}
 
 
+def witnessed_answer(silo: Silo | RefusingSilo, method: str, content: RecordDict) -> RecordDict:
+    """``silo``'s ``method`` (train or evaluate) answer to ``content``, checked first against the
+    ledger witnesses the request carries (the server's copies, app/privacy/ledger_witness.py):
+    LedgerError, before anything is recorded, when one is ahead of the ledger (a restored or
+    wiped state dir). The answer carries the ledger's own witness as it is after it."""
+    ledger = getattr(silo, "ledger", None)
+    if ledger is None:  # a RefusingSilo: no ledger
+        return getattr(silo, method)(content)
+    ledger.check_witnesses(wire.witnesses_of(content))
+    reply = getattr(silo, method)(content)
+    return wire.with_witnesses(reply, [ledger.check_witnesses([])])
+
+
 def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

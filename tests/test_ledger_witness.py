@@ -191,8 +191,9 @@ def test_a_witness_is_checked_against_the_ledger_and_its_key(tmp_path: Path) -> 
     assert "does not verify" in _problem(json.dumps(forged), key)
     assert _problem(_w(key, ledger="ledger-run7-silo0.json"), key, entries=1) is None  # another ledger's
     assert _problem("not a witness", key) is None
-    adopted = {"witness": {k: json.loads(text)[k] for k in ("id", "entries", "releases", "eps_spent", "head")}}
-    assert _problem(text, key, entries=6, adoptions=[adopted]) is None  # adopted with --accept-loss
+    assert _problem(text, key, entries=6, adoptions=[{"reason": "restored"}]) is None  # adopted with --accept-loss
+    later = _w(key, entries=12, epoch=1)  # made after that adoption: a backup from before it is behind
+    assert "older backup" in _problem(later, key, entries=11, adoptions=[{"reason": "restored"}])
 
 
 def test_the_server_keeps_the_latest_witness_per_node_and_ledger(tmp_path: Path) -> None:

@@ -422,7 +422,7 @@ class PrivacyLedger:
         eps = self._mark.get("eps_spent") if self._mark else None
         return make_witness(self.key, ledger=self.path.name, ledger_id=self._id, entries=self._entries,
                             releases=len(self.releases), eps_spent=None if eps is None else float(eps),
-                            head=self._head)
+                            head=self._head, epoch=len(self.adoptions))
 
     def _copy_witness(self) -> None:
         assert self.witness_path is not None

@@ -25,8 +25,9 @@ witness (then the silo is where it was without one), or send one that makes the 
 
 A witness that is ahead is saved, verified, next to the ledger's mark (``<mark>.witness``), so
 that the operator's ``python -m app.ledger verify`` reports it and ``adopt --accept-loss`` can
-record it: a witness the ledger's adoptions record (the same id, entries and head) no longer
-makes the silo refuse. With node config ``ledger-witness-dir`` (a second place, on another volume
+record it. A witness carries its ledger's ``epoch`` (the number of adoptions in its chain): one
+made before the ledger's last adoption no longer makes the silo refuse (the operator's recorded
+decision), while a backup from before an adoption is behind every witness made after it. With node config ``ledger-witness-dir`` (a second place, on another volume
 or host) the silo also writes its witness there after every release and reads it back like the
 server's.
 
@@ -127,11 +128,12 @@ def _mac(key: bytes, body: dict[str, Any]) -> str:
 
 
 def make_witness(key: bytes, *, ledger: str, ledger_id: str, entries: int, releases: int, eps_spent: float | None,
-                 head: str) -> str:
-    """The witness of a ledger's position, MAC'd with ``key``, as canonical JSON text."""
+                 head: str, epoch: int = 0) -> str:
+    """The witness of a ledger's position, MAC'd with ``key``, as canonical JSON text. ``epoch``:
+    the number of adoptions in the ledger's chain."""
     eps = None if eps_spent is None or math.isnan(eps_spent) else ("inf" if math.isinf(eps_spent) else eps_spent)
     body = {"w": 1, "ledger": ledger, "id": ledger_id, "entries": int(entries), "releases": int(releases),
-            "eps_spent": eps, "head": head}
+            "eps_spent": eps, "head": head, "epoch": int(epoch)}
     return _canonical(body | {"mac": _mac(key, body)}).decode()
 
 
@@ -149,7 +151,7 @@ def parse_witness(text: Any) -> dict[str, Any] | None:
     for name, kind in _FIELDS.items():
         if not isinstance(w.get(name), kind) or isinstance(w.get(name), bool):
             return None
-    if w["entries"] < 0 or w["releases"] < 0:
+    if w["entries"] < 0 or w["releases"] < 0 or not isinstance(w.get("epoch", 0), int):
         return None
     return w
 
@@ -164,14 +166,8 @@ def verified(key: bytes, text: Any) -> dict[str, Any] | None:
 
 
 def summary(w: dict[str, Any]) -> dict[str, Any]:
-    """What an adoption records of a witness (and compares with later)."""
-    return {k: w.get(k) for k in ("id", "entries", "releases", "eps_spent", "head")}
-
-
-def adopted(w: dict[str, Any], adoptions: list[dict[str, Any]]) -> bool:
-    """Whether an adoption in the ledger's chain recorded this very witness (``adopt --accept-loss``)."""
-    mine = summary(w)
-    return any(a.get("witness") == mine for a in adoptions)
+    """What an adoption records of a witness."""
+    return {k: w.get(k) for k in ("id", "entries", "releases", "eps_spent", "head", "epoch")}
 
 
 def witness_problem(text: Any, key: bytes, *, ledger: str, ledger_id: str, entries: int, head_at: Any,
@@ -188,7 +184,7 @@ def witness_problem(text: Any, key: bytes, *, ledger: str, ledger_id: str, entri
         return (f"{where}: the server holds a witness of this ledger that this silo's ledger key does not verify: the "
                 "key file was replaced or lost (with the state dir?); restore the key file (node config "
                 f"ledger-key-file) and the state dir from the most recent backup; {RECOVERY}")
-    if adopted(w, adoptions):
+    if int(w.get("epoch", 0)) < len(adoptions):  # made before the operator's last adoption: it decided
         return None
     recorded = f"{w['releases']} releases, epsilon {_fmt(w.get('eps_spent'))}"
     here = f"{entries} entries (epsilon {_fmt(eps_here() if callable(eps_here) else eps_here)})"
