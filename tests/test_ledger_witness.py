@@ -41,7 +41,9 @@ class Node:
         return self.tmp / "state" / NAME
 
     def _rows(self) -> list[dict]:
-        return read_ledger(self.ledger, self.node_config.get("ledger-key-file"))["releases"] if self.ledger.exists() else []
+        if not self.ledger.exists():
+            return []
+        return read_ledger(self.ledger, self.node_config.get("ledger-key-file"))["releases"]
 
     def run(self) -> tuple[int, dict]:
         """One run; (releases silo 0 answered in it, its entry in summary.json)."""

@@ -27,9 +27,10 @@ A witness that is ahead is saved, verified, next to the ledger's mark (``<mark>.
 that the operator's ``python -m app.ledger verify`` reports it and ``adopt --accept-loss`` can
 record it. A witness carries its ledger's ``epoch`` (the number of adoptions in its chain): one
 made before the ledger's last adoption no longer makes the silo refuse (the operator's recorded
-decision), while a backup from before an adoption is behind every witness made after it. With node config ``ledger-witness-dir`` (a second place, on another volume
-or host) the silo also writes its witness there after every release and reads it back like the
-server's.
+decision), while a backup from before an adoption is behind every witness made after it.
+
+With node config ``ledger-witness-dir`` (a second place, on another volume or host) the silo also
+writes its witness there after every release and reads it back like the server's.
 
 Pure functions, except :func:`load_or_create_key` and the two small files (the store, the local copy).
 """
