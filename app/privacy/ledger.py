@@ -21,8 +21,13 @@ ledger is created; ``id`` is random, so a ledger created again is a different le
     {"adopt":{"reason":...,"time":...,"ledger":{...},"mark":{...}},"hash":"..."}
 
 Every line after the header is an *entry* (a release, a calibration, an adoption) chained to the
-one before it: ``hash_k = SHA-256(hash_{k-1} + "\\n" + canonical JSON of the entry without its
-hash)``, ``hash_0 = SHA-256("silofl-ledger-3\\n" + the header line)``. A release costs one append
+one before it: ``hash_k = HMAC-SHA256(key, hash_{k-1} + "\\n" + canonical JSON of the entry without
+its hash)``, ``hash_0 = HMAC-SHA256(key, "silofl-ledger-3\\n" + the header line)``, with the node's
+ledger key (node config ``ledger-key-file``, default ``<state-dir>/ledger.key``; the header's
+``key`` names it). A ledger written before keys (no ``key`` in its header) is chained, read and
+appended to with plain SHA-256, as it was. The ledger's *witness* (its position, MAC'd with the
+key), which the silo deposits with the server and checks against the server's copy before every
+release, is app/privacy/ledger_witness.py. A release costs one append
 of its line and one fsync, under the lock, then one in-place write of the high-water mark.
 
 The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
