@@ -1,13 +1,16 @@
 """The operator's tools for a silo's privacy ledger (docs/privacy.md, "When the ledger does not verify").
 
-    python -m app.ledger verify PATH... [--mark-dir DIR]   OK, or the one-line reason; exit 0 / 1
-    python -m app.ledger show PATH... [--mark-dir DIR]     every release, the adoptions, epsilon spent
-    python -m app.ledger adopt LEDGER --reason TEXT [--accept-loss] [--mark-dir DIR]
+    python -m app.ledger verify PATH... [--mark-dir DIR] [--key-file F] [--witness-dir DIR]   OK, or the reason
+    python -m app.ledger show PATH... [--mark-dir DIR] [--key-file F] [--witness-dir DIR]  every release, epsilon
+    python -m app.ledger adopt LEDGER --reason TEXT [--accept-loss] [--mark-dir DIR] [--key-file F] [--witness-dir DIR]
 
 PATH is a ledger file or a node's state dir (every ``ledger-*.json`` in it, and every ledger its
-marks record, present or not). ``--mark-dir``: the node config's ``ledger-mark-dir`` (default
-``<the ledger's dir>/ledger-marks``). ``verify`` and ``show`` change nothing; ``adopt`` writes
-the operator's decision into the ledger's chain (app/privacy/ledger.py: :func:`adopt`).
+marks record, present or not). ``--mark-dir``, ``--key-file``, ``--witness-dir``: the node
+config's ``ledger-mark-dir`` (default ``<the ledger's dir>/ledger-marks``), ``ledger-key-file``
+(default ``<the ledger's dir>/ledger.key``) and ``ledger-witness-dir`` (default: the mark dir).
+``verify`` and ``show`` change nothing (they check the ledger against its chain, its mark and the
+witness kept on the node); ``adopt`` writes the operator's decision into the ledger's chain
+(app/privacy/ledger_adopt.py: :func:`adopt`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from app.privacy.ledger import MARK_DIR, Inspection, LedgerError, inspect, mark_path_for
 from app.privacy.ledger_adopt import adopt
+from app.privacy.ledger_witness import key_path_for, read_key, read_witness_file, witness_path_for
 
 _NOTES = {"ok": "the mark agrees",
           "migrate": "a ledger from before hash chaining: adopted as it is on the next open",
@@ -38,8 +42,23 @@ def ledgers(path: Path, mark_dir: Path | None) -> list[Path]:
     return sorted(found)
 
 
-def verify_line(ledger: Path, mark_dir: Path | None) -> tuple[bool, str]:
-    return _verdict(ledger, inspect(ledger, mark_path_for(ledger, mark_dir)))
+def _inspect(ledger: Path, mark_dir: Path | None, key_file: Path | None = None,
+             witness_dir: Path | None = None) -> Inspection:
+    """The node's view of ``ledger``: its chain (with the node's key), its mark, the witness kept on the node."""
+    mark_path = mark_path_for(ledger, mark_dir)
+    try:
+        key = read_key(key_path_for(ledger, key_file))
+    except ValueError as exc:
+        insp = Inspection(ledger, mark_path)
+        insp.problem, insp.action = str(exc), "refuse"
+        return insp
+    witness = read_witness_file(witness_path_for(mark_path, witness_dir))
+    return inspect(ledger, mark_path, key=key, witnesses=[witness] if witness else [])
+
+
+def verify_line(ledger: Path, mark_dir: Path | None, key_file: Path | None = None,
+                witness_dir: Path | None = None) -> tuple[bool, str]:
+    return _verdict(ledger, _inspect(ledger, mark_dir, key_file, witness_dir))
 
 
 def _verdict(ledger: Path, insp: Inspection) -> tuple[bool, str]:
@@ -54,8 +73,8 @@ def _verdict(ledger: Path, insp: Inspection) -> tuple[bool, str]:
                   f"(delta {insp.delta:.3g}); {_NOTES[insp.action]}")
 
 
-def show(ledger: Path, mark_dir: Path | None) -> bool:
-    insp = inspect(ledger, mark_path_for(ledger, mark_dir))
+def show(ledger: Path, mark_dir: Path | None, key_file: Path | None = None, witness_dir: Path | None = None) -> bool:
+    insp = _inspect(ledger, mark_dir, key_file, witness_dir)
     ok, line = _verdict(ledger, insp)
     if insp.exists and insp.version:
         print(f"{ledger}: version {insp.version}" + (f", id {insp.id}" if insp.id else "")
@@ -81,6 +100,12 @@ def _f(eps: object) -> str:
     return "?" if eps is None else f"{float(eps):.4f}"
 
 
+def _node_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mark-dir", type=Path, default=None, help="the node config's ledger-mark-dir")
+    p.add_argument("--key-file", type=Path, default=None, help="the node config's ledger-key-file")
+    p.add_argument("--witness-dir", type=Path, default=None, help="the node config's ledger-witness-dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.ledger", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,17 +113,18 @@ def main(argv: list[str] | None = None) -> int:
                        ("show", "print each ledger's releases and epsilon spent")):
         p = sub.add_parser(name, help=text)
         p.add_argument("paths", nargs="+", type=Path, help="ledger files or state dirs")
-        p.add_argument("--mark-dir", type=Path, default=None, help="the node config's ledger-mark-dir")
+        _node_options(p)
     p = sub.add_parser("adopt", help="make a ledger that does not verify the silo's record again, recorded in it")
     p.add_argument("ledger", type=Path)
     p.add_argument("--reason", required=True, help="why (written into the ledger), e.g. 'restored from backup of ...'")
     p.add_argument("--accept-loss", action="store_true",
-                   help="adopt even though the mark records more than the ledger holds (that spending is forgotten)")
-    p.add_argument("--mark-dir", type=Path, default=None, help="the node config's ledger-mark-dir")
+                   help="adopt a ledger that its mark or witness cannot vouch for (spending may be forgotten)")
+    _node_options(p)
     args = parser.parse_args(argv)
     if args.command == "adopt":
         try:
-            print(adopt(args.ledger, args.mark_dir, reason=args.reason, accept_loss=args.accept_loss))
+            print(adopt(args.ledger, args.mark_dir, reason=args.reason, accept_loss=args.accept_loss,
+                        key_file=args.key_file, witness_dir=args.witness_dir))
         except LedgerError as exc:
             print(f"not adopted: {exc}", file=sys.stderr)
             return 1
@@ -110,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for f in paths:
         if args.command == "verify":
-            good, line = verify_line(f, args.mark_dir)
+            good, line = verify_line(f, args.mark_dir, args.key_file, args.witness_dir)
             print(line)
         else:
-            good = show(f, args.mark_dir)
+            good = show(f, args.mark_dir, args.key_file, args.witness_dir)
         ok &= good
     return 0 if ok else 1
 

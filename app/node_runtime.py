@@ -11,7 +11,10 @@ One implementation for both ways a node runs (DESIGN.md section 2, composition r
 Node config (the node operator's, never the run's): ``partition-id`` (this silo's index),
 ``num-partitions`` (must equal num-silos), ``state-dir`` (where the privacy ledger lives;
 default ``$FLWR_HOME/silofl-state``), ``ledger-mark-dir`` (the ledger's high-water marks, best on
-another volume; default ``<state-dir>/ledger-marks``), ``data-dir`` (overrides the run's data-dir), ``data-file`` /
+another volume; default ``<state-dir>/ledger-marks``), ``ledger-key-file`` (the key its ledger is
+chained and its witness MAC'd with; default ``<state-dir>/ledger.key``), ``ledger-witness-dir``
+(optional: a second place for the ledger's witness, app/privacy/ledger_witness.py), ``data-dir``
+(overrides the run's data-dir), ``data-file`` /
 ``data-format`` (the silo's own records, docs/your-data.md), ``role``, the
 shuffle-DP pins ``shuffler-public-key`` / ``silo-keys``, and the silo's own privacy policy
 (app/privacy/policy.py: a node that sets a cap, or a deployed node, gets OS randomness, no
@@ -48,7 +51,7 @@ from app.privacy.ledger import BudgetExceededError, LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
-from clients.silo import RefusingSilo, Silo
+from clients.silo import RefusingSilo, Silo, witnessed_answer
 
 #: the silos (and shufflers) this process serves, built once per run and reused across messages
 _SILOS: dict[tuple, Silo] = {}
@@ -197,7 +200,9 @@ def silo(context: Context, deployed: bool = False) -> Silo:
                                evaluation=policy.evaluation, evaluation_noise_ratio=policy.evaluation_noise_ratio,
                                run_id=context.run_id, shuffler_pin=pin,
                                trust_silo_sampling=policy.shuffle_trust_silo_sampling,
-                               ledger_mark_dir=node.get("ledger-mark-dir") or None)
+                               ledger_mark_dir=node.get("ledger-mark-dir") or None,
+                               ledger_key_file=node.get("ledger-key-file") or None,
+                               ledger_witness_dir=node.get("ledger-witness-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
         except BudgetExceededError as exc:  # the pre-processing release did not fit: ledger totals only
@@ -296,7 +301,7 @@ def _silo_answer(method: str, not_here: str, content: RecordDict, context: Conte
         return wire.Refusal(wire.REFUSED_CONFIG, f"this node is the shuffler; {not_here}", 0.0).encode()
     node_silo = silo(context, deployed)
     try:
-        return getattr(node_silo, method)(content)
+        return witnessed_answer(node_silo, method, content)
     except wire.ReplyError as exc:
         return wire.Refusal(wire.REFUSED_CONFIG, str(exc), node_silo.ledger.spent()).encode()
     except LedgerError as exc:  # the ledger stopped matching its mark while serving: release nothing
@@ -318,6 +323,8 @@ def ledger(content: RecordDict, context: Context, deployed: bool = False) -> Rec
         return wire.ledger_reply({"role": wire.ROLE_SHUFFLER})
     node_silo = silo(context, deployed)
     try:
+        if hasattr(getattr(node_silo, "ledger", None), "check_witnesses"):  # the server's copies: a restored state dir
+            node_silo.ledger.check_witnesses(wire.witnesses_of(content))
         report = node_silo.ledger_report()
         adopted = getattr(getattr(node_silo, "ledger", None), "adoptions", None)
         if adopted:  # a ledger adopted after a mismatch with its mark (python -m app.ledger adopt): what it forgot

@@ -233,6 +233,7 @@ EVALUATE_ROUND = "evaluate-round"
 # the typed messages and the queries live in modules of their own; their names are read from here as before
 from app.wire_messages import (EVALUATION_PREFIX, EvaluateReply, EvaluateRequest, Instruction,  # noqa: E402,F401
                                Refusal, ShuffleTicket, TrainReply, evaluation_of, read_instruction, with_evaluation)
+from app.wire_messages import WITNESS, with_witnesses, witnesses_of  # noqa: E402,F401
 from app.wire_queries import (IDENTITY, IDENTITY_QUERY, KEYS, KEYS_QUERY, LEDGER, LEDGER_QUERY,  # noqa: E402,F401
                               MAX_SEALED_BYTES, ROLE_SHUFFLER, ROLE_SILO, SEALED, SHUFFLE, SHUFFLE_QUERY, SealedReply,
                               ShuffleReply, ShuffleRequest, identity_reply, keys_reply, ledger_reply,

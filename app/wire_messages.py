@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from app.algorithms.base import Phase
 from app.sketch.broadcast import RoundSketch
@@ -263,3 +263,30 @@ def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[s
     if PREV_ARRAYS in content.array_records:
         prev = record_to_params(content.array_records[PREV_ARRAYS], what=PREV_ARRAYS)
     return arrays, dict(content.config_records[CONFIG]), prev
+
+
+#: the ledger witnesses (app/privacy/ledger_witness.py): the silo's own with its reply, the ones
+#: the server holds for the node with an instruction; a ConfigRecord {"witnesses": [text, ...]}
+WITNESS = "ledger-witness"
+#: the most witnesses a message carries, and the longest one (longer ones are not witnesses)
+MAX_WITNESSES, MAX_WITNESS_CHARS = 16, 1024
+
+
+def with_witnesses(content: RecordDict, texts: list[str]) -> RecordDict:
+    """A copy of ``content`` carrying the witnesses ``texts`` (``content`` itself when there are none)."""
+    if not texts:
+        return content
+    out = RecordDict(dict(content.items()))
+    out[WITNESS] = ConfigRecord({"witnesses": [str(t) for t in texts[:MAX_WITNESSES]]})
+    return out
+
+
+def witnesses_of(content: RecordDict) -> list[str]:
+    """The witnesses ``content`` carries (the texts only; what they say is the reader's check):
+    [] when none, or when the record is not in form."""
+    if WITNESS not in content.config_records:
+        return []
+    texts = content.config_records[WITNESS].get("witnesses", [])
+    if not isinstance(texts, list):
+        return []
+    return [t for t in texts[:MAX_WITNESSES] if isinstance(t, str) and len(t) <= MAX_WITNESS_CHARS]

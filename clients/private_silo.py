@@ -49,7 +49,7 @@ from app.privacy.ledger import BUDGET_RTOL, LedgerError
 from app.privacy.policy import NodePolicy, PolicyError, node_policy, policy_violation
 from app.sketch.broadcast import build_sketch
 from app.sketch.powersgd import PowerSGDState
-from clients.silo import RefusingSilo, Silo
+from clients.silo import RefusingSilo, Silo, witnessed_answer
 
 #: node-config key (PrivateSilo's policy): the algorithms this silo releases for, comma-separated
 ALGORITHMS_KEY = "algorithms"
@@ -154,7 +154,9 @@ class PrivateSilo:
             silo = Silo(s, data, 0, tuple(data.train_x.shape[1:]), where, ledger_key, policy_violation=violation,
                         ledger_budget=budget, evaluation=evaluation,
                         evaluation_noise_ratio=policy.evaluation_noise_ratio, run_id=context.run_id,
-                        ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model)
+                        ledger_mark_dir=context.node_config.get("ledger-mark-dir") or None, model=model,
+                        ledger_key_file=context.node_config.get("ledger-key-file") or None,
+                        ledger_witness_dir=context.node_config.get("ledger-witness-dir") or None)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             self._silos[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
             return self._silos[key]
@@ -213,6 +215,8 @@ class PrivateSilo:
         """The silo's public privacy record (the ``query.ledger`` silofl's ServerApp asks for)."""
         silo = self.silo(context)
         try:
+            if getattr(silo, "ledger", None) is not None:  # the server's witnesses: a restored state dir
+                silo.ledger.check_witnesses(wire.witnesses_of(msg.content))
             return Message(wire.ledger_reply(silo.ledger_report()), reply_to=msg)
         except LedgerError as exc:
             index = getattr(silo, "index", 0)
@@ -226,7 +230,7 @@ class PrivateSilo:
         silo = self.silo(context)
         index = getattr(silo, "index", "?")
         try:
-            return getattr(silo, method)(content)
+            return witnessed_answer(silo, method, content)
         except wire.ReplyError as exc:
             return wire.Refusal(wire.REFUSED_CONFIG, str(exc), silo.ledger.spent()).encode()
         except LedgerError as exc:

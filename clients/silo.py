@@ -102,7 +102,8 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
                  ledger_budget: tuple[float, float] | None = None, evaluation: str = "open",
                  evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
                  ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None,
-                 trust_silo_sampling: bool = False) -> None:
+                 trust_silo_sampling: bool = False, ledger_key_file: str | Path | None = None,
+                 ledger_witness_dir: str | Path | None = None) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
@@ -112,7 +113,9 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         ``ledger_mark_dir``: where the ledger's high-water mark lives (node config
         ``ledger-mark-dir``; None: ``ledger-marks`` in ``state_dir``). ``model``: the silo's own
         torch module (clients/private_silo.py); None: the run config's model from the zoo.
-        ``trust_silo_sampling``: node config shuffle-trust-silo-sampling (app/privacy/silo_sampling.py)."""
+        ``trust_silo_sampling``: node config shuffle-trust-silo-sampling (app/privacy/silo_sampling.py).
+        ``ledger_key_file``, ``ledger_witness_dir``: node config ledger-key-file (None:
+        ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger_witness.py)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,
@@ -144,7 +147,8 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         self.run_epsilon = priv.epsilon if self.private else math.inf
         lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
-        self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir)
+        self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir,
+                                         key_file=ledger_key_file, witness_dir=ledger_witness_dir)
         self.shuffle = self.private and priv.mode == "shuffle"
         self.dim = sum(p.numel() for p in self.model.parameters())
         self.levels = settings.shuffle.levels_for(self.dim) if self.shuffle else 0
@@ -397,6 +401,19 @@ class RefusingSilo:
 
     def ledger_report(self) -> dict[str, Any]:
         return {"silo": self.index, "error": self.reason}
+
+
+def witnessed_answer(silo: Silo | RefusingSilo, method: str, content: RecordDict) -> RecordDict:
+    """``silo``'s ``method`` (train or evaluate) answer to ``content``, checked first against the
+    ledger witnesses the request carries (the server's copies, app/privacy/ledger_witness.py):
+    LedgerError, before anything is recorded, when one is ahead of the ledger (a restored or
+    wiped state dir). The answer carries the ledger's own witness as it is after it."""
+    ledger = getattr(silo, "ledger", None)
+    if ledger is None:  # a RefusingSilo: no ledger
+        return getattr(silo, method)(content)
+    ledger.check_witnesses(wire.witnesses_of(content))
+    reply = getattr(silo, method)(content)
+    return wire.with_witnesses(reply, [ledger.check_witnesses([])])
 
 
 def _pick_device(device: str) -> str:

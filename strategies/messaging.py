@@ -13,6 +13,11 @@ answers for it with an error reply whose source is the SuperLink itself
 credited to the node that was asked, so the round log names the right node. Only error replies
 are re-attributed: a content reply keeps the source Flower authenticated.
 
+It is also where the server keeps the silos' ledger witnesses (app/privacy/ledger_witness.py,
+issue 34): each training or evaluation instruction to a node carries the witnesses the server
+holds for it, and each witness a node's reply carries is kept (the latest per node and ledger),
+in a store that outlives the run.
+
 Every instruction lives only as long as its exchange: its time-to-live is set to the exchange's
 timeout, so a SuperNode that comes back after a crash is not handed the instructions of rounds
 that are over (each would be a release its silo pays for and the server ignores).
@@ -24,7 +29,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import Message
+from flwr.app import Message, MessageType
 from flwr.common.constant import ErrorCode
 
 #: error codes meaning "the node (or its reply) is not there": a dropped silo, not a ClientApp failure
@@ -45,11 +50,13 @@ class ExchangeGrid:
     """A Flower Grid whose ``send_and_receive`` polls every ``poll_s`` (at most) and attributes
     error replies to the node asked. Everything else is the wrapped grid's."""
 
-    def __init__(self, grid: Any, poll_s: float = 0.05) -> None:
+    def __init__(self, grid: Any, poll_s: float = 0.05, witnesses: Any = None) -> None:
+        """``witnesses``: the server's store of ledger witnesses (a ``WitnessStore``; None: none kept)."""
         if not poll_s > 0:
             raise ValueError(f"poll interval must be > 0, got {poll_s}")
         self._grid = grid
         self.poll_s = float(poll_s)
+        self.witnesses = witnesses
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -61,6 +68,22 @@ class ExchangeGrid:
         sent = list(messages)
         if not sent:
             return []
+        if self.witnesses is None:
+            return self._exchange(sent, timeout)
+        from app import wire  # (here: importing the wire loads torch, which this module does not need otherwise)
+
+        for m in sent:  # each silo gets back the witnesses of its ledger the server holds
+            if m.metadata.message_type in _WITNESSED or m.metadata.message_type == wire.LEDGER_QUERY:
+                m.content = wire.with_witnesses(m.content, self.witnesses.get(m.metadata.dst_node_id))
+        replies = self._exchange(sent, timeout)
+        for reply in replies:
+            if not reply.has_error():
+                for text in wire.witnesses_of(reply.content):
+                    self.witnesses.put(reply.metadata.src_node_id, text)
+        self.witnesses.flush()
+        return replies
+
+    def _exchange(self, sent: list[Message], timeout: float | None) -> list[Message]:
         if not (hasattr(self._grid, "push_messages") and hasattr(self._grid, "pull_messages")):
             replies = list(self._grid.send_and_receive(sent, timeout=timeout))
             return attribute(replies, {m.metadata.message_id: m.metadata.dst_node_id for m in sent
@@ -84,6 +107,10 @@ class ExchangeGrid:
             delay = min(self.poll_s, max(FIRST_POLL_S, POLL_FRACTION * (now - start)))
             time.sleep(delay if end is None else max(0.0, min(delay, end - now)))
         return attribute(replies, asked)
+
+
+#: the message types whose instructions carry the node's ledger witnesses
+_WITNESSED = frozenset({str(MessageType.TRAIN), str(MessageType.EVALUATE)})
 
 
 def attribute(replies: list[Message], asked: dict[str, int]) -> list[Message]:

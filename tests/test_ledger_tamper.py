@@ -97,24 +97,85 @@ def test_a_tampered_ledger_is_refused_with_its_reason_and_left_alone(tmp_path: P
     assert {p: p.read_bytes() for p in (tmp_path / "state").rglob("*.mark")} == marks
 
 
-def test_an_edit_re_hashed_into_a_valid_chain_still_differs_from_the_mark(tmp_path: Path) -> None:
-    """Someone who edits a row and recomputes every hash after it gets a chain that holds, but
-    not the head the mark recorded."""
+def _re_hash(path: Path, key: bytes | None) -> None:
+    """Recompute every hash of the ledger at ``path`` (with ``key``: as its own key chains it)."""
     from app.privacy.ledger import _canonical, _chain, _genesis
 
-    path = _ledger(tmp_path)
-    _edit_noise(path)
     lines = [json.loads(x) for x in _lines(path)]
-    head = _genesis(_canonical(lines[0]))
+    head = _genesis(_canonical(lines[0]), key)
     out = [_canonical(lines[0]) + b"\n"]
     for entry in lines[1:]:
         body = {k: v for k, v in entry.items() if k != "hash"}
-        head = _chain(head, _canonical(body))
+        head = _chain(head, _canonical(body), key)
         out.append(_canonical(body | {"hash": head}) + b"\n")
     path.write_bytes(b"".join(out))
+
+
+def test_an_edit_re_hashed_into_a_valid_chain_still_differs_from_the_mark(tmp_path: Path) -> None:
+    """Someone who edits a row and recomputes every hash after it (with the ledger key) gets a
+    chain that holds, but not the head the mark recorded."""
+    from app.privacy.ledger_witness import key_path_for, read_key
+
+    path = _ledger(tmp_path)
+    _edit_noise(path)
+    _re_hash(path, read_key(key_path_for(path)))
     assert len(read_ledger(path)["releases"]) == ROWS  # the chain itself holds
     with pytest.raises(LedgerError, match="history was rewritten"):
         PrivacyLedger.open(path, BUDGET, DELTA)
+
+
+@pytest.mark.parametrize("mark_too", [False, True])
+def test_a_chain_rewritten_without_the_key_is_detected(tmp_path: Path, mark_too: bool) -> None:
+    """Issue 34 section 3: a writer with access to the ledger (and its mark) but not to the key
+    drops rows, re-hashes the chain with SHA-256 and (``mark_too``) writes a mark that matches:
+    before the keyed chain the silo took the forged ledger (epsilon of 5 releases instead of 20);
+    now every entry fails its hash."""
+    from app.privacy.ledger import _canonical, _genesis, mark_path_for, read_mark, write_mark
+
+    path = _ledger(tmp_path)
+    header = json.loads(_lines(path)[0])
+    assert "key" in header  # the ledger is chained with the node's key
+    _keep(path, _lines(path)[:7])  # the calibration and 5 releases left
+    _re_hash(path, None)
+    if mark_too:  # forge the mark the re-hashed chain would have
+        lines = [json.loads(x) for x in _lines(path)]
+        mark = read_mark(mark_path_for(path)) | {"entries": 6, "releases": 5, "head": lines[-1]["hash"],
+                                                  "eps_spent": _eps(5), "gen": 999}
+        write_mark(mark_path_for(path), mark, fresh=True)
+        assert _genesis(_canonical(header)) != ""  # (unkeyed genesis, as the forger computed it)
+    with pytest.raises(LedgerError, match="does not match its hash") as err:
+        PrivacyLedger.open(path, BUDGET, DELTA)
+    assert "\n" not in str(err.value)
+    with pytest.raises(LedgerError, match="does not match its hash"):
+        read_ledger(path)
+
+
+def test_a_ledger_chained_before_keys_stays_readable_and_unkeyed(tmp_path: Path) -> None:
+    """A version-3 ledger written before the key (no ``key`` in its header, SHA-256 chain) is
+    read and appended to as it was; a new ledger beside it is keyed."""
+    path = _ledger(tmp_path, rows=3)
+    key_file = path.parent / "ledger.key"
+    _unkey(path)
+    key_file.unlink()
+    ledger = PrivacyLedger.open(path, BUDGET, DELTA)
+    assert ledger.spent() == pytest.approx(_eps(3))
+    ledger.record([Release("grad", N, K, Z)], round_=9)
+    assert "key" not in json.loads(_lines(path)[0]) and len(read_ledger(path)["releases"]) == 4
+    assert PrivacyLedger.open(path, BUDGET, DELTA).spent() == pytest.approx(_eps(4))
+    assert key_file.exists() and oct(key_file.stat().st_mode & 0o777) == "0o600"
+
+
+def _unkey(path: Path) -> None:
+    """The ledger at ``path`` as it was written before keys: no ``key`` in its header, a SHA-256
+    chain, and a mark that records that chain."""
+    from app.privacy.ledger import mark_path_for, read_mark, write_mark
+
+    lines = [json.loads(x) for x in _lines(path)]
+    del lines[0]["key"]
+    path.write_bytes(b"".join(json.dumps(x, sort_keys=True, separators=(",", ":")).encode() + b"\n" for x in lines))
+    _re_hash(path, None)
+    mark = read_mark(mark_path_for(path)) | {"head": json.loads(_lines(path)[-1])["hash"]}
+    write_mark(mark_path_for(path), mark, fresh=True)
 
 
 def test_a_torn_last_line_the_mark_does_not_record_is_dropped(tmp_path: Path, caplog) -> None:
@@ -168,6 +229,8 @@ def test_the_mark_lives_where_the_node_config_says(tmp_path: Path) -> None:
 def test_a_ledger_replaced_by_a_new_one_is_refused(tmp_path: Path) -> None:
     """The ledger deleted and created again (an empty, valid ledger with another id)."""
     path = _ledger(tmp_path, rows=3)
+    (tmp_path / "b" / "state").mkdir(parents=True)
+    shutil.copy(path.parent / "ledger.key", tmp_path / "b" / "state")  # on the same node: the same key
     other = _ledger(tmp_path / "b", rows=0)
     shutil.copy(other, path)
     with pytest.raises(LedgerError, match="recreated or replaced"):
@@ -275,7 +338,10 @@ def test_a_lost_mark_is_adopted_with_a_reason_and_a_deleted_ledger_is_reported(t
     mark_path_for(path).unlink()
     assert main(["verify", str(path)]) == 1
     assert "no high-water mark" in capsys.readouterr().out
-    assert main(["adopt", str(path), "--reason", "mark volume replaced"]) == 0  # nothing to lose against
+    # nothing vouches for the ledger being the whole record (issue 34): adopting it takes --accept-loss
+    assert main(["adopt", str(path), "--reason", "mark volume replaced"]) == 1
+    assert "--accept-loss" in capsys.readouterr().err
+    assert main(["adopt", str(path), "--reason", "mark volume replaced", "--accept-loss"]) == 0
     assert PrivacyLedger.open(path, BUDGET, DELTA).spent() == pytest.approx(_eps(4))
     capsys.readouterr()
     path.unlink()  # verify of the state dir still finds it through its mark

@@ -21,8 +21,13 @@ ledger is created; ``id`` is random, so a ledger created again is a different le
     {"adopt":{"reason":...,"time":...,"ledger":{...},"mark":{...}},"hash":"..."}
 
 Every line after the header is an *entry* (a release, a calibration, an adoption) chained to the
-one before it: ``hash_k = SHA-256(hash_{k-1} + "\\n" + canonical JSON of the entry without its
-hash)``, ``hash_0 = SHA-256("silofl-ledger-3\\n" + the header line)``. A release costs one append
+one before it: ``hash_k = HMAC-SHA256(key, hash_{k-1} + "\\n" + canonical JSON of the entry without
+its hash)``, ``hash_0 = HMAC-SHA256(key, "silofl-ledger-3\\n" + the header line)``, with the node's
+ledger key (node config ``ledger-key-file``, default ``<state-dir>/ledger.key``; the header's
+``key`` names it). A ledger written before keys (no ``key`` in its header) is chained, read and
+appended to with plain SHA-256, as it was. The ledger's *witness* (its position, MAC'd with the
+key), which the silo deposits with the server and checks against the server's copy before every
+release, is app/privacy/ledger_witness.py. A release costs one append
 of its line and one fsync, under the lock, then one in-place write of the high-water mark.
 
 The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
@@ -73,6 +78,9 @@ from app.privacy.ledger_chain import (LEDGER_VERSION, LedgerError, _Chain, _cano
                                       _eps_of, _genesis, _release, _row)
 from app.privacy.ledger_inspect import Inspection, inspect, judge
 from app.privacy.ledger_mark import mark_path_for, read_mark, write_mark
+from app.privacy.ledger_witness import (ahead, key_id, key_path_for, load_or_create_key, make_witness,
+                                        read_witness_file, verified, witness_path_for, witness_problem,
+                                        write_witness_file)
 # the format's, the mark's and the inspection's public names, read from here by app/ledger.py and the tests
 from app.privacy.ledger_chain import RECOVERY, _decode_float, _fmt, _legacy, _parse_v3, read_ledger  # noqa: F401
 from app.privacy.ledger_mark import MARK_DIR, MARK_SLOT, MARK_STRIDE  # noqa: F401
@@ -103,6 +111,17 @@ class PrivacyLedger:
     mark_path: Path | None = None
     #: fsync the mark after every write (False: written in place, not synced; see the module doc)
     mark_sync: bool = False
+    #: the ledger key (app/privacy/ledger_witness.py): chains a new ledger, MACs its witnesses
+    key: bytes | None = field(default=None, repr=False, compare=False)
+    #: where the ledger's witness is kept on this node (a witness found ahead; with node config
+    #: ledger-witness-dir, also the current one after every release)
+    witness_path: Path | None = None
+    #: write the current witness to witness_path after every release (ledger-witness-dir is set)
+    witness_copy: bool = False
+    #: the key this ledger's chain uses (None: a ledger chained before keys)
+    _ck: bytes | None = field(default=None, repr=False, compare=False)
+    #: the hash after each entry
+    _heads: list[str] = field(default_factory=list, repr=False, compare=False)
     #: the chain: the ledger's id, the entries read and the last one's hash
     _id: str = field(default="", repr=False, compare=False)
     _entries: int = field(default=0, repr=False, compare=False)
@@ -121,13 +140,22 @@ class PrivacyLedger:
 
     @classmethod
     def open(cls, path: str | Path, epsilon_budget: float, delta: float, *,
-             mark_dir: str | Path | None = None) -> PrivacyLedger:
+             mark_dir: str | Path | None = None, key_file: str | Path | None = None,
+             witness_dir: str | Path | None = None) -> PrivacyLedger:
         """Load the ledger at ``path`` or create an empty one, and check it against its
-        high-water mark (in ``mark_dir``, default ``ledger-marks`` beside it). An existing
-        ledger written for a different budget is an error: a silo's budget cannot be changed
-        after spending. So is any mismatch with the mark (:class:`LedgerError`)."""
+        high-water mark (in ``mark_dir``, default ``ledger-marks`` beside it) and the witness
+        kept on this node (``witness_dir``, default beside the mark). An existing ledger written
+        for a different budget is an error: a silo's budget cannot be changed after spending. So
+        is any mismatch with the mark or the witness (:class:`LedgerError`). ``key_file``: the
+        ledger key (default ``ledger.key`` beside the ledger; created when missing)."""
         path = Path(path)
-        ledger = cls(path, float(epsilon_budget), float(delta), mark_path=mark_path_for(path, mark_dir))
+        try:
+            key = load_or_create_key(key_path_for(path, key_file))
+        except (OSError, ValueError) as exc:
+            raise LedgerError(f"privacy ledger {path}: its key cannot be read or created ({exc})") from exc
+        mark_path = mark_path_for(path, mark_dir)
+        ledger = cls(path, float(epsilon_budget), float(delta), mark_path=mark_path, key=key,
+                     witness_path=witness_path_for(mark_path, witness_dir), witness_copy=witness_dir is not None)
         with ledger._locked():
             ledger._reload()
         return ledger
@@ -155,7 +183,9 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {self.path} is unreadable: {exc}") from exc
         if fh is None:
             self._file_id = None
-            return self._settle(inspect(self.path, self.mark_path, data=None, mark=mark), mark)
+            self._settle(inspect(self.path, self.mark_path, data=None, mark=mark, key=self.key,
+                                 witnesses=self._local_witnesses()), mark)
+            return
         with fh:
             try:
                 st = os.fstat(fh.fileno())
@@ -176,9 +206,10 @@ class PrivacyLedger:
         self._mtime = st.st_mtime_ns  # (a dropped torn line, a conversion: updated there)
         if not unchanged:
             self._file_id = file_id  # (reset if this raises; a conversion sets its new file's)
-            self._settle(inspect(self.path, self.mark_path, data=full, mark=mark), mark)
-            return
-        self._read_on(data[len(self._tail):], mark)
+            self._settle(inspect(self.path, self.mark_path, data=full, mark=mark, key=self.key), mark)
+        else:
+            self._read_on(data[len(self._tail):], mark)
+        self._check_witnesses(self._local_witnesses())
 
     def _read_on(self, data: bytes, mark: dict[str, Any] | None) -> None:
         """Parse what other processes appended since this handle's last read (``data``),
@@ -186,7 +217,7 @@ class PrivacyLedger:
         assert mark is not None and self.mark_path is not None
         used = data.rfind(b"\n") + 1
         want = int(mark["entries"])
-        chain = _Chain(self.path, self._head, self._entries, len(self.releases), want)
+        chain = _Chain(self.path, self._head, self._entries, len(self.releases), want, self._ck)
         if want == self._entries:
             chain.head_at_want = self._head
         rows, calibration, adopts, last = chain.parse(data[:used].split(b"\n")[:-1])
@@ -201,6 +232,7 @@ class PrivacyLedger:
             self.calibration = calibration
         self.adoptions.extend(adopts)
         self._entries, self._head, self._last_kind = chain.entries, chain.head, last or self._last_kind
+        self._heads.extend(chain.heads)
         if torn:
             self._drop_torn(self._offset + used, torn)
         self._offset += used
@@ -228,6 +260,8 @@ class PrivacyLedger:
         self._add_rows(insp.releases)
         self.adoptions = list(insp.adoptions)
         self._id, self._entries, self._head, self._last_kind = insp.id, insp.entries, insp.head, insp.last_kind
+        self._heads = list(insp.heads)
+        self._ck = self._header_key(insp.data)
         self._mark = mark
         if insp.torn:
             self._drop_torn(insp.used, insp.torn)
@@ -282,8 +316,12 @@ class PrivacyLedger:
                       adopts: list[dict[str, Any]], old_mark: dict[str, Any] | None) -> None:
         header = {"ledger": LEDGER_VERSION, "epsilon_budget": _encode_float(self.epsilon_budget), "delta": self.delta,
                   "id": secrets.token_hex(16)}
+        if self.key is not None:  # a keyed chain: rewriting it needs the key
+            header["key"] = key_id(self.key)
+        self._ck = self.key
         head_line = _canonical(header)
-        self._id, self._head, self._entries, self._last_kind = header["id"], _genesis(head_line), 0, ""
+        self._id, self._head, self._entries, self._last_kind = header["id"], _genesis(head_line, self._ck), 0, ""
+        self._heads = []
         entries = ([{"calibration": dict(calibration)}] if calibration else []) + [{"release": r} for r in releases]
         entries += [{"adopt": a} for a in adopts]
         data = head_line + b"\n" + self._chained(entries)
@@ -302,7 +340,8 @@ class PrivacyLedger:
         out = []
         for e in entries:
             (kind,) = e
-            self._head = _chain(self._head, _canonical(e))
+            self._head = _chain(self._head, _canonical(e), self._ck)
+            self._heads.append(self._head)
             self._entries += 1
             self._last_kind = kind
             out.append(_canonical(e | {"hash": self._head}) + b"\n")
@@ -325,6 +364,7 @@ class PrivacyLedger:
         except OSError as exc:
             self._file_id = None  # read it again in full next time (it may hold a torn line)
             self._head, self._entries, self._last_kind = head, count, last
+            del self._heads[count:]
             raise LedgerError(f"privacy ledger {self.path} could not be written: {exc}") from exc
         if end != self._offset + len(data):  # someone wrote without the lock: trust nothing read
             self._file_id = None
@@ -347,6 +387,64 @@ class PrivacyLedger:
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return exclusive_lock(_lock_path(self.path))
+
+    # -- the witness (app/privacy/ledger_witness.py) --------------------------------------------
+    def _header_key(self, data: bytes) -> bytes | None:
+        """The key the chain in ``data`` (a version-3 file read in full) uses."""
+        return self.key if b'"key":' in data.split(b"\n", 1)[0] else None
+
+    def _local_witnesses(self) -> list[str]:
+        text = read_witness_file(self.witness_path) if self.witness_path is not None else None
+        return [text] if text else []
+
+    def _head_at(self, k: int) -> str | None:
+        return self._heads[k - 1] if 0 < k <= len(self._heads) else None
+
+    def _check_witnesses(self, texts: list[str]) -> None:
+        """LedgerError when a witness of this ledger in ``texts`` is ahead of it (caller holds
+        the lock and has just reloaded); a verified one that is ahead is kept on this node."""
+        if self.key is None:
+            return
+        for text in texts:
+            problem = witness_problem(text, self.key, ledger=self.path.name, ledger_id=self._id,
+                                      entries=self._entries, head_at=self._head_at, adoptions=self.adoptions,
+                                      eps_here=self._eps)
+            if problem is None:
+                continue
+            w = verified(self.key, text)
+            if w is not None and self.witness_path is not None:
+                held = verified(self.key, read_witness_file(self.witness_path))
+                if held != w and ahead(w, held):
+                    try:
+                        write_witness_file(self.witness_path, text)
+                    except OSError as exc:
+                        logger.warning("privacy ledger %s: could not keep its witness in %s: %s", self.path,
+                                       self.witness_path, exc)
+            raise LedgerError(problem)
+
+    def _witness(self) -> str:
+        assert self.key is not None
+        eps = self._mark.get("eps_spent") if self._mark else None
+        return make_witness(self.key, ledger=self.path.name, ledger_id=self._id, entries=self._entries,
+                            releases=len(self.releases), eps_spent=None if eps is None else float(eps),
+                            head=self._head, epoch=len(self.adoptions))
+
+    def _copy_witness(self) -> None:
+        assert self.witness_path is not None
+        try:
+            write_witness_file(self.witness_path, self._witness())
+        except OSError as exc:
+            raise LedgerError(f"privacy ledger {self.path}: its witness {self.witness_path} (node config "
+                              f"ledger-witness-dir) could not be written ({exc}); the entry is recorded") from exc
+
+    def check_witnesses(self, texts: list[str]) -> str:
+        """Check the witnesses another party holds (``texts``: the server's, with an instruction)
+        against the ledger, and return the ledger's own, current witness. LedgerError when one of
+        them is ahead of the ledger (a restored or wiped state dir, a rewritten history)."""
+        with self._locked():
+            self._reload()
+            self._check_witnesses(list(texts))
+            return self._witness()
 
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
@@ -416,6 +514,8 @@ class PrivacyLedger:
             self._append([{"release": row} for row in rows])
             self._add_rows(rows)
             self._write_mark(after)
+            if self.witness_copy:
+                self._copy_witness()
         return after, seq
 
     def set_calibration(self, calibration: dict[str, Any]) -> None:

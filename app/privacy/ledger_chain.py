@@ -5,6 +5,7 @@ app/privacy/ledger.py's module doc; this module only reads and encodes rows."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 from dataclasses import fields
@@ -30,20 +31,44 @@ def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _chain(prev: str, body: bytes) -> str:
-    return hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
+def _chain(prev: str, body: bytes, key: bytes | None = None) -> str:
+    """The hash of an entry after ``prev``: SHA-256, or HMAC-SHA256 with the ledger's ``key``
+    (a ledger whose header names a key, app/privacy/ledger_witness.py)."""
+    if key is None:
+        return hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
+    return hmac.new(key, prev.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
-def _genesis(header_line: bytes) -> str:
-    return _chain(_GENESIS, header_line)
+def _genesis(header_line: bytes, key: bytes | None = None) -> str:
+    return _chain(_GENESIS, header_line, key)
+
+
+def _chain_key(path: Path, header: dict[str, Any], key: bytes | None) -> bytes | None:
+    """The key the ledger whose header is ``header`` is chained with: None for one chained before
+    keys (no ``key`` in its header), else ``key``, which must be the one the header names."""
+    named = header.get("key")
+    if named is None:
+        return None
+    from app.privacy.ledger_witness import key_id
+
+    if key is None or key_id(key) != named:
+        have = "no key" if key is None else f"a key with id {key_id(key)}"
+        raise LedgerError(f"privacy ledger {path} is chained with the ledger key {named} but this node has {have} "
+                          "(node config ledger-key-file, default <state-dir>/ledger.key): the key file was lost, "
+                          "replaced or not given; restore it; " + RECOVERY.format(path=path))
+    return key
 
 
 class _Chain:
     """Parses entry lines, checking each against its hash, from a head and entry count."""
 
-    def __init__(self, path: Path, head: str, entries: int, releases: int, want: int | None) -> None:
+    def __init__(self, path: Path, head: str, entries: int, releases: int, want: int | None,
+                 key: bytes | None = None) -> None:
         self.path, self.head, self.entries, self.releases_before, self.want = path, head, entries, releases, want
+        self.key = key
         self.head_at_want: str | None = head if want == entries else None
+        #: the hash after each entry parsed, in order
+        self.heads: list[str] = []
 
     def parse(self, lines: list[bytes]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[dict[str, Any]],
                                                  str]:
@@ -64,7 +89,7 @@ class _Chain:
                     raise ValueError(f"not a ledger entry: {raw[:80]!r}")
                 if kind == "release":
                     _release(body[kind])  # a row the accountant can read
-                expected = _chain(self.head, _canonical(body))
+                expected = _chain(self.head, _canonical(body), self.key)
             except (ValueError, KeyError, TypeError) as exc:
                 raise LedgerError(f"privacy ledger {self.path} is unreadable: entry {k} (line {k + 1}): {exc}; "
                                   + RECOVERY.format(path=self.path)) from exc
@@ -75,6 +100,7 @@ class _Chain:
                                   "hash: it was edited, or an entry before it was removed, changed or inserted; "
                                   + RECOVERY.format(path=self.path))
             self.head, self.entries, last = expected, k, kind
+            self.heads.append(expected)
             if self.want == k:
                 self.head_at_want = expected
             if kind == "release":
@@ -86,9 +112,11 @@ class _Chain:
         return rows, calibration, adopts, last
 
 
-def _parse_v3(path: Path, data: bytes, want: int | None) -> tuple:
+def _parse_v3(path: Path, data: bytes, want: int | None, key: bytes | None = None, *,
+              heads: list[str] | None = None) -> tuple:
     """A version-3 file's (version, id, budget, delta, rows, calibration, adoptions, entries, head,
-    last kind, bytes used, torn bytes, head after ``want`` entries or None), its chain checked."""
+    last kind, bytes used, torn bytes, head after ``want`` entries or None), its chain checked
+    (with ``key`` when its header names one). ``heads``: filled with the hash after each entry."""
     used = data.rfind(b"\n") + 1
     lines = data[:used].split(b"\n")[:-1]
     if not lines:
@@ -100,8 +128,11 @@ def _parse_v3(path: Path, data: bytes, want: int | None) -> tuple:
         eps, delta = _decode_float(header["epsilon_budget"]), float(header["delta"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
-    chain = _Chain(path, _genesis(_canonical(header)), 0, 0, want)
+    chain_key = _chain_key(path, header, key)
+    chain = _Chain(path, _genesis(_canonical(header), chain_key), 0, 0, want, chain_key)
     rows, calibration, adopts, last = chain.parse(lines[1:])
+    if heads is not None:
+        heads[:] = chain.heads
     return (LEDGER_VERSION, header["id"], eps, delta, rows, calibration or {}, adopts, chain.entries, chain.head, last,
             used, len(data) - used, chain.head_at_want)
 
@@ -151,11 +182,14 @@ def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any],
     return 2, budget, delta, calibration, rows, used, len(data) - used
 
 
-def read_ledger(path: str | Path) -> dict[str, Any]:
+def read_ledger(path: str | Path, key_file: str | Path | None = None) -> dict[str, Any]:
     """A ledger file's contents (any version), read without the lock and without changing the
     file or looking at its mark: ``version``, ``epsilon_budget``, ``delta``, ``calibration`` and
-    ``releases`` (a version-3 file also ``id`` and ``adoptions``; its chain is checked). An
+    ``releases`` (a version-3 file also ``id`` and ``adoptions``; its chain is checked, with the
+    ledger key in ``key_file``, default ``ledger.key`` beside it, when its header names one). An
     incomplete last line (an append in progress, or a crash's) is left out."""
+    from app.privacy.ledger_witness import key_path_for, read_key
+
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -165,7 +199,11 @@ def read_ledger(path: str | Path) -> dict[str, Any]:
     if legacy is not None:
         version, eps, delta, calibration, rows, _, _ = legacy
         return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows}
-    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = _parse_v3(path, data, None)
+    try:
+        key = read_key(key_path_for(path, key_file))
+    except ValueError as exc:
+        raise LedgerError(str(exc)) from exc
+    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = _parse_v3(path, data, None, key)
     return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows,
             "id": ledger_id, "adoptions": adopts}
 

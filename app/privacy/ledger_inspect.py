@@ -11,6 +11,7 @@ from typing import Any
 from app.privacy.ledger_chain import (RECOVERY, LedgerError, _eps_of, _fmt, _legacy, _parse_v3,
                                       _release)
 from app.privacy.ledger_mark import read_mark
+from app.privacy.ledger_witness import key_path_for, read_key, witness_problem
 
 
 def judge(path: Path, mark_path: Path, *, ledger_id: str, entries: int, head_at_mark: str | None, torn: bool,
@@ -66,6 +67,8 @@ class Inspection:
     used: int = 0
     torn: int = 0
     data: bytes = b""
+    #: the hash after each entry (a version-3 file)
+    heads: list[str] = field(default_factory=list)
     mark: dict[str, Any] | None = None
     problem: str | None = None
     action: str = "ok"
@@ -81,12 +84,20 @@ _UNSET: Any = object()
 
 
 def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UNSET,
-            mark: Any = _UNSET) -> Inspection:
+            mark: Any = _UNSET, key: Any = _UNSET, witnesses: Any = ()) -> Inspection:
     """Read the ledger at ``path`` (or take its bytes ``data``; None: it does not exist) and its
-    mark, check the chain and the mark, and say what opening it would do. Changes nothing."""
+    mark, check the chain (with the ledger ``key`` where its header names one; default: the one
+    in ``ledger.key`` beside the ledger, if any), the mark and the ``witnesses`` (texts,
+    app/privacy/ledger_witness.py; checked only with a key), and say what opening it would do.
+    Changes nothing."""
     path, mark_path = Path(path), Path(mark_path)
     insp = Inspection(path, mark_path)
     try:
+        if key is _UNSET:
+            try:
+                key = read_key(key_path_for(path))
+            except ValueError as exc:
+                raise LedgerError(str(exc)) from exc
         if mark is _UNSET:
             mark = read_mark(mark_path)
         insp.mark = mark
@@ -98,6 +109,11 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
             except OSError as exc:
                 raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
         if data is None:
+            for text in witnesses if key is not None else ():
+                problem = witness_problem(text, key, ledger=path.name, ledger_id="", entries=0,
+                                          head_at=lambda k: None, adoptions=[], eps_here=0.0)
+                if problem is not None:
+                    raise LedgerError(problem)
             if mark is not None and int(mark["entries"]) > 0:
                 raise LedgerError(
                     f"privacy ledger {path} is missing but its high-water mark {mark_path} records {mark['entries']} "
@@ -122,13 +138,19 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
             insp.action = "migrate"
             return insp
         want = None if mark is None else int(mark["entries"])
-        parsed = _parse_v3(path, data, want)
+        parsed = _parse_v3(path, data, want, key, heads=insp.heads)
         (insp.version, insp.id, insp.epsilon_budget, insp.delta, insp.releases, insp.calibration, insp.adoptions,
          insp.entries, insp.head, insp.last_kind, insp.used, insp.torn, head_at_mark) = parsed
         problem = judge(path, mark_path, ledger_id=insp.id, entries=insp.entries, head_at_mark=head_at_mark,
                         torn=insp.torn > 0, last_kind=insp.last_kind, mark=mark, eps_here=insp.eps)
         if problem is not None:
             raise LedgerError(problem)
+        for text in witnesses if key is not None else ():
+            problem = witness_problem(text, key, ledger=path.name, ledger_id=insp.id, entries=insp.entries,
+                                      head_at=lambda k: insp.heads[k - 1] if 0 < k <= len(insp.heads) else None,
+                                      adoptions=insp.adoptions, eps_here=insp.eps)
+            if problem is not None:
+                raise LedgerError(problem)
         insp.action = ("mark" if mark is None else "roll-forward" if int(mark["entries"]) < insp.entries
                        else "drop-torn" if insp.torn else "ok")
     except LedgerError as exc:
