@@ -75,8 +75,21 @@ class Node:
 
 
 def wire_bytes(content: RecordDict) -> bytes:
-    """What the node sends back, as Flower serialises it."""
-    return recorddict_to_proto(content).SerializeToString()
+    """What the node sends back, as Flower serialises it, less the ledger's witness (a MAC'd
+    summary of the ledger: its entries' hash, id and key are the node's own randomness, so two
+    nodes' witnesses differ whatever their records; :func:`witness_fields` checks what it holds)."""
+    witness_fields(content)
+    kept = RecordDict({k: v for k, v in content.items() if k != wire.WITNESS})
+    return recorddict_to_proto(kept).SerializeToString()
+
+
+def witness_fields(content: RecordDict) -> None:
+    """A refusal's witness holds only the ledger's own counts, hash, id and MAC: no record."""
+    import json as _json
+
+    for found in wire.witnesses_of(content):
+        doc = found if isinstance(found, dict) else _json.loads(found)
+        assert set(doc) <= {"entries", "epoch", "eps_spent", "head", "id", "ledger", "mac", "releases", "w"}, doc
 
 
 def schema(**doc: Any) -> str:
