@@ -182,12 +182,11 @@ def log_sweep(sweep_dir: str | Path, *, experiment: str | None = None, uri: str 
     """Log every finished job of a sweep that has its run folder (skipping those logged before),
     and a run ``<name>/report`` with the report's files (results.md, summary.csv, figures) as
     artifacts when app.report has written them. Returns the MLflow run ids logged now."""
-    import csv
+    from app.results import complete_csv_rows
 
     sweep_dir = Path(sweep_dir)
     experiment = experiment or f"{DEFAULT_EXPERIMENT}/{sweep_dir.name}"
-    with (sweep_dir / "results.csv").open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = complete_csv_rows(sweep_dir / "results.csv")
     logged = []
     for r in rows:
         recorded = Path(r.get("run_dir") or "")

@@ -300,3 +300,29 @@ def test_flower_still_offers_no_supported_in_process_simulation() -> None:
     assert "warn_deprecated_feature(" in source and "use `flwr run`" in source
     params = inspect.signature(fs.run_simulation_process).parameters
     assert {"runtime_api_address", "token"} <= set(params)
+
+
+def test_a_row_cut_by_a_kill_is_set_aside_not_glued_to_the_next_job(tmp_path: Path, capsys) -> None:
+    """A job killed (or a disk filled) part-way through its row's write leaves a file that does
+    not end in a newline. Before: the next job's row was glued onto the cut one, so that job was
+    lost and the cut row read as `completed` with the other job's tail. Now the cut row is moved
+    to results.csv.partial (its job counts as not run), and each row is one line in one write."""
+    path = tmp_path / "results.csv"
+    results = sweep.ResultsFile(path)
+    results.append({"job": "a", "status": "completed", "test_error": 0.25, "lr": 0.1})
+    results.append({"job": "b", "status": "completed", "test_error": 0.5, "lr": 0.2})
+    whole = path.read_bytes()
+    cut = whole[: whole.rindex(b"0.2")]  # job b's row cut after its status and before its lr
+    path.write_bytes(cut)
+    assert sweep.ResultsFile(path).rows()[-1]["job"] == "a"  # a cut row is not a row
+    assert not sweep.ResultsFile(path).completed("b")  # so job b runs again on resume
+    sweep.ResultsFile(path).append({"job": "c", "status": "failed", "error": "boom\nline two", "lr": 0.3})
+    assert "ended in a cut row" in capsys.readouterr().err
+    rows = sweep.ResultsFile(path).rows()
+    assert [(r["job"], r["status"], r["lr"], r["error"]) for r in rows] == [
+        ("a", "completed", "0.1", ""), ("c", "failed", "0.3", "boom line two")]
+    assert (tmp_path / "results.csv.partial").read_bytes() == cut[cut.rindex(b"\n") + 1:] + b"\n"
+    assert path.read_bytes().endswith(b"\r\n") and path.read_bytes().count(b"\n") == 3  # header + 2 rows
+    path.write_bytes(path.read_bytes()[:40])  # even the header cut: the file starts again
+    sweep.ResultsFile(path).append({"job": "d", "status": "completed", "lr": 0.4})
+    assert [r["job"] for r in sweep.ResultsFile(path).rows()] == ["d"]
