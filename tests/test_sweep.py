@@ -326,3 +326,18 @@ def test_a_row_cut_by_a_kill_is_set_aside_not_glued_to_the_next_job(tmp_path: Pa
     path.write_bytes(path.read_bytes()[:40])  # even the header cut: the file starts again
     sweep.ResultsFile(path).append({"job": "d", "status": "completed", "lr": 0.4})
     assert [r["job"] for r in sweep.ResultsFile(path).rows()] == ["d"]
+
+
+def test_a_split_the_data_cannot_make_is_a_one_line_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys) -> None:
+    """`num-silos=4` on WBCD (by-label partition, 2 classes): the job is refused in one line by the
+    launcher's pre-flight before the engine starts. Before, the engine's ServerApp raised
+    ValueError inside the federation and the sweep printed tracebacks."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    row = sweep.sweep_job(nested(dataset="wbcd", **{"num-silos": 4}))
+    err = capsys.readouterr().err
+    assert row["status"] == "failed" and calls == []
+    assert row["error"].startswith("ConfigError: ValueError: num_silos=4; by-label partition needs num_silos in [1, 2]")
+    assert "Traceback" not in err and "config error: ValueError: num_silos=4" in err
