@@ -234,7 +234,7 @@ def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkey
     sizes its actor pool from every node's CPUs); per-actor resources come from the sweep."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     local = sweep.engine_backend_config(3)
-    assert local["init_args"] == {"num_cpus": min(os.cpu_count() or 1, 3)}
+    assert local["init_args"] == {"address": "local", "num_cpus": min(os.cpu_count() or 1, 3)}  # a Ray of its own
     assert local["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert sweep.engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
