@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, get_algorithm
@@ -24,13 +24,13 @@ from app.algorithms.options import (  # noqa: F401 (re-exported)
 from app.algorithms.plsvrg import PLSVRGSettings
 from app.algorithms.spider import SpiderSettings
 from app.algorithms.svrg import SVRGSettings
-from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings
+from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings, byzantine_count
 from app.data.options import NODE_ONLY_KEYS, DataOptions, check_own_data
 from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.scaling import SCALING_MODES as STANDARDIZE_MODES, resolve_scaling
 from app.data.sources import SOURCES
 from app.options import (
-    ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
+    OPTION, ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
 )
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.policy import NOISE_SEEDS  # noqa: F401 (re-exported)
@@ -243,9 +243,25 @@ def _check_relations(s: Settings) -> None:
         raise ConfigError(f"plsvrg.restarts = {s.plsvrg.restarts} is out of range; allowed: [1, num-rounds = {s.num_rounds}]")
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
+    _check_attack(s)
     check_byzantine(s)
     _check_shuffle(s)
     check_own_data(s, ConfigError)
+
+
+def _check_attack(s: Settings) -> None:
+    """An attack with no Byzantine silo (attack.fraction 0, or below 1/num-silos) is refused: no
+    silo would attack, and the run would be a no-attack run recorded under the attack's name."""
+    if s.attack.kind == "none" or byzantine_count(s.num_silos, s.attack.fraction) > 0:
+        return
+    allowed = (f"attack.fraction >= 1/num-silos = {1 / s.num_silos:g}" if s.num_silos > 1
+               else "num-silos >= 2 (at least one silo stays honest)")
+    raise ConfigError(f"attack.kind = {s.attack.kind!r} with attack.fraction = {s.attack.fraction:g} makes 0 of the "
+                      f"{s.num_silos} silos Byzantine (no silo attacks; the run would be a no-attack run under the "
+                      f"attack's name); allowed: {allowed}, or attack.kind = 'none' (attack=none)")
+
+
+_SHUFFLE_DEFAULTS = ShuffleSettings()
 
 
 def _check_shuffle(s: Settings) -> None:
@@ -253,6 +269,13 @@ def _check_shuffle(s: Settings) -> None:
     if s.shuffle.silo_sample > s.num_silos:
         raise ConfigError(f"shuffle.silo-sample = {s.shuffle.silo_sample} is out of range; allowed: [0, num-silos = "
                           f"{s.num_silos}] (0: no silo sampling)")
+    if s.privacy.mode == "isrl":  # shuffle.* act only in shuffle mode (declared only=); under off they
+        for f in fields(ShuffleSettings):  # are inert like every privacy.* key (a sweep's non-private baseline)
+            value, key = getattr(s.shuffle, f.name), f.metadata[OPTION].key
+            if value != getattr(_SHUFFLE_DEFAULTS, f.name):
+                raise ConfigError(f"{key} = {value!r} is set but privacy.mode = 'isrl' (shuffle.* act only in shuffle "
+                                  "mode: every value would run the same federation); use privacy.mode = 'shuffle', "
+                                  f"or leave {key} at its default {OPTIONS[key].default!r}")
     if s.privacy.mode != "shuffle":
         return
     if s.algorithm not in SHUFFLE_ALGORITHMS:

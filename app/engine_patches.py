@@ -20,6 +20,26 @@ from typing import Any
 
 #: environment variable naming an existing Ray cluster (Ray's own): ``auto`` or ``HOST:PORT``
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+#: Ray's address for "start a Ray of this run's own". Without an address ``ray.init`` joins the
+#: latest Ray started on this machine (``/tmp/ray/ray_current_cluster``: another run's, or a
+#: ``ray start``): a simulation started while another one ran printed ``Found multiple active Ray
+#: instances ... Connecting to latest cluster`` and hung. A run joins a cluster only when named.
+LOCAL_RAY = "local"
+
+
+def named_ray_cluster(address: Any = None) -> str:
+    """The Ray cluster the user named: ``address`` (``sweep.ray-address``), else ``RAY_ADDRESS``;
+    "" when none (``local``, Ray's word for a new local instance, names none)."""
+    named = str(address or os.environ.get(RAY_ADDRESS_ENV, "") or "").strip()
+    return "" if named == LOCAL_RAY else named
+
+
+def own_ray() -> None:
+    """In the engine's process: unless the user named a cluster, ``RAY_ADDRESS=local``, so that
+    whatever calls ``ray.init`` there (Flower's own start, or silofl's lean one) starts a Ray of
+    this run's own instead of joining another run's (:data:`LOCAL_RAY`)."""
+    if not named_ray_cluster():
+        os.environ[RAY_ADDRESS_ENV] = LOCAL_RAY
 
 _WARM_POOLS: dict[str, Any] = {}
 
@@ -167,8 +187,9 @@ def lean_ray_start() -> bool:
     have it already; the runtime environment only makes Ray set up its runtime-env agent before
     the first actor (about 1.2 s of every simulation's round 1 on a 2-core machine). This
     replaces ``init_ray`` with the same code minus that argument; when the init args name an
-    ``address`` or ``RAY_ADDRESS`` is set (a Ray cluster started elsewhere, which does not inherit
-    this environment; :func:`engine_backend_config`) it calls Flower's own. On by default
+    ``address`` or ``RAY_ADDRESS`` names a cluster (one started elsewhere, which does not inherit
+    this environment; :func:`engine_backend_config`) it calls Flower's own; otherwise it starts a
+    Ray of the run's own (``address="local"``, :data:`LOCAL_RAY`). On by default
     (``SILOFL_LEAN_RAY=0`` turns it off); skipped with a warning on a Flower release other than
     1.42 or when ``init_ray`` is not the code it was checked against. Returns whether the patch
     is in place."""
@@ -189,9 +210,10 @@ def lean_ray_start() -> bool:
         if ray.is_initialized():
             return
         ray_init_args: dict[str, Any] = dict(backend_config.get(self.init_args_key) or {})
-        if "address" in ray_init_args or os.environ.get(RAY_ADDRESS_ENV):  # a cluster started elsewhere,
-            original(self, backend_config)  # whose workers do not inherit this environment: Flower's way
+        if named_ray_cluster(ray_init_args.get("address")):  # a cluster started elsewhere, whose
+            original(self, backend_config)  # workers do not inherit this environment: Flower's way
             return
+        ray_init_args["address"] = LOCAL_RAY  # a Ray of this run's own, never another run's
         ray_init_args.setdefault("include_dashboard", False)
         pythonpath = os.pathsep.join(sys.path)
         if os.environ.get("PYTHONPATH"):

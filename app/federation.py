@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ConfigError, parse_settings
-from app.engine_patches import RAY_ADDRESS_ENV, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start
+from app.engine_patches import (  # noqa: F401 (RAY_ADDRESS_ENV re-exported)
+    LOCAL_RAY, RAY_ADDRESS_ENV, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start, named_ray_cluster)
 from app.launch import flower_env
 from app.results import load_rounds
 
@@ -78,13 +79,16 @@ def engine_backend_config(num_silos: int, sweep: Mapping[str, Any] | None = None
     (``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``). On an existing Ray
     cluster (``sweep.ray-address``, else the ``RAY_ADDRESS`` environment variable: ``auto`` or
     ``HOST:PORT`` of a ``ray start --head``) Ray is joined, not started, and every node's CPUs
-    count; otherwise a local Ray starts with min(CPUs of this machine, silos) CPUs."""
+    count; otherwise a Ray of this federation's own starts (``address="local"``: never another
+    run's Ray on this machine, which ``ray.init`` would otherwise join) with min(CPUs of this
+    machine, silos) CPUs."""
     sweep = sweep or {}
-    address = str(sweep.get("ray-address") or os.environ.get(RAY_ADDRESS_ENV, "")).strip()
+    address = named_ray_cluster(sweep.get("ray-address"))
     cpus, gpus = float(sweep.get("client-cpus") or 1), float(sweep.get("client-gpus") or 0.0)
     if cpus <= 0 or gpus < 0:
         raise ConfigError(f"sweep.client-cpus = {cpus:g} / sweep.client-gpus = {gpus:g}; allowed: cpus > 0, gpus >= 0")
-    init: dict[str, Any] = {"address": address} if address else {"num_cpus": min(os.cpu_count() or 1, num_silos)}
+    init: dict[str, Any] = ({"address": address} if address else
+                            {"address": LOCAL_RAY, "num_cpus": min(os.cpu_count() or 1, num_silos)})
     return {"client_resources": {"num_cpus": cpus, "num_gpus": gpus}, "init_args": init}
 
 

@@ -64,12 +64,14 @@ def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
 class _Stream:
     """``flwr run --stream``'s output, echoed line by line from a thread; notes the run id and
     whether the ServerApp's last line (``silofl run NAME completed`` (or ``diverged``,
-    ``no-progress``) / ``run FAILED``) went by."""
+    ``no-progress``) / ``run FAILED``) went by. ``simulation``: the run is on this checkout's
+    local simulation SuperLink (its stage lines name the engine, Ray); on a named SuperLink (a
+    deployment's) they name the SuperNodes instead."""
 
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
+    def __init__(self, proc: subprocess.Popen, name: str, simulation: bool = True) -> None:
         import threading
 
-        self.proc, self.name, self.run_id = proc, name, None
+        self.proc, self.name, self.run_id, self.simulation = proc, name, None, simulation
         self.t0, self.server_started = time.monotonic(), False
         self.last_line = threading.Event()
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -84,11 +86,13 @@ class _Stream:
             sys.stdout.flush()
             if self.run_id is None and (m := re.search(r"Successfully started run (\d+)", line)):
                 self.run_id = m.group(1)
-                self._stage(f"run {self.run_id} accepted by the SuperLink; starting the simulation engine "
-                            "(Ray) and the ServerApp")
+                self._stage(f"run {self.run_id} accepted by the SuperLink; starting "
+                            + ("the simulation engine (Ray) and the ServerApp" if self.simulation else "the ServerApp"))
             elif not self.server_started and f"[silofl] run {self.name}:" in line:
                 self.server_started = True
-                self._stage("ServerApp running; the engine starts the silos' ClientApps for round 1")
+                self._stage("ServerApp running; " + ("the engine starts the silos' ClientApps for round 1"
+                                                      if self.simulation else "the SuperNodes run the silos' ClientApps "
+                                                      "for round 1"))
             if any(f"silofl run {self.name} {st}" in line for st in FINISHED) or "[silofl] run FAILED" in line:
                 self.last_line.set()
 
@@ -99,12 +103,13 @@ class _Stream:
 
 
 def follow_run(proc: subprocess.Popen, name: str, summary_path: Path, poll_s: float = 0.1,
-               tail_s: float = 5.0) -> tuple[int | None, str | None, dict[str, Any] | None]:
+               tail_s: float = 5.0, simulation: bool = True) -> tuple[int | None, str | None, dict[str, Any] | None]:
     """Echo ``flwr run --stream`` until the run's summary is written and its last line streamed
     (at most ``tail_s`` after the summary), then end the CLI (only a log stream: the run itself
     has finished and its engine shuts down inside the SuperLink). Returns the CLI's exit code
-    (None when it was ended here), the Flower run id and this run's summary (None if none)."""
-    stream = _Stream(proc, name)
+    (None when it was ended here), the Flower run id and this run's summary (None if none).
+    ``simulation``: as :class:`_Stream`."""
+    stream = _Stream(proc, name, simulation)
     summary, seen_at = None, None
     while proc.poll() is None:
         if summary is None and (summary := run_summary(summary_path, stream.run_id)) is not None:

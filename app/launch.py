@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[silofl] stage: flwr run {name} ({where}); start-up lines follow until round 1", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rc, run_id, summary = follow_run(proc, name, summary_path)
+    rc, run_id, summary = follow_run(proc, name, summary_path, simulation=not args.superlink)
     wall = time.perf_counter() - t0
     if run_id is None or (rc not in (None, 0) and summary is None):
         print(f"[silofl] flwr run failed (exit code {rc}, run id {run_id})", file=sys.stderr)

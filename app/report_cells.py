@@ -5,7 +5,6 @@ app/report.py writes them."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.results import load_rounds
+from app.results import complete_csv_rows, load_rounds
 from app.run_health import FINISHED, UNHEALTHY
 
 
@@ -23,8 +22,7 @@ def load_rows(sweep_dir: Path) -> list[dict[str, str]]:
     path = sweep_dir / "results.csv"
     if not path.exists():
         raise SystemExit(f"no results.csv in {sweep_dir}")
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+    return complete_csv_rows(path)
 
 
 def epsilon_of(row: dict[str, str]) -> float:

@@ -6,6 +6,8 @@ strict JSON (e.g. eps_spent = "inf" for a non-private run).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -47,6 +49,24 @@ class RunRecorder:
 def load_rounds(path: str | Path) -> list[dict[str, Any]]:
     """Read rounds.jsonl back."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def complete_csv_rows(path: str | Path) -> list[dict[str, str]]:
+    """A CSV's rows (results.csv), less a last row cut by a kill or a full disk: the text after
+    the file's last newline is not a row (a complete row always ends in one; a row is one line,
+    see :func:`csv_line`), so a cut row never reads as a finished job with empty columns."""
+    text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    return list(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1], newline="")))
+
+
+def csv_line(fields: list[str], row: dict[str, Any]) -> str:
+    """One CSV row as one line ending in ``\\r\\n`` (fields outside ``fields`` left out; line
+    breaks inside a value written as spaces, so that a row's end is its file's only kind of line
+    end and a cut row is recognisable as the text after the last one)."""
+    buf = io.StringIO(newline="")
+    clean = {k: (" ".join(v.splitlines()) if isinstance(v, str) else v) for k, v in row.items()}
+    csv.DictWriter(buf, fieldnames=fields, restval="", extrasaction="ignore").writerow(clean)
+    return buf.getvalue()
 
 
 def run_name(settings: Any, suffix: int) -> str:

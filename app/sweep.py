@@ -72,6 +72,22 @@ def grid_points(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
+def preflight(cfg: dict[str, Any]) -> None:
+    """The launcher's pre-flight check (app.launch.preflight: settings, the data split, K <= n for
+    every silo) before the engine starts; what it raises is the job's one-line ConfigError, as
+    ``python -m app.launch`` prints it. Before, a split the data cannot make (``num-silos=4`` on
+    WBCD by label: 2 classes) failed inside the engine's ServerApp and printed tracebacks. The
+    data it loads is cached in this process, where the job's ServerApp loads it again."""
+    from app.launch import preflight as launch_preflight
+
+    try:
+        launch_preflight(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # e.g. ValueError from the partition: a setting the data cannot meet
+        raise ConfigError(f"{type(exc).__name__}: {exc}") from None
+
+
 def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir: Path) -> dict[str, Any]:
     """The job's row: run the federation (or its tuning grid) and keep the selected one's metrics."""
     tuning = str(sweep.get("tuning", "fixed"))
@@ -86,7 +102,7 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
     for i, point in enumerate(points):
         # each point's own presets: a point that sets the model or the algorithm gets their values
         cfg = resolve_presets(base | point) | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
-        parse_settings(cfg)
+        preflight(cfg)
         ray = {k: sweep[k] for k, default in (("ray-address", None), ("client-cpus", 1), ("client-gpus", 0.0))
                if sweep.get(k) is not None and sweep[k] != default}  # passed only when not the default
         result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"),

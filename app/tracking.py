@@ -7,9 +7,15 @@
 
 MLflow rather than W&B, because its store is embedded: a local folder (``./mlruns``, or
 ``MLFLOW_TRACKING_URI`` / ``--uri``, e.g. ``sqlite:///mlflow.db``) with no server, account or
-network, which suits machines that cannot reach the internet; ``mlflow ui --backend-store-uri
-./mlruns --host 127.0.0.1`` (the full ``mlflow`` package) browses it on loopback. It is optional:
-``pip install 'silofl[tracking]'`` (mlflow-skinny, enough to log).
+network, which suits machines that cannot reach the internet. It is optional:
+``pip install 'silofl[tracking]'`` (mlflow-skinny, enough to log, no UI server). Browsing needs the
+full ``mlflow`` package (``pip install mlflow``: with mlflow-skinny ``mlflow ui`` fails, no flask),
+and any reader of the file store ``MLFLOW_ALLOW_FILE_STORE=true`` (MLflow 3 refuses it otherwise):
+``MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri ./mlruns --host 127.0.0.1``.
+
+Bounded: a run (or sweep job) waits for its tracking at most ``SILOFL_TRACKING_TIMEOUT_S`` (30 s);
+an http(s) store's requests time out after 10 s, retried once (:data:`HTTP_ENV`); a store that
+fails or overruns is skipped for the rest of the process (docs/configuration.md, Tracking).
 
 What is logged, from the files alone (never from memory, so a finished run or a whole sweep can
 be logged afterwards): every run-config setting of summary.json (``config.run_config``) as a param; per round (step =
@@ -54,14 +60,32 @@ def _mlflow() -> Any:
     return mlflow
 
 
+#: an http(s) store: MLflow's own defaults (a 120 s timeout per request, 7 retries with backoff
+#: factor 2) held every run and every sweep job >= 90 s on a store that refuses connections or
+#: never answers. Set (when not set) for an http(s) URI: each request waits at most this long...
+HTTP_TIMEOUT_S = 10
+#: ... and is retried at most this often, without backoff
+HTTP_RETRIES = 1
+HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(HTTP_TIMEOUT_S), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(HTTP_RETRIES),
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0"}
+#: the longest a run or a sweep job waits for its tracking (seconds; environment variable)
+DEADLINE_ENV = "SILOFL_TRACKING_TIMEOUT_S"
+DEFAULT_DEADLINE_S = 30.0
+
+
 def tracking_uri(uri: str | None = None) -> str:
     """``uri``, else ``MLFLOW_TRACKING_URI``, else the local file store ``./mlruns``. MLflow 3
     keeps its file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE`` is
     true: set here (when not set) for a file store, the embedded default that needs neither a
-    server nor a database package; ``sqlite:///mlflow.db`` is the alternative with the full mlflow."""
+    server nor a database package; ``sqlite:///mlflow.db`` is the alternative with the full mlflow.
+    For an http(s) store, MLflow's request timeout and retries are bounded (:data:`HTTP_ENV`,
+    when not set)."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path.cwd() / "mlruns").as_uri()
     if uri.startswith("file:") or "://" not in uri:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    if uri.startswith(("http:", "https:")):
+        for key, value in HTTP_ENV.items():
+            os.environ.setdefault(key, value)
     return uri
 
 
@@ -154,40 +178,85 @@ def log_run(run_dir: str | Path, *, experiment: str = DEFAULT_EXPERIMENT, uri: s
 TRACKING_ENV = "SILOFL_TRACKING"
 
 
+#: stores that failed or overran the deadline in this process: later runs skip them at once
+_GAVE_UP: dict[str, str] = {}
+
+
+def deadline_s() -> float:
+    """:data:`DEADLINE_ENV` (seconds, > 0), else :data:`DEFAULT_DEADLINE_S`."""
+    try:
+        value = float(os.environ.get(DEADLINE_ENV, "") or DEFAULT_DEADLINE_S)
+    except ValueError:
+        return DEFAULT_DEADLINE_S
+    return value if value > 0 and math.isfinite(value) else DEFAULT_DEADLINE_S
+
+
 def track_from_env(run_dir: str | Path, tags: Mapping[str, str] | None = None, *, kind: str | None = None,
                    experiment: str = DEFAULT_EXPERIMENT, uri: str | None = None) -> str | None:
     """Log ``run_dir`` to ``experiment`` when tracking is on: ``kind`` (a sweep's
     ``sweep.tracking``) if given, else ``SILOFL_TRACKING``; store ``uri``, else
     ``MLFLOW_TRACKING_URI``, else ./mlruns. The one tracking hook of app.launch and app.sweep: a
-    tracker that fails is one warning line on stderr, never the run's (or the job's) failure."""
+    tracker that fails is one warning line on stderr, never the run's (or the job's) failure.
+    Bounded: the logging runs in a daemon thread that the caller waits for at most
+    :func:`deadline_s` (``SILOFL_TRACKING_TIMEOUT_S``, default 30 s); a store that overran it or
+    failed is skipped at once for the rest of the process (a sweep's later jobs), with one line
+    each saying how to log the run afterwards (``python -m app.tracking <folder>``)."""
     import sys
+    import threading
 
     key = TRACKING_ENV if not kind else "sweep.tracking"
     kind = (kind or os.environ.get(TRACKING_ENV, "")).strip().lower() or "none"
     if kind == "none":
         return None
     name = Path(run_dir).name
-    try:
-        if kind not in TRACKERS:
-            raise TrackingError(f"{key} = {kind!r}; allowed: {', '.join(TRACKERS)}")
-        rid = log_run(run_dir, experiment=experiment, uri=uri, tags=tags)
-        print(f"[tracking] {name} -> MLflow {tracking_uri(uri)} (run {rid or 'already logged'})", flush=True)
-        return rid
-    except Exception as exc:
-        print(f"[tracking] {name}: not tracked: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    later = f"log it afterwards: python -m app.tracking {run_dir}"
+    if kind not in TRACKERS:
+        print(f"[tracking] {name}: not tracked: TrackingError: {key} = {kind!r}; allowed: {', '.join(TRACKERS)}",
+              file=sys.stderr, flush=True)
         return None
+    store = tracking_uri(uri)
+    if store in _GAVE_UP:
+        print(f"[tracking] {name}: not tracked: the store {store} {_GAVE_UP[store]} earlier in this process; {later}",
+              file=sys.stderr, flush=True)
+        return None
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["rid"] = log_run(run_dir, experiment=experiment, uri=store, tags=tags)
+        except BaseException as exc:  # reported by the caller, in its thread
+            result["error"] = exc
+
+    wait = deadline_s()
+    thread = threading.Thread(target=work, name=f"silofl-tracking-{name}", daemon=True)
+    thread.start()
+    thread.join(wait)
+    if thread.is_alive():  # left behind (a daemon: it never holds the process's exit)
+        _GAVE_UP[store] = f"did not finish within {wait:g} s ({DEADLINE_ENV})"
+        print(f"[tracking] {name}: not tracked: the store {store} did not finish within {wait:g} s "
+              f"({DEADLINE_ENV}); later runs of this process skip it; {later}", file=sys.stderr, flush=True)
+        return None
+    if "error" in result:
+        exc = result["error"]
+        if store.startswith(("http:", "https:")):
+            _GAVE_UP[store] = f"failed ({type(exc).__name__})"
+        print(f"[tracking] {name}: not tracked: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}; {later}",
+              file=sys.stderr, flush=True)
+        return None
+    rid = result.get("rid")
+    print(f"[tracking] {name} -> MLflow {store} (run {rid or 'already logged'})", flush=True)
+    return rid
 
 
 def log_sweep(sweep_dir: str | Path, *, experiment: str | None = None, uri: str | None = None) -> list[str]:
     """Log every finished job of a sweep that has its run folder (skipping those logged before),
     and a run ``<name>/report`` with the report's files (results.md, summary.csv, figures) as
     artifacts when app.report has written them. Returns the MLflow run ids logged now."""
-    import csv
+    from app.results import complete_csv_rows
 
     sweep_dir = Path(sweep_dir)
     experiment = experiment or f"{DEFAULT_EXPERIMENT}/{sweep_dir.name}"
-    with (sweep_dir / "results.csv").open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = complete_csv_rows(sweep_dir / "results.csv")
     logged = []
     for r in rows:
         recorded = Path(r.get("run_dir") or "")

@@ -237,6 +237,7 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         """standardize = "dp": its release's rows, its multiplier in ``key`` (app/privacy/preprocessing.py)."""
         self.preprocess_z, self.preprocess_seed, rows = preprocess_plan(
             self.data.dp_stats, self.n, self.private, self.shuffle, self.run_epsilon, self.delta, key)
+        self.preprocess_rows = rows  # planned too (ledger_report), not only released
         return rows
 
     # -- messages -------------------------------------------------------------------------
@@ -374,9 +375,13 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
             "eps_budget": self.ledger.epsilon_budget, "eps_spent": self.ledger.spent(), "clip": self.clip,
             "sigma": next(r.sigma for r in self.plan.values() if r.phase in TRAINING_PHASES),
             "evaluation": self.evaluation,
+            # the training releases, then the pre-processing release (standardize = "dp"; charged
+            # before training) as "releases" shows it: z per mechanism, no sampling
             "planned": [{"phase": r.phase, "batch": r.batch, "count": r.count, "sensitivity": r.sensitivity,
                          "noise_multiplier": r.noise_multiplier, "sigma": r.sigma, "disjoint": r.disjoint}
-                        for r in self.plan.values()],
+                        for r in self.plan.values()]
+                       + [{"phase": r.kind, "batch": r.batch, "count": r.count, "noise_multiplier": r.noise_multiplier,
+                           "disjoint": r.disjoint} for r in getattr(self, "preprocess_rows", [])],
             "releases": releases,
             "adjacency": "replace-one", "accountant": "dp-accounting (analytic Gaussian if unsampled, else RDP)",
         }

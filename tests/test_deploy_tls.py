@@ -360,3 +360,53 @@ def test_two_round_run_over_tls_with_registered_nodes(federation) -> None:
     link_log = federation["link_log"].read_text(errors="replace")
     assert "Uvicorn running on https://127.0.0.1" in link_log and "--enable-supernode-auth" in link_log
     print(f"2-round TLS run: {wall:.1f}s wall")
+
+
+def _processes_naming(*needles: str) -> dict[int, str]:
+    """pid -> command line of every process whose command line holds one of ``needles``."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(n in cmd for n in needles):
+                out[int(d.name)] = cmd
+    return out
+
+
+@pytest.mark.slow
+def test_supernode_sh_leaves_no_process_after_sigterm(tmp_path: Path) -> None:
+    """supernode.sh (no TLS, a SuperLink port where nothing listens: flower-supernode keeps trying)
+    stopped with SIGTERM: nothing it started is left, not flower-supernode's flower-superexec
+    child nor the tee of its log. Before: both outlived the script (the child held the log's
+    pipe open, so its tee did too; issue 35 saw two tee processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    rt, = free_ports(1)
+    state = tmp_path / "state"
+    needles = (str(state / "supernode.log"), f"127.0.0.1:{rt}")
+    env = env_for(tmp_path / "home") | {"PYTHON": sys.executable}
+    script = subprocess.Popen(["bash", str(DEPLOY / "supernode.sh"), "--insecure", "--superlink",
+                               f"127.0.0.1:{closed}", "--runtime-port", str(rt), "--state-dir", str(state),
+                               "--no-silo-service", "--node-config", "partition-id=0 num-partitions=2"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 90
+        while not any("flower-superexec" in c for c in _processes_naming(*needles).values()):
+            assert script.poll() is None and time.monotonic() < deadline, "flower-superexec never started"
+            time.sleep(0.2)
+        script.send_signal(signal.SIGTERM)
+        script.wait(timeout=30)
+        assert script.returncode == 143
+        assert _processes_naming(*needles) == {}
+    finally:
+        if script.poll() is None:
+            script.kill()
+        for pid in _processes_naming(*needles):  # only this test's, by their unique port and path
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -7,6 +7,7 @@ test_fast_poll_keeps_numbers_and_is_faster (slow)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -120,9 +121,10 @@ def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
 
 
 def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> None:
-    """flwr run: the ClientApp, imported by the engine's process, starts Ray lean (unless
-    SILOFL_LEAN_RAY=0) and, with SILOFL_FAST_POLL set, patches the loop; imported anywhere else
-    (a SuperNode, a Ray actor) it patches nothing. Nowhere does it import the sweep (no circle:
+    """flwr run: the ClientApp, imported by the engine's process, makes its Ray the run's own
+    (RAY_ADDRESS=local unless set), starts Ray lean (unless SILOFL_LEAN_RAY=0) and, with
+    SILOFL_FAST_POLL set, patches the loop; imported anywhere else (a SuperNode, a Ray actor) it
+    patches nothing. Nowhere does it import the sweep (no circle:
     app.sweep imports the ClientApp's patches, never the other way round); in the engine's
     process it adds app.engine_patches and nothing else of silofl's beyond its own protocol."""
     code = ("import sys; {pre}before = set(sys.modules); import app.client_app; "
@@ -131,14 +133,17 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), "
             "getattr(getattr(getattr(rb, 'RayBackend', None), 'init_ray', None), '_silofl_lean', False), "
             "'app.sweep' in sys.modules, "
-            "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))))")
+            "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))), "
+            "__import__('os').environ.get('RAY_ADDRESS'))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
     ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_protocol", "app,app.client_app,app.silo_protocol"
-    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours}"),
-                                 (engine, {}, f"None True False {ours}"),
-                                 (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours}"),
-                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None False False {elsewhere}")):
+    # the engine's process starts a Ray of its own (RAY_ADDRESS=local) unless a cluster is named
+    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours} local"),
+                                 (engine, {}, f"None True False {ours} local"),
+                                 (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours} local"),
+                                 (engine, {"RAY_ADDRESS": "10.0.0.5:6379"}, f"None True False {ours} 10.0.0.5:6379"),
+                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None False False {elsewhere} None")):
         out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env | extra)
         assert out.returncode == 0, out.stderr
@@ -206,3 +211,47 @@ print("RESULT " + json.dumps(out))
     assert without_wall(slow) == without_wall(fast) and len(fast) == 6
     median = lambda rs: sorted(float(r["wall_s"]) for r in rs[1:])[len(rs[1:]) // 2]  # noqa: E731
     assert median(fast) < median(slow), (median(fast), median(slow))
+
+
+def _ray_resolves(address, temp_dir: Path):
+    """What Ray's own ray.init does with ``address`` on a machine where another Ray runs (its
+    address in ``temp_dir``/ray_current_cluster, as `ray start` or ray.cluster_utils write it):
+    the cluster it would join, or None for a new local Ray of its own."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    return canonicalize_bootstrap_address(address, str(temp_dir))
+
+
+def test_a_simulation_starts_its_own_ray_unless_a_cluster_is_named(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another Ray on the machine (its address in ray_current_cluster). Before: the engine called
+    ray.init without an address, Ray joined that cluster (`Found multiple active Ray instances ...
+    Connecting to latest cluster`), and the simulation hung. Now: the sweep's init args, the lean
+    start and, in flwr run's engine process, RAY_ADDRESS all say `local` (a Ray of the run's own)
+    unless the user named a cluster (sweep.ray-address or RAY_ADDRESS), checked with Ray's own
+    address resolution; nothing starts Ray here."""
+    import ray
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    from app.federation import engine_backend_config
+
+    (tmp_path / "ray_current_cluster").write_text("127.0.0.1:6379")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert str(_ray_resolves(None, tmp_path)).endswith(":6379")  # the cluster an address-less ray.init joined
+    init = engine_backend_config(2)["init_args"]
+    assert init["address"] == "local" and _ray_resolves(init["address"], tmp_path) is None
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    assert patches.lean_ray_start()
+    backend = RayBackend.__new__(RayBackend)
+    backend.init_args_key = "init_args"
+    backend.init_ray({"init_args": {"num_cpus": 1}})  # flwr run's engine: Flower's init args, no address
+    assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 1
+    patches.own_ray()  # the ClientApp in flwr run's engine process: for any ray.init(address=None)
+    assert os.environ["RAY_ADDRESS"] == "local" and _ray_resolves(None, tmp_path) is None
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")  # a named cluster is joined, as before
+    patches.own_ray()
+    assert os.environ["RAY_ADDRESS"] == "10.0.0.5:6379"
+    assert engine_backend_config(2)["init_args"] == {"address": "10.0.0.5:6379"}
+    assert engine_backend_config(2, {"ray-address": "auto"})["init_args"] == {"address": "auto"}

@@ -178,3 +178,26 @@ def test_a_restarted_silo_reuses_its_charged_preprocessing(tmp_path: Path, noise
     assert torch.equal(first.train_x, again.train_x) and torch.equal(first.test_x, again.test_x)
     assert not torch.equal(first.train_x, fed.silos[0].train_x)  # the silo's data were transformed
     assert torch.equal(first.train_x, other.train_x) == (noise_seed == "run")
+
+
+def test_the_preprocessing_release_is_planned_as_it_is_released(tmp_path: Path) -> None:
+    """summary.json's silo entry (Silo.ledger_report): the pre-processing release of standardize =
+    dp is in `planned`, with the count, batch and multiplier its `releases` entry shows (issue 35:
+    before, it was in `releases` only, so planned did not add up to what the silo spent)."""
+    from app.data.federated import build_federated_data
+    from clients.silo import Silo
+
+    s = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "standardize": "dp"})
+    fed = build_federated_data(s)
+    report = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k").ledger_report()
+    planned = {r["phase"]: r for r in report["planned"]}
+    released = {r["kind"]: r for r in report["releases"]}
+    assert PREPROCESS_KIND in planned and set(released) == {PREPROCESS_KIND}
+    assert list(planned)[0] == "grad"  # training rows first (readers take planned[0]'s sigma)
+    for key in ("count", "batch", "noise_multiplier"):
+        assert planned[PREPROCESS_KIND][key] == released[PREPROCESS_KIND][key]
+    assert "grad" in planned
+    plain = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0})
+    fed = build_federated_data(plain)
+    report = Silo(plain, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path / "b", "k").ledger_report()
+    assert PREPROCESS_KIND not in {r["phase"] for r in report["planned"]}

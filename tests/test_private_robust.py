@@ -139,6 +139,7 @@ def test_a_two_job_slice_records_a_refused_job_and_reports_it(jobs, tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     calls: list[dict] = []
     monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    monkeypatch.setattr(sweep, "preflight", sweep.parse_settings)  # the data check needs the data: settings only
     pick = [dict(budget="eps8", attack="sign-flip", rule=r, sketch="srht", seed="0")
             for r in ("gradbant-noise-aware", "trimmed-mean")]
     slice_ = [nested for over, nested in jobs if over in pick]

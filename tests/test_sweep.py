@@ -234,7 +234,7 @@ def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkey
     sizes its actor pool from every node's CPUs); per-actor resources come from the sweep."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     local = sweep.engine_backend_config(3)
-    assert local["init_args"] == {"num_cpus": min(os.cpu_count() or 1, 3)}
+    assert local["init_args"] == {"address": "local", "num_cpus": min(os.cpu_count() or 1, 3)}  # a Ray of its own
     assert local["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert sweep.engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
@@ -300,3 +300,44 @@ def test_flower_still_offers_no_supported_in_process_simulation() -> None:
     assert "warn_deprecated_feature(" in source and "use `flwr run`" in source
     params = inspect.signature(fs.run_simulation_process).parameters
     assert {"runtime_api_address", "token"} <= set(params)
+
+
+def test_a_row_cut_by_a_kill_is_set_aside_not_glued_to_the_next_job(tmp_path: Path, capsys) -> None:
+    """A job killed (or a disk filled) part-way through its row's write leaves a file that does
+    not end in a newline. Before: the next job's row was glued onto the cut one, so that job was
+    lost and the cut row read as `completed` with the other job's tail. Now the cut row is moved
+    to results.csv.partial (its job counts as not run), and each row is one line in one write."""
+    path = tmp_path / "results.csv"
+    results = sweep.ResultsFile(path)
+    results.append({"job": "a", "status": "completed", "test_error": 0.25, "lr": 0.1})
+    results.append({"job": "b", "status": "completed", "test_error": 0.5, "lr": 0.2})
+    whole = path.read_bytes()
+    cut = whole[: whole.rindex(b"0.2")]  # job b's row cut after its status and before its lr
+    path.write_bytes(cut)
+    assert sweep.ResultsFile(path).rows()[-1]["job"] == "a"  # a cut row is not a row
+    assert not sweep.ResultsFile(path).completed("b")  # so job b runs again on resume
+    sweep.ResultsFile(path).append({"job": "c", "status": "failed", "error": "boom\nline two", "lr": 0.3})
+    assert "ended in a cut row" in capsys.readouterr().err
+    rows = sweep.ResultsFile(path).rows()
+    assert [(r["job"], r["status"], r["lr"], r["error"]) for r in rows] == [
+        ("a", "completed", "0.1", ""), ("c", "failed", "0.3", "boom line two")]
+    assert (tmp_path / "results.csv.partial").read_bytes() == cut[cut.rindex(b"\n") + 1:] + b"\n"
+    assert path.read_bytes().endswith(b"\r\n") and path.read_bytes().count(b"\n") == 3  # header + 2 rows
+    path.write_bytes(path.read_bytes()[:40])  # even the header cut: the file starts again
+    sweep.ResultsFile(path).append({"job": "d", "status": "completed", "lr": 0.4})
+    assert [r["job"] for r in sweep.ResultsFile(path).rows()] == ["d"]
+
+
+def test_a_split_the_data_cannot_make_is_a_one_line_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys) -> None:
+    """`num-silos=4` on WBCD (by-label partition, 2 classes): the job is refused in one line by the
+    launcher's pre-flight before the engine starts. Before, the engine's ServerApp raised
+    ValueError inside the federation and the sweep printed tracebacks."""
+    monkeypatch.chdir(tmp_path)
+    calls: list[dict] = []
+    monkeypatch.setattr(sweep, "run_federation", fake_federation(calls))
+    row = sweep.sweep_job(nested(dataset="wbcd", **{"num-silos": 4}))
+    err = capsys.readouterr().err
+    assert row["status"] == "failed" and calls == []
+    assert row["error"].startswith("ConfigError: ValueError: num_silos=4; by-label partition needs num_silos in [1, 2]")
+    assert "Traceback" not in err and "config error: ValueError: num_silos=4" in err

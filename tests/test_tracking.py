@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,62 @@ def test_the_environment_key_turns_tracking_on_and_a_broken_tracker_is_a_warning
     monkeypatch.setenv(tracking.TRACKING_ENV, "wandb")
     assert tracking.track_from_env(run_dir) is None
     assert "not tracked: TrackingError: SILOFL_TRACKING = 'wandb'; allowed: none, mlflow" in capsys.readouterr().err
+
+
+@pytest.fixture
+def http_env(monkeypatch: pytest.MonkeyPatch):
+    """MLflow's http settings as the user left them (unset), restored after the test; no store
+    skipped from an earlier test."""
+    for key in [*tracking.HTTP_ENV, tracking.DEADLINE_ENV, "MLFLOW_TRACKING_URI"]:
+        monkeypatch.setenv(key, "x")  # recorded, so that teardown restores the original state
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(tracking, "_GAVE_UP", {})
+    return monkeypatch
+
+
+def test_a_store_that_refuses_connections_costs_seconds_not_minutes(tmp_path: Path, http_env, capsys) -> None:
+    """An http store on 127.0.0.1 that refuses every connection (nothing listens on the port).
+    Before: MLflow's defaults (7 retries, backoff factor 2) held the run >= 90 s, and a sweep
+    paid it after every job. Now: one retry without backoff, one line, and the next run of the
+    process skips the store at once."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a free port, closed again: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = make_run(tmp_path / "r1")
+    t0 = time.monotonic()
+    assert tracking.track_from_env(run_dir, kind="mlflow", uri=f"http://127.0.0.1:{port}") is None
+    assert time.monotonic() - t0 < 15
+    err = capsys.readouterr().err
+    assert "r1: not tracked:" in err and f"python -m app.tracking {run_dir}" in err and len(err.splitlines()) == 1
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == str(tracking.HTTP_RETRIES)
+    t0 = time.monotonic()
+    assert tracking.track_from_env(make_run(tmp_path / "r2"), kind="mlflow", uri=f"http://127.0.0.1:{port}") is None
+    assert time.monotonic() - t0 < 0.5 and "failed (" in capsys.readouterr().err
+
+
+def test_a_store_that_accepts_and_never_answers_is_given_up_at_the_deadline(tmp_path: Path, http_env,
+                                                                           capsys) -> None:
+    """An http store on 127.0.0.1 that accepts connections (the kernel's backlog) and never
+    answers: the run waits at most SILOFL_TRACKING_TIMEOUT_S (2 s here), then goes on; the
+    logging thread is a daemon, so it never holds the process. Before: >= 90 s in line."""
+    import socket
+    import threading
+    import time
+
+    http_env.setenv(tracking.DEADLINE_ENV, "2")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)  # never accept()ed, never answered
+        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+        t0 = time.monotonic()
+        assert tracking.track_from_env(make_run(tmp_path / "r1"), kind="mlflow", uri=uri) is None
+        assert time.monotonic() - t0 < 5
+        assert "did not finish within 2 s (SILOFL_TRACKING_TIMEOUT_S)" in capsys.readouterr().err
+        t0 = time.monotonic()
+        assert tracking.track_from_env(make_run(tmp_path / "r2"), kind="mlflow", uri=uri) is None
+        assert time.monotonic() - t0 < 0.5
+        left = [t for t in threading.enumerate() if t.name == "silofl-tracking-r1"]
+        assert left and left[0].daemon  # still waiting on the silent store, and never holds the exit

@@ -14,6 +14,9 @@ from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 PRIVACY_MODES = ("off", "isrl", "shuffle")
 PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
 _OFF = ("privacy.mode", ("off",))
+#: the shuffle.* keys act only in shuffle mode (under isrl a value other than the default is
+#: refused, app.config._check_shuffle; under off it is inert like every privacy.* key)
+_SHUFFLE_ONLY = ("privacy.mode", ("shuffle",))
 
 
 def _delta(key: str, value: object) -> float | None:
@@ -58,24 +61,30 @@ class ShuffleSettings:
     silos' noise a silo counts on (0: silos-per-round)."""
 
     levels: int = option("shuffle.levels", number(0, 4096, integer=True), 0,
-                         "shuffle DP: g, the levels each coordinate is rounded to (0: from d)")
+                         "shuffle DP: g, the levels each coordinate is rounded to (0: from d)",
+                         only=_SHUFFLE_ONLY)
     p: float = option("shuffle.p", number(0, 1, lo_open=True, hi_open=True), 0.25,
-                      "shuffle DP: the probability of each binomial noise bit")
+                      "shuffle DP: the probability of each binomial noise bit",
+                      only=_SHUFFLE_ONLY)
     count_on: int = option("shuffle.count-on", number(0, 10_000, integer=True), 0,
-                           "shuffle DP: how many silos' noise each silo counts on (0: silos-per-round)")
+                           "shuffle DP: how many silos' noise each silo counts on (0: silos-per-round)",
+                           only=_SHUFFLE_ONLY)
     #: each silo carries (1 + headroom) / count-on of the noise trials it needs, so that silos
     #: whose calibrations differ a little (delta = 1/n^2 with different n) meet each other's
     headroom: float = option("shuffle.headroom", number(0, MAX_HEADROOM), 0.1,
-                             "shuffle DP: each silo carries (1 + headroom)/count-on of the noise it needs")
+                             "shuffle DP: each silo carries (1 + headroom)/count-on of the noise it needs",
+                             only=_SHUFFLE_ONLY)
     #: record-level amplification of sampled binomial releases: "sampling" (the batch of K < n
     #: records is drawn without replacement: app/privacy/amplification.py), "none", or "auto"
     #: (default: sampling only with secret batches and count-on 1, app/privacy/amplification_choice.py)
     amplification: str = option("shuffle.amplification", choice(AMPLIFICATION_SETTINGS), "auto",
-                                "shuffle DP: sampling claims record-level amplification; none does not; auto decides")
+                                "shuffle DP: sampling claims record-level amplification; none does not; auto decides",
+                                only=_SHUFFLE_ONLY)
     #: M > 0: ask the silos to claim amplification by the shuffler keeping a random M of the N
     #: silos (app/privacy/silo_sampling.py); each silo claims it only if its node config trusts it
     silo_sample: int = option("shuffle.silo-sample", number(0, 10_000, integer=True), 0,
-                              "shuffle DP: the shuffler keeps a random M of the N silos (0: all)")
+                              "shuffle DP: the shuffler keeps a random M of the N silos (0: all)",
+                              only=_SHUFFLE_ONLY)
 
     def levels_for(self, dim: int) -> int:
         """g for a model of ``dim`` parameters: ``shuffle.levels``, or when it is 0 the automatic

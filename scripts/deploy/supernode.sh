@@ -24,7 +24,7 @@
 #
 # The silo service, when app.silo_service is importable, is started first (socket
 # <state-dir>/silo-service.sock, silo-service='<socket>' added to the node config) and stopped
-# when this script exits. Runs in the foreground, output also appended to <state-dir>/supernode.log.
+# when this script exits, as are flower-supernode's process group and the log's tee. Runs in the foreground, output also appended to <state-dir>/supernode.log.
 # Exit code: flower-supernode's (1 for every Flower error; the line "Flower exit code N" names it,
 # 305: the SuperLink refused the connection, e.g. an unregistered key), 2 for bad arguments.
 # shellcheck disable=SC2174,SC2317  # mkdir -m applies to the leaf on purpose; trap handlers
@@ -109,7 +109,7 @@ done
 export FLWR_HOME=${FLWR_HOME:-$STATE_DIR/flwr-home}
 mkdir -p -m 700 "$FLWR_HOME"
 
-SN_PID="" SVC_PID="" EXE_PID=""
+SN_PID="" SN_GROUP="" SVC_PID="" EXE_PID="" TEE_PID="" LOG_FD=""
 stop_pid() {  # stop_pid PID: SIGTERM, up to 10 s, then SIGKILL
   local p=$1
   [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null || return 0
@@ -117,10 +117,26 @@ stop_pid() {  # stop_pid PID: SIGTERM, up to 10 s, then SIGKILL
   for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.2; done
   kill -KILL "$p" 2>/dev/null || true
 }
+stop_group() {  # stop_group PGID: the process group flower-supernode leads (its flower-superexec and
+  local g=$1    # flwr-clientapp children): SIGTERM, up to 10 s, then SIGKILL
+  [[ -n "$g" ]] && kill -0 -- "-$g" 2>/dev/null || return 0
+  kill -TERM -- "-$g" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 -- "-$g" 2>/dev/null || return 0; sleep 0.2; done
+  kill -KILL -- "-$g" 2>/dev/null || true
+}
+close_log() {  # the log's tee: it ends when the last writer closes the pipe; at most 2 s, then TERM
+  [[ -n "$LOG_FD" ]] && { exec {LOG_FD}>&-; LOG_FD=""; }
+  [[ -n "$TEE_PID" ]] || return 0
+  for _ in $(seq 20); do kill -0 "$TEE_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -TERM "$TEE_PID" 2>/dev/null || true
+  wait "$TEE_PID" 2>/dev/null || true
+  TEE_PID=""
+}
 stop() {
   stop_pid "$EXE_PID"
-  stop_pid "$SN_PID"
+  if [[ -n "$SN_GROUP" ]]; then stop_group "$SN_GROUP"; else stop_pid "$SN_PID"; fi
   stop_pid "$SVC_PID"
+  close_log
   rm -f "$PID_DIR/supernode.pid" "$PID_DIR/silo-service.pid" "$PID_DIR/executor.pid"
 }
 trap stop EXIT
@@ -155,8 +171,15 @@ LOG="$STATE_DIR/supernode.log"
 LOG_START=$(stat -c %s "$LOG" 2>/dev/null || echo 0)
 exec {LOG_FD}> >(tee -a "$LOG")
 TEE_PID=$!
-"${CMD[@]}" >&"$LOG_FD" 2>&1 &
-SN_PID=$!
+# its own process group (setsid), so that stopping it stops the flower-superexec it starts: left
+# behind, that child held the log's pipe open and its tee outlived this script after a SIGTERM
+if command -v setsid >/dev/null; then
+  setsid "${CMD[@]}" >&"$LOG_FD" 2>&1 &
+  SN_PID=$! SN_GROUP=$!
+else
+  "${CMD[@]}" >&"$LOG_FD" 2>&1 &
+  SN_PID=$!
+fi
 echo "$SN_PID" > "$PID_DIR/supernode.pid"
 note "flower-supernode pid $SN_PID (in $PID_DIR/supernode.pid), log $LOG"
 if [[ $EXECUTOR == 1 ]]; then
@@ -171,8 +194,9 @@ set +e
 wait "$SN_PID"
 RC=$?
 SN_PID=""
-exec {LOG_FD}>&-
-wait "$TEE_PID" 2>/dev/null
+stop_group "$SN_GROUP"  # what it left (its flower-superexec), before the log is closed
+SN_GROUP=""
+close_log
 FLWR_CODE=$(tail -c +$((LOG_START + 1)) "$LOG" | sed -n 's/.*Exit Code: \([0-9][0-9]*\).*/\1/p' | tail -1)
 if [[ "$FLWR_CODE" == 305 ]]; then
   note "flower-supernode stopped with Flower exit code 305: the SuperLink refused the connection (unregistered key? wrong CA? SuperLink down?)"
