@@ -213,7 +213,7 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
     kept = first_kept(rows)
     if kept is not None:
         evidence |= {"rounds_model_kept": counts["kept"], "model_kept_first": kept}
-    shuffler = [(int(_num(r.get("round")) or 0), str(r["shuffle_refused"])) for r in rows if r.get("shuffle_refused")]
+    shuffler = _shuffler_refusals(rows)
     if shuffler:
         evidence["rounds_shuffle_refused"] = len(shuffler)
     growth = None
@@ -241,6 +241,11 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
     return Health(HEALTHY, f"the model moved in {n - unchanged} of the {n} round(s)"
                   + (f" and the train loss went from {finite[0][1]:.4g} to {finite[-1][1]:.4g}" if finite else ""),
                   None, evidence)
+
+
+def _shuffler_refusals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """(round, reason) of every round whose sum the shuffler refused."""
+    return [(int(_num(r.get("round")) or 0), str(r["shuffle_refused"])) for r in rows if r.get("shuffle_refused")]
 
 
 def _attacked(s: Any) -> bool:
@@ -409,6 +414,8 @@ class Watch:
     #: what the validation records are, in words (for the reason)
     validation_name: str = "the server's validation records"
     streak: list[int] = field(default_factory=list)
+    #: the distinct reasons silos gave for refusing (the ServerApp passes the strategy's set)
+    refusals: Iterable[str] = ()
 
     def start(self, loss: float | None, rows: Sequence[Mapping[str, Any]] = ()) -> None:
         """The untrained model's validation loss (None: the server holds no validation records)
@@ -465,7 +472,8 @@ class Watch:
         if seen is None:
             return None
         reason = f"stopped after round {rnd} of {self.num_rounds}: {seen}"
-        blame = _blame_no_learning(self.s) if validation_stop else _blame_no_progress(self.s, counts, [], self.rows)
+        blame = _blame_no_learning(self.s) if validation_stop else \
+            _blame_no_progress(self.s, counts, sorted(self.refusals), self.rows, _shuffler_refusals(self.rows))
         return Health(NO_PROGRESS, reason, blame, evidence)
 
 

@@ -252,7 +252,11 @@ def main(grid: Grid, context: Context) -> None:
     val_records = validation_records(strategy, server_test) if s.stop_unchanged and s.stop_patience else None
     if val_records is not None:
         watch.validation_name = val_records[0]
-    watch.start(validation_loss(model, initial, val_records), resume_state["rows"] if resume_state else ())
+    watch.refusals = strategy.refusal_reasons
+    # a resumed run: the rounds already done (the checkpoint's last row may still wait for its evaluation)
+    done = [*resume_state["rows"], *([resume_state["pending"]] if resume_state.get("pending") else [])] \
+        if resume_state is not None else []
+    watch.start(validation_loss(model, initial, val_records), done)
     kept_said: list[int] = []
 
     def health_check(rnd: int, w: dict[str, Any], row: dict[str, Any]) -> Health | None:
