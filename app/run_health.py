@@ -397,7 +397,9 @@ class Watch:
       counts nor breaks the streak;
     * the model was left unchanged (diagnose's count) in at least :data:`NO_PROGRESS_FRACTION`
       of the R planned rounds already: the run would end ``no-progress`` whatever the other
-      rounds do;
+      rounds do (these two stop only on a round whose silos answered and whose model stayed,
+      never on refusals or dropped replies alone, which spend nothing, nor on a run that shows
+      signs of divergence, left to the end-of-run verdict);
     * ``stop_patience`` (P) >= 1 rounds have passed and none of the last P rounds' models has a
       loss on the server's own validation records (``validation`` in :meth:`see`: the trust
       set, else ``server.test-file``) below the untrained model's (:meth:`start`).
@@ -451,17 +453,22 @@ class Watch:
             evidence |= {"validation_loss_untrained": self.validation_start,
                          "validation_loss": [v for _, v in self.validation]}
         seen, validation_stop = None, False
-        if len(self.streak) >= self.stop_unchanged:
+        # the first two rules stop only on a round that spent budget for nothing (silos answered,
+        # the model stayed): refusals and dropped replies spend nothing, and a run that shows signs
+        # of divergence is left to the end-of-run verdict
+        wasted = _unchanged(row) in ("all-rejected", "kept") and diagnose(self.rows, self.s).verdict != DIVERGED
+        if wasted and len(self.streak) >= self.stop_unchanged:
             kept = counts["kept"] and any(_unchanged(r) == "kept" for r in self.rows[-len(self.streak):])
             seen = (f"the model stayed in {len(self.streak)} consecutive round(s) ({_rounds_text(self.streak)}) "
                     "although silos answered and spent their budget on it ("
                     + ("an honest-majority rule kept the model" if kept else
                        "the aggregator gave every answering silo weight 0")
                     + f"; stop-unchanged={self.stop_unchanged})")
-        elif unchanged >= NO_PROGRESS_FRACTION * self.num_rounds:
+        elif wasted and unchanged >= NO_PROGRESS_FRACTION * self.num_rounds:
             seen = (f"{unchanged_reason(unchanged, len(self.rows), counts)}, at least half of the "
                     f"num-rounds={self.num_rounds} planned: the run would end no-progress whatever the other rounds do")
-        elif self.stop_patience and self.validation_start is not None and len(self.validation) >= self.stop_patience:
+        if seen is None and self.stop_patience and self.validation_start is not None \
+                and len(self.validation) >= self.stop_patience:
             last = self.validation[-self.stop_patience:]
             best_rnd, best = min(last, key=lambda t: t[1])
             if best >= self.validation_start:

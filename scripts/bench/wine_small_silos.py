@@ -82,10 +82,15 @@ def main() -> None:
     from app.local_grid import run_local
     from app.server_app import NothingTrained
 
+    import app.node_runtime
+
     silos = ("silo0", "silo1", "silo2")
+    node = {"epsilon-cap": 3.0}
+    if '"data-schema"' in Path(app.node_runtime.__file__).read_text():  # a capped silo pins its schema
+        node["data-schema"] = str(paths["schema"])
     try:
         run_local(cfg, str(args.out / "state"), run_id=1,
-                  node_config=lambda i: {"data-file": str(paths[silos[i]]), "epsilon-cap": 3.0})
+                  node_config=lambda i: node | {"data-file": str(paths[silos[i]])})
     except NothingTrained:
         pass
     summary = json.loads((args.out / "out" / args.recipe / "summary.json").read_text())
