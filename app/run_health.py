@@ -153,6 +153,14 @@ def _unchanged(row: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _spent_for_nothing(row: Mapping[str, Any]) -> bool:
+    """Round ``row``'s silos spent budget and the model stayed: they answered and the rule gave
+    every one weight 0 or kept the model, or (shuffle DP) they recorded and sent their encodings
+    and the shuffler refused the sum."""
+    why = _unchanged(row)
+    return why in ("all-rejected", "kept") or (why == "no-update" and bool(row.get("shuffle_refused")))
+
+
 def first_kept(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The first round in which an honest-majority rule kept the model: its ``model_kept`` entry
     with the round, or None."""
@@ -392,9 +400,10 @@ class Watch:
     :class:`Health` when the first of these holds (docs/configuration.md#run-health):
 
     * ``stop_unchanged`` (k) consecutive rounds in which silos answered (and spent) but the
-      model stayed: the aggregator gave every answering silo weight 0, or an honest-majority
-      rule kept the model (``model_kept``); a round with no valid reply (nothing spent) neither
-      counts nor breaks the streak;
+      model stayed: the aggregator gave every answering silo weight 0, an honest-majority rule
+      kept the model (``model_kept``), or (shuffle DP) the shuffler refused the sum of the
+      encodings the silos had recorded and sent (``shuffle_refused``); any other round with no
+      valid reply (nothing spent) neither counts nor breaks the streak;
     * the model was left unchanged (diagnose's count) in at least :data:`NO_PROGRESS_FRACTION`
       of the R planned rounds already: the run would end ``no-progress`` whatever the other
       rounds do (these two stop only on a round whose silos answered and whose model stayed,
@@ -428,10 +437,9 @@ class Watch:
 
     def _count(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        why = _unchanged(row)
-        if why in ("all-rejected", "kept"):
+        if _spent_for_nothing(row):
             self.streak.append(int(_num(row.get("round")) or 0))
-        elif why != "no-update":
+        elif _unchanged(row) != "no-update":
             self.streak = []
 
     def see(self, row: Mapping[str, Any], validation: float | None = None) -> Health | None:
@@ -456,14 +464,15 @@ class Watch:
         # the first two rules stop only on a round that spent budget for nothing (silos answered,
         # the model stayed): refusals and dropped replies spend nothing, and a run that shows signs
         # of divergence is left to the end-of-run verdict
-        wasted = _unchanged(row) in ("all-rejected", "kept") and diagnose(self.rows, self.s).verdict != DIVERGED
+        wasted = _spent_for_nothing(row) and diagnose(self.rows, self.s).verdict != DIVERGED
         if wasted and len(self.streak) >= self.stop_unchanged:
-            kept = counts["kept"] and any(_unchanged(r) == "kept" for r in self.rows[-len(self.streak):])
+            recent = [_unchanged(r) for r in self.rows if int(_num(r.get("round")) or 0) in self.streak]
+            cause = ("the shuffler refused every sum" if "no-update" in recent else
+                     "an honest-majority rule kept the model" if "kept" in recent else
+                     "the aggregator gave every answering silo weight 0")
             seen = (f"the model stayed in {len(self.streak)} consecutive round(s) ({_rounds_text(self.streak)}) "
-                    "although silos answered and spent their budget on it ("
-                    + ("an honest-majority rule kept the model" if kept else
-                       "the aggregator gave every answering silo weight 0")
-                    + f"; stop-unchanged={self.stop_unchanged})")
+                    f"although silos answered and spent their budget on it ({cause}; "
+                    f"stop-unchanged={self.stop_unchanged})")
         elif wasted and unchanged >= NO_PROGRESS_FRACTION * self.num_rounds:
             seen = (f"{unchanged_reason(unchanged, len(self.rows), counts)}, at least half of the "
                     f"num-rounds={self.num_rounds} planned: the run would end no-progress whatever the other rounds do")

@@ -314,6 +314,8 @@ def main(grid: Grid, context: Context) -> None:
     no_progress_fails = health.verdict == NO_PROGRESS and s.fail_on_no_progress and not nothing_trained(strategy.rows)
     if no_progress_fails:
         reasons.append(f"{health.message()} (fail-on-no-progress)")
+    elif reasons and strategy.stopped is not None:  # failed anyway (nothing trained): say where it stopped and why
+        reasons.append(f"run health {health.message()}")
     failed = bool(reasons)
     if health.blame is not None and not (stopped or nothing_trained(strategy.rows)):
         log(WARNING, "run %s %s: %s", name, health.label.upper(), health.reason)

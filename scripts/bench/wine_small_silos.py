@@ -7,7 +7,8 @@ ClientApp on the in-process grid (app/local_grid.py), each silo reading its own 
 
 ``documented``: docs/your-data.md's robust run (Grad-BANT, noise-aware, the server's trust and
 test files, 15 rounds, the preset's lr and batch); ``small``: docs/your-data.md's small-silo
-recipe. Extra ``KEY=VALUE`` pairs override run-config keys (values parsed as TOML). Prints the
+recipe (the mean, full batches, a logistic model, 10 rounds); ``small-robust``: the same with
+noise-aware Grad-BANT. Extra ``KEY=VALUE`` pairs override run-config keys (values parsed as TOML). Prints the
 console, then one line: status, where the run stopped, the server-test accuracy and each silo's
 epsilon spent.
 """
@@ -29,6 +30,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     # docs/your-data.md's small-silo recipe
     "small": {"algorithm": "mbsgd", "aggregator": "mean", "batch-size": 0, "num-rounds": 10, "lr": 1.0,
               "model": "logistic"},
+    # the same with noise-aware Grad-BANT (a silo may be suspect)
+    "small-robust": {"algorithm": "robust", "gradbant.noise-aware": True, "batch-size": 0, "num-rounds": 10,
+                     "lr": 1.0, "model": "logistic"},
 }
 
 
