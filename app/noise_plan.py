@@ -13,14 +13,18 @@ per-record rows plus N(0, sigma^2 I_d) with sigma = z * weight * sensitivity; it
     noise/signal     rho = sigma sqrt(d) / clip: the noise's norm over the largest norm the mean's
                      signal can have (a mean of rows clipped to clip has norm <= clip).
 
-The criterion (:func:`cannot_learn`), for each training phase of the plan:
+The criteria (:func:`cannot_learn`), for each training phase of the plan:
 
-* a rule that looks at each silo's message alone (every aggregator but the mean: Grad-BANT's
-  score, Krum's distances, a median, ...): rho > 1 -- every message's noise outweighs the most
-  signal it can carry, so the rule compares noise (Grad-BANT's paper score then gives weight 0);
-* the mean: rho_run = sqrt(sum_i sigma_i^2) / M * sqrt(d R) / (R clip) > 1 -- over the R planned
-  rounds the averaged noise the steps add up (norm sqrt(sum_i sigma_i^2)/M sqrt(d R), times lr)
-  outweighs the most signal they can add up (R clip, times lr).
+* **cannot learn**: rho_run = sqrt(sum_i sigma_i^2) / M * sqrt(d R) / (R clip) > 1 (the M least
+  noisy silos) -- over the R planned releases the noise the steps add up (norm
+  sqrt(sum_i sigma_i^2)/M sqrt(d R), times lr) outweighs the most signal they can add up
+  (R clip, times lr). M = silos-per-round for the mean; 1 for any other rule (it may keep one
+  message: no averaging is assumed);
+* **the rule weighs noise** (every aggregator but the mean: Grad-BANT's score, Krum's distances, a
+  median, ...): rho > 1 for even the least noisy silo -- every message's noise outweighs the most
+  signal it can carry, so the rule's weights are decided by noise (it cannot single out a
+  Byzantine silo; Grad-BANT's paper score gives 0). The run may still learn, from the signal the
+  weighted noisy messages add up.
 
 Both are necessary conditions for learning, not sufficient ones (the signal is usually well below
 clip). What is assumed is said: n (the partition's, ``gradbant.silo-records``, or, when the server
@@ -79,34 +83,34 @@ def silo_noise(s: Any, n: int, dim: int) -> list[PhaseNoise]:
             for r in plan if r.phase in TRAINING_PHASES]
 
 
-def cannot_learn(s: Any, silos: Sequence[Sequence[PhaseNoise]]) -> list[str]:
-    """Why the plan cannot learn (empty: no warning), by the module docstring's criterion, for
-    ``silos`` (each silo's :func:`silo_noise`)."""
+def cannot_learn(s: Any, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[str], list[str]]:
+    """(why the plan cannot learn, why the rule weighs noise), each empty when it does not hold,
+    by the module docstring's criteria, for ``silos`` (each silo's :func:`silo_noise`)."""
     from app.config import effective_aggregator
 
     rule = effective_aggregator(s)
     per_message = rule != "mean" or s.algorithm == "robust"
-    why = []
-    phases = sorted({p.phase for silo in silos for p in silo})
-    for phase in phases:
+    learn, weighs = [], []
+    for phase in sorted({p.phase for silo in silos for p in silo}):
         rows = [p for silo in silos for p in silo if p.phase == phase]
-        if not rows:
-            continue
         if per_message:
-            worst = min(rows, key=lambda p: p.noise_to_signal)  # even the least noisy silo
-            if worst.noise_to_signal > 1:
-                why.append(f"{phase}: every silo's message carries noise sigma*sqrt(d)/clip >= "
-                           f"{worst.noise_to_signal:.3g} times the most signal it can hold, so aggregator={rule} "
-                           "weighs noise (criterion: > 1)")
-        else:
-            m = min(s.silos_per_round, len(rows))
-            rounds = max(p.count for p in rows)
-            sigmas = sorted(p.sigma for p in rows)[:m]  # the M least noisy silos: the best case
-            rho = math.sqrt(sum(x * x for x in sigmas)) / m * math.sqrt(rows[0].dim * rounds) / (rounds * rows[0].clip)
-            if rho > 1:
-                why.append(f"{phase}: over its {rounds} planned releases the mean of {m} silos adds up noise "
-                           f"{rho:.3g} times the most signal the steps can add up (criterion: > 1)")
-    return why
+            least = min(rows, key=lambda p: p.noise_to_signal)  # even the least noisy silo
+            if least.noise_to_signal > 1:
+                weighs.append(f"{phase}: every silo's message carries noise sigma*sqrt(d)/clip >= "
+                              f"{least.noise_to_signal:.3g} times the most signal it can hold (criterion: > 1), so "
+                              f"aggregator={rule} weighs noise: its weights cannot single out a Byzantine silo"
+                              + (" and the paper's score gives 0" if rule == "gradbant" else ""))
+        # the rule's output averages at most M messages (the mean: M = silos-per-round; a rule that
+        # may keep one message: M = 1, no averaging assumed)
+        m = min(s.silos_per_round, len(rows)) if not per_message else 1
+        rounds = max(p.count for p in rows)
+        sigmas = sorted(p.sigma for p in rows)[:m]  # the M least noisy silos: the best case
+        rho = math.sqrt(sum(x * x for x in sigmas)) / m * math.sqrt(rows[0].dim * rounds) / (rounds * rows[0].clip)
+        if rho > 1:
+            what = f"the mean of {m} silos" if not per_message else f"aggregator={rule} (no averaging assumed)"
+            learn.append(f"{phase}: over its {rounds} planned releases {what} adds up noise {rho:.3g} times the most "
+                         "signal the steps can add up (criterion: > 1)")
+    return learn, weighs
 
 
 def preflight_lines(s: Any, sizes: Sequence[int] | None, dim: int, sizes_from: str) -> list[str]:
@@ -135,9 +139,10 @@ def preflight_lines(s: Any, sizes: Sequence[int] | None, dim: int, sizes_from: s
                      "its file by default (test-fraction); set gradbant.silo-records=\"smallest,largest\" to check "
                      "those sizes")
         return lines
-    why = cannot_learn(s, silos)
-    for w in why:
+    learn, weighs = cannot_learn(s, silos)
+    for w in learn:
         lines.append(f"{head}: WARNING this plan cannot learn from the silos' records (their noise drowns their "
-                     f"signal): {w}; see docs/your-data.md#small-silos (full batches, fewer rounds, the mean when no "
-                     "silo is suspect)")
+                     f"signal): {w}; see docs/your-data.md#small-silos (full batches, fewer rounds)")
+    for w in weighs:
+        lines.append(f"{head}: WARNING {w}; see docs/your-data.md#small-silos")
     return lines
