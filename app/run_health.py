@@ -375,6 +375,13 @@ def _blame_gradbant(s: Any, rows: Sequence[Mapping[str, Any]]) -> Blame:
         return Blame("gradbant.smoothness", s.robust.gradbant_smoothness,
                      f"the DP noise (privacy.mode={s.privacy.mode}) inflates every message's norm past the penalty "
                      f"{named} allows; try a smaller gradbant.smoothness")
+    if s.privacy.enabled and noise_aware:  # issue 35: the allowance subtracts the noise's mean, not its spread
+        return Blame("privacy.epsilon", s.privacy.epsilon,
+                     f"the DP noise (privacy.mode={s.privacy.mode}, privacy.epsilon={_g(s.privacy.epsilon)}) is most "
+                     "of every message: noise-aware Grad-BANT subtracts its expected energy, but its spread still "
+                     "outweighs the alignment (small silos: sigma is calibrated to clip/K; see the launcher's "
+                     "pre-flight, sigma*sqrt(d)/clip > 1); try docs/your-data.md#small-silos (full batches, fewer "
+                     "rounds, a smaller model) or a larger privacy.epsilon, not a smaller gradbant.smoothness")
     if s.sketch.kind != "none" and not noise_aware:
         return Blame("sketch.ratio", s.sketch.ratio,
                      f"the sketch's lift (sketch.kind={s.sketch.kind}, sketch.ratio={_g(s.sketch.ratio)}) "

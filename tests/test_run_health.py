@@ -131,6 +131,9 @@ ROBUST = {"algorithm": "robust", "partition": "iid", "num-silos": 4, "silos-per-
     ({"privacy.mode": "off", "gradbant.noise-aware": True, "batch-size": 32}, "gradbant.smoothness",
      "try a smaller gradbant.smoothness (e.g. 0.1)"),
     ({"privacy.mode": "off"}, "gradbant.smoothness", "try a smaller gradbant.smoothness (e.g. 0.1)"),
+    # issue 35 (the wine split): noise-aware under ISRL-DP, every message mostly noise: the noise, not L
+    ({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "gradbant.noise-aware": True}, "privacy.epsilon",
+     "docs/your-data.md#small-silos"),
     ({"privacy.mode": "isrl", "aggregator": "fltrust"}, "aggregator", "try aggregator=gradbant with gradbant.noise-aware"),
 ])
 def test_blame_when_grad_bant_gives_every_silo_zero(over: dict, setting: str, text: str) -> None:
