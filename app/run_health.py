@@ -420,7 +420,9 @@ class Watch:
       loss on the server's own validation records (``validation`` in :meth:`see`: the trust
       set, else ``server.test-file``) below the untrained model's (:meth:`start`).
 
-    ``stop_unchanged = 0`` turns all three off; ``stop_patience = 0`` the third alone."""
+    ``stop_unchanged = 0`` turns all three off; ``stop_patience = 0`` the third alone. It watches
+    runs under silofl's driver (``FederatedOptimizer.run``, what the ServerApp uses); a strategy
+    run under Flower's own ``Strategy.start`` is not watched."""
 
     s: Any
     num_rounds: int
