@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import subprocess
@@ -120,19 +121,36 @@ def preflight(cfg: dict[str, Any]) -> Any:
 
         try:
             load_schema(settings.data_schema)
-            if not settings.data_simulation_file:
-                return settings  # the records are the silos' own files: each silo checks K <= n itself
+            if not settings.data_simulation_file:  # the records are the silos' own files: each silo checks K <= n itself
+                bounds = settings.robust.gradbant_silo_records
+                print_noise_plan(settings, list(bounds) if bounds else None,
+                                 "assumed from gradbant.silo-records (the smallest and the largest silo)" if bounds
+                                 else "unknown to the server (the silos' own records): shown for a few sizes")
+                return settings
             _, splits, _, _ = silo_splits(settings)
         except SchemaError as exc:
             raise ConfigError(str(exc)) from None
     else:
         _, splits, _, _ = silo_splits(settings)
     check_silo_sizes(settings, [len(train) for train, _ in splits])
+    print_noise_plan(settings, [len(train) for train, _ in splits], "from the run's partition")
     from app.config import MODELS
 
     if settings.model not in MODELS:  # your own model: imported and checked for DP before any process starts
         model_layout(settings)
     return settings
+
+
+def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) -> None:
+    """The pre-flight's noise plan (app/noise_plan.py): each silo's planned sigma against its
+    signal, and a warning when the plan cannot learn; before anything is spent."""
+    if not settings.privacy.enabled:
+        return
+    from app.noise_plan import preflight_lines
+
+    dim = sum(math.prod(shape) for shape in model_layout(settings).values())
+    for line in preflight_lines(settings, sizes, dim, sizes_from):
+        print(line, flush=True)
 
 
 def toml_value(v: Any) -> str:

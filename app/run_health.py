@@ -120,17 +120,71 @@ def _rounds_text(rounds: Sequence[int]) -> str:
     return shown + (f" and {len(rounds) - 5} more" if len(rounds) > 5 else "")
 
 
+def weighted(row: Mapping[str, Any]) -> tuple[int, int]:
+    """(silos the aggregator gave a weight > 0, silos it weighed) in round ``row``: from the row's
+    ``silo_weights`` (every rule but the mean records each silo's weight there); the mean gives
+    each answering silo 1/m, so (answered, answered)."""
+    weights = row.get("silo_weights")
+    if isinstance(weights, Mapping):
+        return sum((_num(a) or 0.0) > 0 for a in weights.values()), len(weights)
+    answered = int(_num(row.get("answered")) or 0)
+    return answered, answered
+
+
+def kept_text(kept: Mapping[str, Any]) -> str:
+    """An honest-majority rule's ``model_kept`` entry in words."""
+    return (f"aggregator={kept.get('rule')} kept the model: {kept.get('replies')} replies cannot outvote "
+            f"byzantine.f={kept.get('f')} ({kept.get('reason')})")
+
+
 def _unchanged(row: Mapping[str, Any]) -> str | None:
-    """Why round ``row`` left the model where it was: "no-update", "all-rejected",
-    "step-skipped", or None (it moved, as far as the row says)."""
+    """Why round ``row`` left the model where it was: "no-update", "kept" (an honest-majority
+    rule could not act on the replies: ``model_kept``), "all-rejected", "step-skipped", or None
+    (it moved, as far as the row says)."""
     if "answered" in row and int(_num(row["answered"]) or 0) == 0:
         return "no-update"
+    if isinstance(row.get("model_kept"), Mapping):
+        return "kept"
     weights = row.get("silo_weights")
     if isinstance(weights, Mapping) and not any((_num(a) or 0.0) > 0 for a in weights.values()):
         return "all-rejected"
     if row.get("step_skipped"):
         return "step-skipped"
     return None
+
+
+def _spent_for_nothing(row: Mapping[str, Any]) -> bool:
+    """Round ``row``'s silos spent budget and the model stayed: they answered and the rule gave
+    every one weight 0 or kept the model, or (shuffle DP) they recorded and sent their encodings
+    and the shuffler refused the sum."""
+    why = _unchanged(row)
+    return why in ("all-rejected", "kept") or (why == "no-update" and bool(row.get("shuffle_refused")))
+
+
+def first_kept(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The first round in which an honest-majority rule kept the model: its ``model_kept`` entry
+    with the round, or None."""
+    for r in rows:
+        kept = r.get("model_kept")
+        if isinstance(kept, Mapping):
+            return {"round": int(_num(r.get("round")) or 0), **kept}
+    return None
+
+
+def _kept_suggestion(kept: Mapping[str, Any]) -> str:
+    return (f"from round {kept['round']} {kept_text(kept)}: silent (or dropped) silos leave fewer replies than "
+            f"the rule needs to outvote f; keeping the model is the safe choice (docs/byzantine.md#liveness), so "
+            "check why silos did not answer, or state a smaller byzantine.f, or use aggregator=gradbant (no "
+            "honest majority needed)")
+
+
+def unchanged_reason(unchanged: int, n: int, counts: Mapping[str, int]) -> str:
+    """The model was left unchanged in ``unchanged`` of ``n`` rounds, by cause, in words."""
+    parts = [f"{counts['all-rejected']} in which the aggregator gave every answering silo weight 0"]
+    if counts.get("kept"):
+        parts.append(f"{counts['kept']} in which an honest-majority rule kept the model")
+    parts.append(f"{counts['no-update']} with no valid reply")
+    return f"the model was left unchanged in {unchanged} of the {n} round(s) ({', '.join(parts)})"
 
 
 def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None = None,
@@ -156,7 +210,7 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
         if loss is not None and math.isfinite(loss):
             finite.append((rnd, loss))
     why_unchanged = [_unchanged(r) for r in rows]
-    counts = {k: why_unchanged.count(k) for k in ("no-update", "all-rejected", "step-skipped")}
+    counts = {k: why_unchanged.count(k) for k in ("no-update", "kept", "all-rejected", "step-skipped")}
     unchanged = n - why_unchanged.count(None)
     evidence: dict[str, Any] = {
         "rounds": n, "loss_key": key,
@@ -164,7 +218,10 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
         "rounds_all_rejected": counts["all-rejected"], "rounds_step_skipped": counts["step-skipped"],
         "non_finite_rounds": non_finite,
     }
-    shuffler = [(int(_num(r.get("round")) or 0), str(r["shuffle_refused"])) for r in rows if r.get("shuffle_refused")]
+    kept = first_kept(rows)
+    if kept is not None:
+        evidence |= {"rounds_model_kept": counts["kept"], "model_kept_first": kept}
+    shuffler = _shuffler_refusals(rows)
     if shuffler:
         evidence["rounds_shuffle_refused"] = len(shuffler)
     growth = None
@@ -187,13 +244,16 @@ def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None 
             seen.append(f"values went non-finite in round(s) {_rounds_text(non_finite)}")
         return Health(DIVERGED, " and ".join(seen), _blame_divergence(s), evidence)
     if unchanged >= NO_PROGRESS_FRACTION * n:
-        reason = (f"the model was left unchanged in {unchanged} of the {n} round(s) "
-                  f"({counts['all-rejected']} in which the aggregator gave every answering silo weight 0, "
-                  f"{counts['no-update']} with no valid reply)")
+        reason = unchanged_reason(unchanged, n, counts)
         return Health(NO_PROGRESS, reason, _blame_no_progress(s, counts, refusals, rows, shuffler), evidence)
     return Health(HEALTHY, f"the model moved in {n - unchanged} of the {n} round(s)"
                   + (f" and the train loss went from {finite[0][1]:.4g} to {finite[-1][1]:.4g}" if finite else ""),
                   None, evidence)
+
+
+def _shuffler_refusals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """(round, reason) of every round whose sum the shuffler refused."""
+    return [(int(_num(r.get("round")) or 0), str(r["shuffle_refused"])) for r in rows if r.get("shuffle_refused")]
 
 
 def _attacked(s: Any) -> bool:
@@ -228,6 +288,10 @@ def _blame_no_progress(s: Any, counts: Mapping[str, int], refusals: Sequence[str
     """The aggregator rejecting everything (Grad-BANT: the smoothness, the DP noise, the sketch,
     the batch noise), the silos not answering (their refusals), or the shuffler refusing the sums
     (rows' ``shuffle_refused``: its reason)."""
+    if counts.get("kept", 0) and counts["kept"] >= max(counts["all-rejected"], counts["no-update"]):
+        kept = first_kept(rows)
+        assert kept is not None
+        return Blame("byzantine.f", kept["f"], _kept_suggestion(kept))
     if counts["all-rejected"] >= counts["no-update"]:
         agg = _rule(s)
         if agg == "gradbant":
@@ -311,6 +375,13 @@ def _blame_gradbant(s: Any, rows: Sequence[Mapping[str, Any]]) -> Blame:
         return Blame("gradbant.smoothness", s.robust.gradbant_smoothness,
                      f"the DP noise (privacy.mode={s.privacy.mode}) inflates every message's norm past the penalty "
                      f"{named} allows; try a smaller gradbant.smoothness")
+    if s.privacy.enabled and noise_aware:  # issue 35: the allowance subtracts the noise's mean, not its spread
+        return Blame("privacy.epsilon", s.privacy.epsilon,
+                     f"the DP noise (privacy.mode={s.privacy.mode}, privacy.epsilon={_g(s.privacy.epsilon)}) is most "
+                     "of every message: noise-aware Grad-BANT subtracts its expected energy, but its spread still "
+                     "outweighs the alignment (small silos: sigma is calibrated to clip/K; see the launcher's "
+                     "pre-flight, sigma*sqrt(d)/clip > 1); try docs/your-data.md#small-silos (full batches, fewer "
+                     "rounds, a smaller model) or a larger privacy.epsilon, not a smaller gradbant.smoothness")
     if s.sketch.kind != "none" and not noise_aware:
         return Blame("sketch.ratio", s.sketch.ratio,
                      f"the sketch's lift (sketch.kind={s.sketch.kind}, sketch.ratio={_g(s.sketch.ratio)}) "
@@ -325,3 +396,119 @@ def _blame_gradbant(s: Any, rows: Sequence[Mapping[str, Any]]) -> Blame:
                  "no message aligned with the trust-set gradient by more than its norm penalty; try a smaller "
                  + (f"gradbant.smoothness (e.g. {_try(smooth / 10)})" if smooth is not None else "gradbant.smoothness")
                  + ", or check the trust set (trust.size, trust.shift)")
+
+
+# -- during the run: stop a run that cannot learn ---------------------------------------------
+@dataclass
+class Watch:
+    """Run health during the run (the ServerApp feeds it every round, strategies/loop.py stops the
+    run on what :meth:`see` returns), so that a run that cannot learn does not spend the rest of
+    every silo's budget. It stops after round r < R (``num_rounds``) with a ``no-progress``
+    :class:`Health` when the first of these holds (docs/configuration.md#run-health):
+
+    * ``stop_unchanged`` (k) consecutive rounds in which silos answered (and spent) but the
+      model stayed: the aggregator gave every answering silo weight 0, an honest-majority rule
+      kept the model (``model_kept``), or (shuffle DP) the shuffler refused the sum of the
+      encodings the silos had recorded and sent (``shuffle_refused``); any other round with no
+      valid reply (nothing spent) neither counts nor breaks the streak;
+    * the model was left unchanged (diagnose's count) in at least :data:`NO_PROGRESS_FRACTION`
+      of the R planned rounds already: the run would end ``no-progress`` whatever the other
+      rounds do (these two stop only on a round whose silos answered and whose model stayed,
+      never on refusals or dropped replies alone, which spend nothing, nor on a run that shows
+      signs of divergence, left to the end-of-run verdict);
+    * ``stop_patience`` (P) >= 1 rounds have passed and none of the last P rounds' models has a
+      loss on the server's own validation records (``validation`` in :meth:`see`: the trust
+      set, else ``server.test-file``) below the untrained model's (:meth:`start`).
+
+    ``stop_unchanged = 0`` turns all three off; ``stop_patience = 0`` the third alone. It watches
+    runs under silofl's driver (``FederatedOptimizer.run``, what the ServerApp uses); a strategy
+    run under Flower's own ``Strategy.start`` is not watched."""
+
+    s: Any
+    num_rounds: int
+    stop_unchanged: int
+    stop_patience: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    validation_start: float | None = None
+    validation: list[tuple[int, float]] = field(default_factory=list)
+    #: what the validation records are, in words (for the reason)
+    validation_name: str = "the server's validation records"
+    streak: list[int] = field(default_factory=list)
+    #: the distinct reasons silos gave for refusing (the ServerApp passes the strategy's set)
+    refusals: Iterable[str] = ()
+
+    def start(self, loss: float | None, rows: Sequence[Mapping[str, Any]] = ()) -> None:
+        """The untrained model's validation loss (None: the server holds no validation records)
+        and, for a resumed run, the rounds already done."""
+        self.validation_start = loss if loss is not None and math.isfinite(loss) else None
+        for row in rows:
+            self._count(dict(row))
+
+    def _count(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if _spent_for_nothing(row):
+            self.streak.append(int(_num(row.get("round")) or 0))
+        elif _unchanged(row) != "no-update":
+            self.streak = []
+
+    def see(self, row: Mapping[str, Any], validation: float | None = None) -> Health | None:
+        """Round ``row`` (its model's validation loss, when the server holds records): a
+        ``no-progress`` :class:`Health` when the run should stop now, else None."""
+        self._count(dict(row))
+        rnd = int(_num(row.get("round")) or len(self.rows))
+        if validation is not None and math.isfinite(validation):
+            self.validation.append((rnd, float(validation)))
+        if not self.stop_unchanged or rnd >= self.num_rounds:
+            return None
+        why = [_unchanged(r) for r in self.rows]
+        counts = {k: why.count(k) for k in ("no-update", "kept", "all-rejected", "step-skipped")}
+        unchanged = len(why) - why.count(None)
+        evidence: dict[str, Any] = {"stopped_after_round": rnd, "rounds_planned": self.num_rounds, "rounds": len(self.rows),
+                                    "rounds_unchanged": unchanged, "rounds_without_update": counts["no-update"],
+                                    "rounds_all_rejected": counts["all-rejected"], "rounds_model_kept": counts["kept"]}
+        if self.validation_start is not None:
+            evidence |= {"validation_loss_untrained": self.validation_start,
+                         "validation_loss": [v for _, v in self.validation]}
+        seen, validation_stop = None, False
+        # the first two rules stop only on a round that spent budget for nothing (silos answered,
+        # the model stayed): refusals and dropped replies spend nothing, and a run that shows signs
+        # of divergence is left to the end-of-run verdict
+        wasted = _spent_for_nothing(row) and diagnose(self.rows, self.s).verdict != DIVERGED
+        if wasted and len(self.streak) >= self.stop_unchanged:
+            recent = [_unchanged(r) for r in self.rows if int(_num(r.get("round")) or 0) in self.streak]
+            cause = ("the shuffler refused every sum" if "no-update" in recent else
+                     "an honest-majority rule kept the model" if "kept" in recent else
+                     "the aggregator gave every answering silo weight 0")
+            seen = (f"the model stayed in {len(self.streak)} consecutive round(s) ({_rounds_text(self.streak)}) "
+                    f"although silos answered and spent their budget on it ({cause}; "
+                    f"stop-unchanged={self.stop_unchanged})")
+        elif wasted and unchanged >= NO_PROGRESS_FRACTION * self.num_rounds:
+            seen = (f"{unchanged_reason(unchanged, len(self.rows), counts)}, at least half of the "
+                    f"num-rounds={self.num_rounds} planned: the run would end no-progress whatever the other rounds do")
+        if seen is None and self.stop_patience and self.validation_start is not None \
+                and len(self.validation) >= self.stop_patience:
+            last = self.validation[-self.stop_patience:]
+            best_rnd, best = min(last, key=lambda t: t[1])
+            if best >= self.validation_start:
+                validation_stop = True
+                seen = (f"no model of the last {self.stop_patience} round(s) has a loss on {self.validation_name} "
+                        f"below the untrained model's ({self.validation_start:.4g}; the best, round {best_rnd}: "
+                        f"{best:.4g}; stop-patience={self.stop_patience})")
+        if seen is None:
+            return None
+        reason = f"stopped after round {rnd} of {self.num_rounds}: {seen}"
+        blame = _blame_no_learning(self.s) if validation_stop else \
+            _blame_no_progress(self.s, counts, sorted(self.refusals), self.rows, _shuffler_refusals(self.rows))
+        return Health(NO_PROGRESS, reason, blame, evidence)
+
+
+def _blame_no_learning(s: Any) -> Blame:
+    """The model moved but did not get better on the server's records: under privacy the noise
+    (each silo's sigma against its signal, the pre-flight's numbers), else the step size."""
+    if s.privacy.enabled:
+        return Blame("privacy.epsilon", s.privacy.epsilon,
+                     f"the DP noise at privacy.epsilon={_g(s.privacy.epsilon)} over num-rounds={s.num_rounds} "
+                     f"drowns the silos' signal (batch-size={s.batch_size or 'full'}; see the launcher's pre-flight "
+                     "noise-to-signal lines); try the small-silo recipe of docs/your-data.md#small-silos (full "
+                     "batches, fewer rounds, aggregator=mean when no silo is suspect)")
+    return Blame("lr", s.lr, f"lr={_g(s.lr)} does not lower the loss on the server's records; try lr={_try(s.lr / 10)}")

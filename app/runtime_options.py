@@ -23,6 +23,14 @@ class RuntimeOptions:
     #: mark a run failed when the aggregator kept the model in at least half of its rounds
     fail_on_no_progress: bool = option("fail-on-no-progress", boolean, False,
                                        "a run that made no progress fails instead of ending no-progress")
+    #: run health stops a run that cannot learn (app/run_health.py ``Watch``): after this many
+    #: consecutive rounds whose silos answered but whose model stayed (0: never stop early)
+    stop_unchanged: int = option("stop-unchanged", number(0, 1_000_000, integer=True), 4,
+                                 "stop after this many consecutive rounds that spent budget but left the model (0: never)")
+    #: ... and when none of the last this many rounds' models beats the untrained one on the
+    #: server's own validation records (its trust set, else server.test-file; 0: never)
+    stop_patience: int = option("stop-patience", number(0, 1_000_000, integer=True), 5,
+                                "stop when no model of this many last rounds beats the untrained one on the server's records (0: never)")
     round_timeout: float = option("round-timeout", number(1, None), 600.0, "seconds to wait for replies")
     device: str = option("device", choice(DEVICES), "cpu", "cpu, cuda or auto on the silos")
     #: where the ServerApp computes (trust-set gradients, sketch lifts): "device" = the run's device

@@ -35,7 +35,7 @@ from app.data.preprocessing_report import preprocessing_steps
 from app.models import build_model
 from app.privacy.ledger_witness import WITNESS_FILE, WitnessStore
 from app.results import RunRecorder, run_name
-from app.run_health import NO_PROGRESS, diagnose
+from app.run_health import NO_PROGRESS, Health, Watch, diagnose, kept_text, weighted
 from app.seeding import torch_gen
 from app.server_device import server_device
 from app.server_eval import load_server_test, server_test_metrics
@@ -137,10 +137,42 @@ def progress_line(row: dict[str, Any], num_rounds: int) -> str:
         return "   -  " if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
     drops = row["refused"] + row["malformed"] + row["failed"] + row["missing"]
+    given, weighed = weighted(row)  # the silos the rule gave a weight > 0 (rounds.jsonl: silo_weights)
+    kept = row.get("model_kept")
     return (f"[silofl] round {row['round']:>3}/{num_rounds}  train loss {f('train_loss', '.4f')}  "
             f"test error {f('test_error', '.2%')}  max eps spent {f('eps_max', '.3f')}  "
             f"silos {row['answered']}/{row['sampled']}" + (f" ({drops} dropped)" if drops else "")
+            + f"  weighted {given}/{weighed}"
+            + (f" (kept by {kept.get('rule')}: f={kept.get('f')}, {kept.get('replies')} replies)"
+               if isinstance(kept, dict) else "")
             + f"  {row['wall_s']:.2f}s")
+
+
+def validation_records(strategy: Any, server_test: Any) -> tuple[str, Any, Any] | None:
+    """The server's own records run health watches the loss on (app/run_health.py ``Watch``):
+    ``server.test-file`` (records no rule saw: the stop decision is all they inform before the
+    end), else the rule's trust set (Grad-BANT and FLTrust keep only updates that lower its loss,
+    so there it seldom fires); None when the server holds neither."""
+    if server_test is not None:
+        return f"server.test-file ({len(server_test[1])} records)", server_test[0], server_test[1]
+    agg = getattr(strategy.aggregator, "inner", strategy.aggregator)
+    trust = getattr(getattr(agg, "impl", None), "trust", None)
+    if trust is not None:
+        return f"the server's trust set ({len(trust.y)} records)", trust.x.cpu(), trust.y.cpu()
+    return None
+
+
+def validation_loss(model: Any, params: dict[str, Any], records: tuple[str, Any, Any] | None) -> float | None:
+    """The mean cross-entropy of ``params`` on ``records`` (None without records)."""
+    if records is None:
+        return None
+    import numpy as np
+    import torch
+
+    _, x, y = records
+    live = {k: torch.as_tensor(np.asarray(v, dtype=np.float32)) for k, v in params.items()}
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(torch.func.functional_call(model, live, (x,)), y))
 
 
 def query_ledgers(grid: Grid, timeout: float) -> list[dict[str, Any]]:
@@ -216,6 +248,27 @@ def main(grid: Grid, context: Context) -> None:
 
     strategy = STRATEGIES[s.algorithm](s, layout, on_round)
     strategy.run_id = context.run_id
+    # run health during the run: stop one that cannot learn before it spends every silo's budget
+    watch = Watch(s, s.num_rounds, s.stop_unchanged, s.stop_patience)
+    val_records = validation_records(strategy, server_test) if s.stop_unchanged and s.stop_patience else None
+    if val_records is not None:
+        watch.validation_name = val_records[0]
+    watch.refusals = strategy.refusal_reasons
+    # a resumed run: the rounds already done (the checkpoint's last row may still wait for its evaluation)
+    done = [*resume_state["rows"], *([resume_state["pending"]] if resume_state.get("pending") else [])] \
+        if resume_state is not None else []
+    watch.start(validation_loss(model, initial, val_records), done)
+    kept_said: list[int] = []
+
+    def health_check(rnd: int, w: dict[str, Any], row: dict[str, Any]) -> Health | None:
+        kept = row.get("model_kept")
+        if isinstance(kept, dict) and not kept_said:  # from the first such round, once
+            kept_said.append(rnd)
+            print(f"[silofl] round {rnd}: {kept_text(kept)}; the rule keeps the model while the replies cannot "
+                  "outvote f (docs/byzantine.md#liveness)", flush=True)
+        return watch.see(row, validation_loss(model, w, val_records))
+
+    strategy.health_check = health_check
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
@@ -256,11 +309,15 @@ def main(grid: Grid, context: Context) -> None:
                        + (f"; refusals: {'; '.join(refusals[:3])}" if refusals else ""))
     if strategy.client_errors and s.fail_on_client_error and not failures_stopped:
         reasons.append(f"{len(strategy.client_errors)} ClientApp failure(s): {strategy.client_errors[:3]}")
-    # did it train? (diverged / no-progress, and the setting most likely to blame)
-    health = diagnose(strategy.rows, s, num_classes=num_classes, refusals=strategy.refusal_reasons)
+    # did it train? (diverged / no-progress, and the setting most likely to blame); a run that run
+    # health stopped early is no-progress with the reason it stopped
+    health = strategy.stopped if isinstance(strategy.stopped, Health) else \
+        diagnose(strategy.rows, s, num_classes=num_classes, refusals=strategy.refusal_reasons)
     no_progress_fails = health.verdict == NO_PROGRESS and s.fail_on_no_progress and not nothing_trained(strategy.rows)
     if no_progress_fails:
         reasons.append(f"{health.message()} (fail-on-no-progress)")
+    elif reasons and strategy.stopped is not None:  # failed anyway (nothing trained): say where it stopped and why
+        reasons.append(f"run health {health.message()}")
     failed = bool(reasons)
     if health.blame is not None and not (stopped or nothing_trained(strategy.rows)):
         log(WARNING, "run %s %s: %s", name, health.label.upper(), health.reason)
@@ -272,6 +329,7 @@ def main(grid: Grid, context: Context) -> None:
         "health": health.to_dict(),
         "algorithm": s.algorithm, "dataset": s.dataset, "model": s.model, "rounds": s.num_rounds,
         "rounds_done": len(strategy.rows),
+        "stopped_after_round": strategy.stopped_after,
         "rounds_without_update": health.evidence.get("rounds_without_update", 0),
         "rounds_all_rejected": health.evidence.get("rounds_all_rejected", 0),
         "resumed_after_round": None if resume_state is None else int(resume_state["round"]),

@@ -158,6 +158,9 @@ class RobustAggregator:
             self.dp_energy(self.phase)  # the silos' record counts, read once, now (ConfigError if unreadable)
         #: the last round's score terms (L used, noise energy c), reported in its row
         self.score_terms: dict[str, float] = {}
+        #: an honest-majority rule that kept the model this exchange (the replies cannot outvote
+        #: f): its name, f, the rows it saw and why, for the row's ``model_kept`` (app/run_health.py)
+        self.kept: dict[str, Any] = {}
         rule = RULES.get(s.robust.aggregator)
         if rule is not None and "f" in rule.inputs and s.robust.byzantine_f < 0 and s.attack.kind != "none":
             log(INFO, "byzantine.f is not set: the attack harness tells %s f = the number of Byzantine silos among "
@@ -282,12 +285,15 @@ class RobustAggregator:
         if idx.max() >= len(self.p):  # a node that joined after the start: it starts with no trust
             self.p = np.concatenate([self.p, np.zeros(idx.max() + 1 - len(self.p))])
         f = self.s.robust.byzantine_f if self.s.robust.byzantine_f >= 0 else len(byz_nodes)
+        self.kept = {}
         direction, weights = self.aggregate(rows, idx, ex.at, rnd, f, ex)
         if sketched and direction is not None:
             direction = lift_flat(updates, direction)  # S_t^T rule(y_1..y_m), once
         row = {"silo_weights": {int(i): float(a) for i, a in zip(idx, weights)},
                "byzantine_weight": float(sum(a for node, a in zip(nodes, weights) if node in byz_nodes)),
                "byzantine_answered": len(byz_nodes)} | self.score_terms
+        if self.kept:  # only when it happened: the rule could not act on these replies
+            row["model_kept"] = self.kept | {"replies": len(nodes)}
         return direction, row
 
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
@@ -350,6 +356,7 @@ class RobustAggregator:
             agg = spec.fn(lifted, **kwargs)
         except (HonestMajorityRequired, ValueError) as exc:  # e.g. Krum with n - f - 2 < 1 this round
             log(WARNING, "round %d: %s; the model is unchanged this round", server_round, exc)
+            self.kept = {"rule": rule, "f": int(f), "rows": int(len(lifted)), "reason": str(exc)}
             return None, np.zeros(len(lifted))
         self.center = agg.vector
         if not np.any(agg.vector) and rule == "fltrust":

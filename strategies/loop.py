@@ -131,6 +131,13 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         self.aggregator.bind(self)
         #: the aggregator's entries for the round's row (each silo's weight, ...)
         self.aggregate_row: dict[str, Any] = {}
+        #: run health during the run (the ServerApp sets it; app/run_health.py ``Watch``): called
+        #: after every round with (round, model, row); what it returns, when not None, stops the
+        #: run after that round (:attr:`stopped`)
+        self.health_check: Callable[[int, Params, dict[str, Any]], Any] | None = None
+        #: what :attr:`health_check` returned when it stopped the run, and after which round
+        self.stopped: Any = None
+        self.stopped_after: int | None = None
 
     # -- the optimiser's hooks ----------------------------------------------------------------
     def exchanges(self, rnd: int, w: Params) -> Round:
@@ -254,15 +261,24 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
                 if checkpoint is not None:
                     checkpoint(rnd, w)
                 self.stop_on_new_failures(rnd, failures_before)
+                if self.health_check is not None and rnd < num_rounds:
+                    verdict = self.health_check(rnd, w, row)
+                    if verdict is not None:  # it cannot learn: stop before more budget is spent
+                        self.stopped, self.stopped_after = verdict, rnd
+                        log(WARNING, "run health: %s", getattr(verdict, "reason", verdict))
+                        if self.pending is not None:  # the last round's evaluation, as at a run's end
+                            self._evaluate_pending(grid, w, timeout)
+                        break
         finally:  # a run stopped with a row still waiting for its evaluation keeps the row
             if self.pending is not None:
                 self._finish_pending(None)
         if self.s.output == "random" and self.sampler.value is not None:
             result = RunResult(self.sampler.value, int(self.sampler.round or 0))
         else:
-            result = RunResult(w, num_rounds)
+            result = RunResult(w, num_rounds if self.stopped_after is None else self.stopped_after)
         if self.s.output == "random" and self.s.eval_every:
-            result.metrics = self.evaluate(grid, num_rounds, result.model, timeout) or {}
+            last = num_rounds if self.stopped_after is None else self.stopped_after
+            result.metrics = self.evaluate(grid, last, result.model, timeout) or {}
         return result
 
     def _record(self, row: dict[str, Any]) -> None:

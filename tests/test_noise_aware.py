@@ -102,7 +102,9 @@ def test_isrl_dp_federation_paper_score_is_stuck_noise_aware_learns(federation) 
     paper, paper_rows, _ = federation(PRIVATE, sub="paper")
     aware, aware_rows, _ = federation(PRIVATE | {"gradbant.noise-aware": True}, sub="aware")
     assert all(not any(r["silo_weights"].values()) for r in paper_rows)
-    assert paper["test_error"] > 0.85 and paper["rounds_all_rejected"] == 12 and paper["status"] == "no-progress"
+    # run health stops it after stop-unchanged = 4 rounds of 12 that spent budget on nothing
+    assert paper["test_error"] > 0.85 and paper["rounds_all_rejected"] == 4 and paper["status"] == "no-progress"
+    assert paper["stopped_after_round"] == 4
     assert paper["health"]["blame"]["setting"] == "gradbant.noise-aware"  # app/run_health.py's hint
     positive = [sum(a > 0 for a in r["silo_weights"].values()) for r in aware_rows]
     assert np.mean(positive) >= 6 and min(positive) >= 1
@@ -112,7 +114,7 @@ def test_isrl_dp_federation_paper_score_is_stuck_noise_aware_learns(federation) 
 
 def test_fail_on_no_progress_fails_a_run_that_never_moved(federation) -> None:
     summary, _, _ = federation(PRIVATE | {"fail-on-no-progress": True})
-    assert summary["status"] == "failed" and summary["rounds_all_rejected"] == 12
+    assert summary["status"] == "failed" and summary["rounds_all_rejected"] == 4  # stopped after 4 (run health)
     assert "no progress" in summary["status_reason"] and "fail-on-no-progress" in summary["status_reason"]
 
 
@@ -236,7 +238,8 @@ def test_gradient_messages_without_privacy_sampling_noise_aware_learns(federatio
     each round and learns (measured 54%, 46%, 57% error for seeds 0-2 in 12 rounds; the
     non-robust mean 40%)."""
     paper, _, _ = federation(GRADIENTS, sub="paper")
-    assert paper["rounds_all_rejected"] == 12 and paper["test_error"] > 0.85
+    assert paper["rounds_all_rejected"] == 4 and paper["test_error"] > 0.85  # run health stops it after 4 of 12
+    assert paper["stopped_after_round"] == 4
     aware, rows, _ = federation(GRADIENTS | {"gradbant.noise-aware": True}, sub="aware")
     positive = [sum(a > 0 for a in r["silo_weights"].values()) for r in rows]
     assert aware["rounds_all_rejected"] == 0 and np.mean(positive) >= 3

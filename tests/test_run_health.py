@@ -16,7 +16,8 @@ import pytest
 from app import launch
 from app.config import parse_settings
 from app.launch import merged_run_config
-from app.run_health import DIVERGED, DIVERGENCE_FACTOR, HEALTHY, NO_PROGRESS, diagnose
+from app.run_health import DIVERGED, DIVERGENCE_FACTOR, HEALTHY, NO_PROGRESS, Watch, diagnose, weighted
+from app.server_app import progress_line
 
 LN2 = math.log(2)
 
@@ -130,6 +131,9 @@ ROBUST = {"algorithm": "robust", "partition": "iid", "num-silos": 4, "silos-per-
     ({"privacy.mode": "off", "gradbant.noise-aware": True, "batch-size": 32}, "gradbant.smoothness",
      "try a smaller gradbant.smoothness (e.g. 0.1)"),
     ({"privacy.mode": "off"}, "gradbant.smoothness", "try a smaller gradbant.smoothness (e.g. 0.1)"),
+    # issue 35 (the wine split): noise-aware under ISRL-DP, every message mostly noise: the noise, not L
+    ({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "gradbant.noise-aware": True}, "privacy.epsilon",
+     "docs/your-data.md#small-silos"),
     ({"privacy.mode": "isrl", "aggregator": "fltrust"}, "aggregator", "try aggregator=gradbant with gradbant.noise-aware"),
 ])
 def test_blame_when_grad_bant_gives_every_silo_zero(over: dict, setting: str, text: str) -> None:
@@ -192,7 +196,8 @@ def test_a_huge_lr_diverges_and_blames_lr(federation) -> None:
 def test_grad_bant_with_every_score_zero_makes_no_progress(federation) -> None:
     """gradbant.smoothness x lr = 500 >= 2: even a message equal to the trust-set gradient scores 0,
     so the model never moves; the run says no-progress and blames the smoothness."""
-    cfg = ROBUST | {"privacy.mode": "off", "batch-size": 32, "num-rounds": 4, "gradbant.smoothness": 1000.0}
+    cfg = ROBUST | {"privacy.mode": "off", "batch-size": 32, "num-rounds": 4, "gradbant.smoothness": 1000.0,
+                    "stop-unchanged": 0}  # run to the end: the end-of-run verdict
     summary, rows, _ = federation(cfg)
     assert all(not any(r["silo_weights"].values()) for r in rows)
     assert summary["status"] == "no-progress" and summary["rounds_all_rejected"] == 4
@@ -205,3 +210,144 @@ def test_the_default_run_stays_completed(federation) -> None:
     assert summary["status"] == "completed" and summary["status_reason"] is None
     assert summary["health"]["verdict"] == "healthy" and summary["health"]["blame"] is None
     assert not any(k in r for r in rows for k in ("non_finite_evaluations", "non_finite_updates", "step_skipped"))
+
+
+# -- the weight the rule gave, on the console (issue 35) ----------------------------------------
+def _row(**extra) -> dict:
+    return {"round": 2, "sampled": 3, "answered": 3, "refused": 0, "malformed": 0, "failed": 0, "missing": 0,
+            "eps_max": 1.0, "wall_s": 0.1} | extra
+
+
+def test_the_console_line_shows_the_weight_the_rule_gave() -> None:
+    """Before: ``silos 3/3`` every round while Grad-BANT gave every silo weight 0. Now the line
+    also says how many silos the rule gave a weight > 0 (rounds.jsonl: ``silo_weights``)."""
+    zero = _row(silo_weights={"0": 0.0, "1": 0.0, "2": 0.0})
+    assert weighted(zero) == (0, 3)
+    assert "silos 3/3  weighted 0/3" in progress_line(zero, 15)
+    one = _row(silo_weights={"0": 0.0, "1": 0.7, "2": 0.0})
+    assert "weighted 1/3" in progress_line(one, 15)
+    assert "silos 3/3  weighted 3/3" in progress_line(_row(), 15)  # the mean: 1/m each
+    kept = _row(silo_weights={"0": 0.0, "1": 0.0}, answered=2,
+                model_kept={"rule": "krum", "f": 1, "replies": 2, "rows": 2, "reason": "x"})
+    assert "weighted 0/2 (kept by krum: f=1, 2 replies)" in progress_line(kept, 15)
+
+
+# -- run health during the run: the rules on hand-made rows -----------------------------------
+def _all_zero(rnd: int) -> dict:
+    return {"round": rnd, "answered": 3, "silo_weights": {"0": 0.0, "1": 0.0, "2": 0.0}}
+
+
+def _moved(rnd: int) -> dict:
+    return {"round": rnd, "answered": 3, "silo_weights": {"0": 0.5, "1": 0.5, "2": 0.0}}
+
+
+def test_the_watch_stops_after_k_consecutive_rounds_that_spent_budget_on_nothing() -> None:
+    s = settings(**{"algorithm": "robust", "privacy.mode": "off"})
+    w = Watch(s, 20, stop_unchanged=3, stop_patience=0)
+    w.start(None)
+    # a round with no valid reply (nothing spent) neither counts nor breaks the streak
+    seq = [_moved(1), _all_zero(2), _all_zero(3), {"round": 4, "answered": 0}, _moved(5), _all_zero(6),
+           {"round": 7, "answered": 0}, _all_zero(8)]
+    assert [w.see(r) for r in seq] == [None] * len(seq)
+    h = w.see(_all_zero(9))
+    assert h is not None and h.verdict == NO_PROGRESS and h.status == "no-progress"
+    assert h.reason.startswith("stopped after round 9 of 20: the model stayed in 3 consecutive round(s) (6, 8, 9)")
+    assert h.evidence["stopped_after_round"] == 9 and h.evidence["rounds_all_rejected"] == 5
+    assert h.blame is not None and h.blame.setting == "gradbant.smoothness"
+    # the last round is never stopped (nothing left to save); 0 never stops
+    last = Watch(s, 3, 1, 0)
+    assert [last.see(_all_zero(r)) for r in (1, 2, 3)][2] is None
+    never = Watch(s, 20, 0, 5)
+    never.start(1.0)
+    assert all(never.see(_all_zero(r), 2.0) is None for r in range(1, 20))
+
+
+def test_the_watch_stops_once_the_run_can_only_end_no_progress() -> None:
+    """Half of num-rounds unchanged already: diagnose's verdict at the end is no-progress
+    whatever the other rounds do, so the rest of the budget buys nothing."""
+    s = settings(**{"algorithm": "robust", "privacy.mode": "off"})
+    w = Watch(s, 10, stop_unchanged=4, stop_patience=0)
+    w.start(None)
+    seq = [_all_zero(1), _moved(2), _all_zero(3), _all_zero(4), _moved(5), _all_zero(6), _moved(7)]
+    assert [w.see(r) for r in seq] == [None] * 7
+    h = w.see(_all_zero(8))  # 5 of 10
+    assert h is not None and "left unchanged in 5 of the 8 round(s)" in h.reason
+    assert "at least half of the num-rounds=10 planned" in h.reason
+
+
+def test_the_watch_stops_when_no_recent_model_beats_the_untrained_one_on_the_servers_records() -> None:
+    s = settings(**{"privacy.epsilon": 3.0})
+    w = Watch(s, 15, stop_unchanged=4, stop_patience=3)
+    w.start(1.10)
+    assert w.see(_row(round=1), 1.05) is None  # better than untrained
+    assert w.see(_row(round=2), 1.20) is None
+    assert w.see(_row(round=3), 1.15) is None  # the last 3 hold 1.05 < 1.10
+    h = w.see(_row(round=4), 1.12)  # the last 3: 1.20, 1.15, 1.12, none below 1.10
+    assert h is not None and h.verdict == NO_PROGRESS
+    assert "below the untrained model's (1.1; the best, round 4: 1.12; stop-patience=3)" in h.reason
+    assert h.blame is not None and h.blame.setting == "privacy.epsilon"
+    assert h.evidence["validation_loss"] == [1.05, 1.2, 1.15, 1.12]
+
+
+def test_the_watch_names_an_honest_majority_rule_that_keeps_the_model() -> None:
+    s = settings(**{"algorithm": "robust", "aggregator": "krum", "byzantine.f": 1, "privacy.mode": "off",
+                    "num-silos": 5, "silos-per-round": 5})
+    kept = {"rule": "krum", "f": 1, "replies": 4, "rows": 4,
+            "reason": "krum needs n > 2f + 2 (Blanchard et al. 2017): f = 1 Byzantine of n = 4 clients"}
+    rows = [_moved(1)] + [_row(round=r, answered=4, silo_weights={str(i): 0.0 for i in range(4)}, model_kept=kept)
+                          for r in (2, 3)]
+    w = Watch(s, 10, stop_unchanged=2, stop_patience=0)
+    assert w.see(rows[0]) is None and w.see(rows[1]) is None
+    h = w.see(rows[2])
+    assert h is not None and "an honest-majority rule kept the model" in h.reason
+    assert h.blame is not None and h.blame.setting == "byzantine.f" and h.blame.value == 1
+    assert h.blame.suggestion.startswith("from round 2 aggregator=krum kept the model: 4 replies cannot outvote "
+                                         "byzantine.f=1")
+    end = diagnose(rows, s)
+    assert end.verdict == NO_PROGRESS and "1 in which an honest-majority rule kept the model" not in end.reason
+    assert "2 in which an honest-majority rule kept the model" in end.reason
+    assert end.evidence["model_kept_first"]["round"] == 2 and end.blame.setting == "byzantine.f"
+
+
+# -- run health during the run: real federations ----------------------------------------------
+def test_run_health_stops_a_grad_bant_run_whose_every_score_is_zero(federation, capsys) -> None:
+    """Before: the run went on to its end (every round weight 0, every silo's whole budget spent)
+    and only then said no-progress. Now it stops after stop-unchanged = 4 rounds of 12, with the
+    console saying ``weighted 0/4`` each round, and the silos have spent a third of the run's."""
+    cfg = ROBUST | {"privacy.mode": "isrl", "privacy.epsilon": 3.0, "batch-size": 32, "num-rounds": 12,
+                    "gradbant.smoothness": 1000.0}
+    summary, rows, _ = federation(cfg)
+    out = capsys.readouterr().out
+    assert summary["status"] == "no-progress" and summary["stopped_after_round"] == 4
+    assert summary["rounds_done"] == 4 and len(rows) == 4 and summary["rounds"] == 12
+    assert out.count("silos 4/4  weighted 0/4") == 4
+    assert "stopped after round 4 of 12: the model stayed in 4 consecutive round(s) (1, 2, 3, 4)" in out
+    assert summary["health"]["blame"]["setting"] == "gradbant.smoothness"
+    assert out.rstrip().splitlines()[-1].startswith("[silofl] run NO PROGRESS: stopped after round 4 of 12")
+    print({d["silo"]: d["eps_spent"] for d in summary["silos"]})
+    assert all(0 < d["eps_spent"] < 2.2 for d in summary["silos"])  # short of the whole 3.0 (composition: ~sqrt(4/12))
+
+
+def test_run_health_names_krum_f_and_the_replies_from_the_first_kept_round(federation, capsys) -> None:
+    """Krum at n = 5, f = 1 with one silent silo (its replies never come): 4 replies cannot
+    outvote f (Krum needs n > 2f + 2), so Krum keeps the model every round. Before: the run went
+    on (52 of 52 rounds unchanged) and only the end said no-progress, blaming the aggregator's
+    reference. Now the console names the rule, f and the replies from round 1 and run health
+    stops the run after stop-unchanged rounds, blaming byzantine.f."""
+    from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+    def silent(node, msg, reply):
+        if node == 1004 and msg.metadata.message_type == "train":
+            return create_message_error_unavailable_res_message(msg.metadata, "node_unavail")
+        return reply
+
+    cfg = {"algorithm": "robust", "aggregator": "krum", "byzantine.f": 1, "num-silos": 5, "silos-per-round": 5,
+           "partition": "iid", "privacy.mode": "off", "model": "logistic", "num-rounds": 10, "batch-size": 32}
+    summary, rows, _ = federation(cfg, hook=silent)
+    out = capsys.readouterr().out
+    assert rows[0]["model_kept"]["rule"] == "krum" and rows[0]["model_kept"]["f"] == 1
+    assert rows[0]["model_kept"]["replies"] == 4
+    assert "[silofl] round 1: aggregator=krum kept the model: 4 replies cannot outvote byzantine.f=1" in out
+    assert "weighted 0/4 (kept by krum: f=1, 4 replies)" in out
+    assert summary["status"] == "no-progress" and summary["stopped_after_round"] == 4
+    assert summary["health"]["blame"]["setting"] == "byzantine.f"

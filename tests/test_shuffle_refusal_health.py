@@ -54,3 +54,24 @@ def test_end_to_end_the_summary_blames_the_shuffler(federation) -> None:
     blame = summary["health"]["blame"]
     assert blame["setting"] == "shuffle.count-on", blame
     assert "the shuffler refused the sum" in blame["suggestion"] and "round-timeout" not in blame["suggestion"]
+
+
+def test_run_health_stops_a_shuffle_run_whose_every_sum_is_refused(federation) -> None:
+    """Issue 35: a silo of a shuffle run is down (a Byzantine silo dropped), so the shuffler refuses
+    every sum, while the silos that did answer recorded (spent) every release. Before: the run went
+    on to its end and each honest silo's ledger read its whole budget for a run that trained
+    nothing. Now run health stops it after stop-unchanged = 4 such rounds of 10, blaming the
+    shuffler's refusal (measured: the two silos that answered spent 1.81 of their 3.0)."""
+    over = {"privacy.mode": "shuffle", "num-rounds": 10, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3,
+            "silos-per-round": 3, "model": "logistic", "lr": 0.5, "privacy.delta": 1e-5,
+            "fail-on-client-error": False}
+    summary, rows_, _ = federation(over, hook=silo_down_hook(0))
+    assert all(r["answered"] == 0 and r["shuffle_refused"] for r in rows_)
+    # nothing trained in any round: the run fails (exit 1) as before, now after 4 rounds, and says why
+    assert summary["status"] == "failed" and summary["stopped_after_round"] == 4 and len(rows_) == 4
+    assert "the shuffler refused every sum" in summary["health"]["reason"]
+    assert "run health no progress: stopped after round 4 of 10" in summary["status_reason"]
+    assert summary["health"]["blame"]["setting"] == "shuffle.count-on"
+    spent = [d["eps_spent"] for d in summary["silos"] if "eps_spent" in d]
+    print(spent)
+    assert spent and all(0 < e < 3.0 for e in spent)

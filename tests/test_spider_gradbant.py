@@ -101,7 +101,10 @@ def test_private_spider_gradbant_weights_honest_differences(federation) -> None:
     paper, paper_rows, _ = federation(PRIVATE_SPIDER, sub="paper")
     diff_rounds = [r for r in paper_rows if r["round"] % 2 == 0]
     assert diff_rounds and all(not any(r["silo_weights"].values()) for r in diff_rounds)
-    aware, rows, _ = federation(PRIVATE_SPIDER | {"gradbant.noise-aware": True}, sub="aware")
+    # the weights are what this test is about: run health's stop-patience would stop this run after
+    # round 6 (measured: the trust-set loss went from 2.44 untrained to 2.31 after round 1, then
+    # 2.56-3.60 in rounds 2-6, none below the untrained model's), so it is off here
+    aware, rows, _ = federation(PRIVATE_SPIDER | {"gradbant.noise-aware": True, "stop-patience": 0}, sub="aware")
     assert aware["status"] == "completed"
     byz = [r["byzantine_weight"] for r in rows]
     assert all(r["byzantine_answered"] == 2 for r in rows)
