@@ -120,3 +120,20 @@ def silo_down_hook(node_index: int):
         return reply
 
     return hook
+
+
+def refusal_bytes(content) -> bytes:
+    """What a node sends back, as Flower serialises it, less the ledger's witness (a MAC'd summary
+    of the ledger: its entries' hash, id and key are the node's own randomness, so two nodes'
+    witnesses differ whatever their records); the witness is checked to hold only the ledger's
+    own counts, hash, id and MAC, no record."""
+    from flwr.app import RecordDict
+    from flwr.common.serde import recorddict_to_proto
+
+    from app import wire
+
+    for text in wire.witnesses_of(content):
+        doc = text if isinstance(text, dict) else json.loads(text)
+        assert set(doc) <= {"w", "entries", "epoch", "eps_spent", "head", "id", "ledger", "mac", "releases"}, doc
+    kept = RecordDict({k: v for k, v in content.items() if k != wire.WITNESS})
+    return recorddict_to_proto(kept).SerializeToString()

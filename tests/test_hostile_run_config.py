@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
-from flwr.common.serde import recorddict_to_proto
 
 from app import wire
 from app.config import Settings
 from app.options import declared
+from tests.helpers import refusal_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(MessageType.TRAIN)
@@ -119,7 +119,7 @@ def drive(run_config: dict[str, Any], node_config: dict[str, Any]) -> tuple[list
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 0
         reply = app(Message(content, dst_node_id=1, message_type=TRAIN), ctx).content
         if wire.refusal_of(reply) is not None:
-            refusals.append(recorddict_to_proto(reply).SerializeToString())
+            refusals.append(refusal_bytes(reply))
         released.append(wire.refusal_of(reply) is None)
     built = [v for k, v in node_runtime._SILOS.items() if k[0] == run_id]
     return refusals, released, (built[0] if built else None)

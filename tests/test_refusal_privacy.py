@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
-from flwr.common.serde import recorddict_to_proto
 
 from app import wire
 from app.refusal import DATA_REASON, INTERNAL_REASON, LEDGER_REASON
@@ -75,21 +74,10 @@ class Node:
 
 
 def wire_bytes(content: RecordDict) -> bytes:
-    """What the node sends back, as Flower serialises it, less the ledger's witness (a MAC'd
-    summary of the ledger: its entries' hash, id and key are the node's own randomness, so two
-    nodes' witnesses differ whatever their records; :func:`witness_fields` checks what it holds)."""
-    witness_fields(content)
-    kept = RecordDict({k: v for k, v in content.items() if k != wire.WITNESS})
-    return recorddict_to_proto(kept).SerializeToString()
+    """What the node sends back, less its ledger witness (tests/helpers.py refusal_bytes)."""
+    from tests.helpers import refusal_bytes
 
-
-def witness_fields(content: RecordDict) -> None:
-    """A refusal's witness holds only the ledger's own counts, hash, id and MAC: no record."""
-    import json as _json
-
-    for found in wire.witnesses_of(content):
-        doc = found if isinstance(found, dict) else _json.loads(found)
-        assert set(doc) <= {"entries", "epoch", "eps_spent", "head", "id", "ledger", "mac", "releases", "w"}, doc
+    return refusal_bytes(content)
 
 
 def schema(**doc: Any) -> str:
