@@ -46,6 +46,7 @@ from app.admission import Rejection, check_shuffle_request
 from app.config import ConfigError, Settings, parse_settings
 from app.data.federated import SiloData, build_federated_data
 from app.data.schema import DataSchema, SchemaError, inline_schema, load_schema
+from app.data.sources import DataUnavailableError
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
 from app.privacy.ledger import BudgetExceededError, LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
@@ -161,6 +162,13 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             data, num_classes, feature_shape = silo_records(s, node, index, deployed, deployed or policy.capped)
         except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
             _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_POLICY)
+            return _SILOS[key]
+        except DataUnavailableError as exc:
+            # a simulation's virtual silo missing a public data set's files (no own records, no cap, not
+            # deployed): the reason names the data set and its files, not a record; anywhere else, fixed text
+            public = not (node.get("data-file") or deployed or policy.capped)
+            _SILOS[key] = RefusingSilo(index, str(exc) if public else refusal.data_reason(index, exc),
+                                       wire.REFUSED_DATA)
             return _SILOS[key]
         except Exception as exc:  # noqa: BLE001 - before any ledger: nothing is spent; the server learns only
             # that the records cannot be used (a fixed text), the detail goes to this node's log (app/refusal.py)

@@ -12,7 +12,8 @@ Property (tests/test_refusal_privacy.py): for two record files that differ in on
 bytes of a refusal are the same, on every refusal path. Refusals that follow from the request,
 the node config or the ledger's totals alone (admission, policy, budget) keep their own one-line
 reasons: none of them reads a record (the budget's epsilon depends on n, which replace-one
-adjacency keeps).
+adjacency keeps). So does a simulation's virtual silo (no own file, no cap, not deployed) whose
+public data set's files are missing: it names the data set and the files, never a record.
 """
 
 from __future__ import annotations
