@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", default="starvation,memory")
     ap.add_argument("--service-args", default="")
+    ap.add_argument("--node-extra", default="", help="appended to the service's node config")
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--hostile-mode", choices=("silent", "stall"), default="silent")
     ap.add_argument("--pings", type=int, default=40)
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ) | {"FLWR_HOME": str(tmp), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
     log = open(tmp / "service.log", "a")
     proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config",
-                             _node_config(tmp / "state"), *shlex.split(args.service_args)],
+                             f"{_node_config(tmp / 'state')} {args.node_extra}".strip(), *shlex.split(args.service_args)],
                             cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     while True:
