@@ -280,3 +280,65 @@ def test_the_default_frame_limit_follows_max_model_params() -> None:
     svc = silo_service.SiloService("/nonexistent/s.sock", {"partition-id": 0})
     assert (svc.max_frame_bytes, svc.memory_budget) == (silo_protocol.default_frame_bytes({}),
                                                         2 * silo_protocol.default_frame_bytes({}))
+
+
+# -- the launchers pass the limits ---------------------------------------------------------------
+
+def _fake_supernode(bin_dir: Path) -> None:
+    """A ``flower-supernode`` that says what it was given and exits: the launcher then stops the
+    silo service it started."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "flower-supernode"
+    fake.write_text("#!/bin/sh\necho \"fake-supernode $*\"\nexit 0\n")
+    fake.chmod(0o755)
+
+
+def _launcher_env(tmp: Path) -> dict[str, str]:
+    env = service_env(tmp / "home")
+    env["PATH"] = f"{tmp / 'bin'}:{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_supernode_sh_passes_the_limits_to_the_silo_service() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="silosh"))  # short: the socket lives in the state dir
+    try:
+        _fake_supernode(tmp / "bin")
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "deploy" / "supernode.sh"), "--superlink", "127.0.0.1:9",
+                              "--insecure", "--state-dir", str(tmp / "s"), "--node-config",
+                              "partition-id=0 num-partitions=2 max-model-params=1000",
+                              "--service-max-frame-bytes", "2MiB", "--service-memory-budget", "8MiB"],
+                             capture_output=True, text=True, timeout=180, env=_launcher_env(tmp), cwd=tmp)
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log
+        assert "max frame 2097152 bytes, memory budget 8388608 bytes" in log, log
+        assert "fake-supernode" in log and "max-model-params" in log  # the node config reaches the SuperNode too
+        bad = subprocess.run(["bash", str(ROOT / "scripts" / "deploy" / "supernode.sh"), "--superlink", "127.0.0.1:9",
+                              "--insecure", "--state-dir", str(tmp / "s"), "--service-memory-budget", "lots"],
+                             capture_output=True, text=True, timeout=60, env=_launcher_env(tmp), cwd=tmp)
+        assert bad.returncode == 2 and "not a byte count" in bad.stderr, bad.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_docker_entrypoint_passes_the_limits_to_the_silo_service() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="silodk"))
+    try:
+        _fake_supernode(tmp / "bin")
+        env = _launcher_env(tmp) | {"SILOFL_SILO_SERVICE_MEMORY_BUDGET": "16MiB",
+                                    "SILOFL_HEALTH_FILE": str(tmp / "health.json"), "SILOFL_CERTS_DIR": str(tmp)}
+        out = subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), "supernode", "--insecure",
+                              "--superlink", "127.0.0.1:9", "--node-config",
+                              f"partition-id=0 num-partitions=2 state-dir='{tmp / 's'}' max-model-params=1000"],
+                             capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+        log = out.stdout + out.stderr
+        frame = silo_protocol.default_frame_bytes({"max-model-params": 1000})
+        assert f"max frame {frame} bytes, memory budget {16 << 20} bytes" in log, log  # derived, and the env's
+        assert "fake-supernode" in log
+        bad = subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), "supernode", "--insecure",
+                              "--node-config", f"partition-id=0 state-dir='{tmp / 's'}'"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env=env | {"SILOFL_SILO_SERVICE_MAX_CONNECTIONS": "8MiB"})
+        assert bad.returncode == 2 and "not a whole number" in bad.stderr, bad.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
