@@ -6,10 +6,14 @@ reply), header length (u32), body length (u64), a JSON header, a body. A request
 ``{"type": <Flower message type or "ping">, "run_id": int, "run_config": {key: bool | int |
 float | str}}`` and its body the message content, a RecordDict serialised with Flower's protobuf
 serde (no pickle). A reply's header is ``{"ok": true}`` with the reply content as body, or
-``{"ok": false, "error": "..."}`` (with ``"busy": true`` when the service is at its connection
-limit or the node stayed busy). A malformed or oversized frame (``--max-frame-bytes``, 1 GiB by
-default), or a request that is not complete by its deadline, gets an error reply and the
-connection is closed; the service keeps serving.
+``{"ok": false, "error": "..."}`` (with ``"busy": true`` when the service is at its request
+limit, the frame does not fit its memory budget or the node stayed busy, and ``"too-large":
+true`` when the frame is over its frame limit; the client raises ServiceUnavailable for both, so
+the ClientApp answers with a refusal). The prefix declares the whole frame's size, so the
+service refuses an oversized frame, or one that does not fit its budget, before reading the rest
+(default limits: :func:`default_frame_bytes`). A malformed frame, or a request that is not
+complete by its deadline, gets an error reply and the connection is closed; the service keeps
+serving.
 
 This module imports no torch and no silofl module: the ClientApp imports it for :func:`request`.
 """
@@ -111,7 +115,7 @@ def default_frame_bytes(node_config: Mapping[str, Any]) -> int:
     not given. The service starts before any run, so it cannot know the run's model; what it
     knows is its node config. A silo: FRAME_HEADROOM x the largest legitimate message for a
     model of ``max-model-params`` (POINTS_PER_MESSAGE float32 points + MESSAGE_SLACK_BYTES),
-    258 MiB by default. The shuffler receives one sealed contribution per sampled silo, so its
+    258 MB (246 MiB) by default. The shuffler receives one sealed contribution per sampled silo, so its
     largest message grows with the number of silos, which its node config does not bound: it
     keeps DEFAULT_MAX_FRAME_BYTES (1 GiB). Either way the memory budget bounds the sum."""
     params = max_model_params(node_config)

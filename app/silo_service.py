@@ -22,17 +22,24 @@ deployment (app/privacy/policy.py): OS randomness, no evaluation and no runs wit
 unless its node config says otherwise. The socket is created 0600 in a directory created 0700,
 and only a peer with the service's own uid (or root) is served.
 
-Slow or stuck peers. Each connection has its own thread (at most ``--max-connections``, 8 by
-default; one more is answered ``busy`` and closed), and every request has deadlines that cover
-the whole of it, not one read: the request must arrive within ``--request-timeout`` seconds of
-the connection (10 by default), a handler waits at most ``--busy-timeout`` seconds for the node
+Slow or stuck peers. Each connection has its own thread and every request has deadlines that
+cover the whole of it, not one read: its header must arrive within ``--header-timeout`` seconds
+of the connection (2 by default; until then it waits in a pending pool of 64 where one more cuts
+the oldest, and a ping is answered there), the whole request within ``--request-timeout`` (10;
+at most ``--max-connections`` requests, 8 by default, are read or handled at once, a peer
+process at most half of them; one more is answered ``busy``), a handler waits at most ``--busy-timeout`` seconds for the node
 (600), and the reply must be taken within ``--reply-timeout`` seconds (10). Handling itself (the
 node's own computation: training, the ledger) runs one request at a time under one lock, so the
 ledger, the model and the calibration are never touched concurrently; a ping needs no lock.
 SIGTERM closes the socket at once, cuts every connection still sending its request or waiting,
 lets a request being handled finish (its ledger entry is already being written) and exits; a
-second SIGTERM exits without waiting. Memory in flight is at most ``--max-connections`` times
-``--max-frame-bytes``.
+second SIGTERM exits without waiting.
+
+Memory. A frame's prefix declares its size: over ``--max-frame-bytes`` (by default derived from
+the node config's ``max-model-params``, app/silo_protocol.py :func:`default_frame_bytes`) it is
+refused; otherwise its size is reserved from ``--memory-budget`` (2 x the frame limit by
+default; a peer process at most half) or it is refused ``busy``, in both cases before its body
+is read. Requests read or held at once never take more than the budget.
 
 The wire format and the client side are in app/silo_protocol.py.
 
@@ -491,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--node-config (Flower's format: \"partition-id=0 num-partitions=2 state-dir='/state' ...\")")
     ap.add_argument("--max-frame-bytes", default=None, metavar="BYTES",
                     help="the largest request accepted, e.g. 268435456 or 256MiB (default: derived from the node "
-                    "config's max-model-params, 258 MiB for a silo by default; 1 GiB for the shuffler)")
+                    "config's max-model-params, 258 MB for a silo by default; 1 GiB for the shuffler)")
     ap.add_argument("--memory-budget", default=None, metavar="BYTES",
                     help=f"bytes of requests read or held at once, over all connections; a frame that does not fit "
                     f"is refused 'busy' before it is read (default {BUDGET_FRAMES} x the frame limit)")

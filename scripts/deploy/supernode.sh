@@ -15,7 +15,7 @@
 #   --runtime-port PORT    this node's local Runtime API port (default 9094; one per SuperNode on a host)
 #   --no-silo-service      do not start the long-lived silo service (app.silo_service)
 #   --service-max-frame-bytes B  the silo service's largest request (e.g. 256MiB; default: derived
-#                          from the node config's max-model-params, 258 MiB for a silo, 1 GiB for
+#                          from the node config's max-model-params: 258 MB for a silo, 1 GiB for
 #                          the shuffler)
 #   --service-memory-budget B    bytes of requests the silo service reads or holds at once, over all
 #                          connections (default: 2 x its frame limit)
