@@ -307,7 +307,7 @@ class SiloService:
             if self.budget_used + n > self.memory_budget:
                 return (f"busy: {self.budget_used} bytes of requests are being read or handled; this frame's {n} "
                         f"bytes do not fit the memory budget of {self.memory_budget} bytes")
-            if held + n > self.peer_budget:
+            if c.pid and held + n > self.peer_budget:  # pid 0: no peer credentials, no shares
                 return (f"busy: this peer process holds {held} bytes of the memory budget; this frame's {n} bytes "
                         f"would take it over its share of {self.peer_budget} bytes")
             self._reserved[c.pid] = held + n
@@ -342,7 +342,7 @@ class SiloService:
             used = sum(self._slots.values())
             if used >= self.max_connections:
                 return f"busy: {self.max_connections} requests are being read or handled; try again"
-            if self._slots.get(c.pid, 0) >= self.peer_slots:
+            if c.pid and self._slots.get(c.pid, 0) >= self.peer_slots:
                 return (f"busy: this peer process has {self.peer_slots} of the {self.max_connections} requests "
                         "being read or handled; try again")
             self._slots[c.pid] = self._slots.get(c.pid, 0) + 1
@@ -466,9 +466,8 @@ class SiloService:
     def _refuse(self, conn: socket.socket, error: str, busy: bool = False) -> None:
         """A small error reply, sent only if it goes at once (a refused or cut peer gets no time)."""
         header: dict[str, Any] = {"ok": False, "error": error} | ({"busy": True} if busy else {})
-        try:
-            conn.setblocking(False)
-            conn.send(encode_frame(REPLY, header))
+        try:  # MSG_DONTWAIT: the socket's own mode is left alone (another thread may be reading it)
+            conn.send(encode_frame(REPLY, header), socket.MSG_DONTWAIT)
         except OSError:
             pass
 
