@@ -192,7 +192,7 @@ def _answer(sock: socket.socket) -> dict:
 
 
 def test_a_frame_that_does_not_fit_the_budget_is_refused_before_its_body_is_read(stub_service) -> None:
-    svc = stub_service(max_frame_bytes=64 << 10, memory_budget=100 << 10, request_timeout=1.5)
+    svc = stub_service(max_frame_bytes=64 << 10, memory_budget=100 << 10, request_timeout=3.0)
     svc.peer_budget = svc.memory_budget  # one process plays several peers: the global budget alone
     first = _stall(svc.path, 60 << 10)  # holds 60 KiB of the budget until it is cut
     time.sleep(0.2)
@@ -200,7 +200,7 @@ def test_a_frame_that_does_not_fit_the_budget_is_refused_before_its_body_is_read
     with _stall(svc.path, 60 << 10) as second:  # its body never sent: the answer comes anyway
         t0 = time.monotonic()
         answer = _answer(second)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.0  # long before the first one's request deadline
     assert answer["ok"] is False and answer.get("busy") is True and "memory budget" in answer["error"], answer
     assert svc.budget_peak <= svc.memory_budget
     with first:
@@ -245,7 +245,7 @@ def test_a_full_pending_pool_cuts_its_oldest_connection(stub_service) -> None:
     try:
         t0 = time.monotonic()
         assert silo_service.ping(svc.path, timeout=5.0)["ok"] is True
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 3.0  # not after the pending connections' 30 s header timeout
         answer = _answer(silent[0])  # the oldest: cut, and told why
         assert answer.get("busy") is True and "oldest is cut" in answer["error"], answer
         silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
@@ -270,7 +270,7 @@ def test_a_frame_over_the_limit_is_a_refusal_for_the_clientapp_not_a_crash(stub_
 
 def test_the_default_frame_limit_follows_max_model_params() -> None:
     mib = 1 << 20
-    assert silo_protocol.default_frame_bytes({}) == 2 * (2 * 4 * 16_000_000 + mib)  # 258 MiB: ResNet-18 fits
+    assert silo_protocol.default_frame_bytes({}) == 2 * (2 * 4 * 16_000_000 + mib)  # 258 MB (246 MiB): ResNet-18 fits
     assert silo_protocol.default_frame_bytes({"max-model-params": 1000}) == 2 * (8000 + mib)
     assert silo_protocol.default_frame_bytes({"role": "shuffler"}) == 1 << 30
     assert silo_protocol.parse_bytes("256MiB", "x") == 256 * mib and silo_protocol.parse_bytes(4096, "x") == 4096
