@@ -22,17 +22,24 @@ deployment (app/privacy/policy.py): OS randomness, no evaluation and no runs wit
 unless its node config says otherwise. The socket is created 0600 in a directory created 0700,
 and only a peer with the service's own uid (or root) is served.
 
-Slow or stuck peers. Each connection has its own thread (at most ``--max-connections``, 8 by
-default; one more is answered ``busy`` and closed), and every request has deadlines that cover
-the whole of it, not one read: the request must arrive within ``--request-timeout`` seconds of
-the connection (10 by default), a handler waits at most ``--busy-timeout`` seconds for the node
+Slow or stuck peers. Each connection has its own thread and every request has deadlines that
+cover the whole of it, not one read: its header must arrive within ``--header-timeout`` seconds
+of the connection (2 by default; until then it waits in a pending pool of 64 where one more cuts
+the oldest, and a ping is answered there), the whole request within ``--request-timeout`` (10;
+at most ``--max-connections`` requests, 8 by default, are read or handled at once, a peer
+process at most half of them; one more is answered ``busy``), a handler waits at most ``--busy-timeout`` seconds for the node
 (600), and the reply must be taken within ``--reply-timeout`` seconds (10). Handling itself (the
 node's own computation: training, the ledger) runs one request at a time under one lock, so the
 ledger, the model and the calibration are never touched concurrently; a ping needs no lock.
 SIGTERM closes the socket at once, cuts every connection still sending its request or waiting,
 lets a request being handled finish (its ledger entry is already being written) and exits; a
-second SIGTERM exits without waiting. Memory in flight is at most ``--max-connections`` times
-``--max-frame-bytes``.
+second SIGTERM exits without waiting.
+
+Memory. A frame's prefix declares its size: over ``--max-frame-bytes`` (by default derived from
+the node config's ``max-model-params``, app/silo_protocol.py :func:`default_frame_bytes`) it is
+refused; otherwise its size is reserved from ``--memory-budget`` (2 x the frame limit by
+default; a peer process at most half) or it is refused ``busy``, in both cases before its body
+is read. Requests read or held at once never take more than the budget.
 
 The wire format and the client side are in app/silo_protocol.py.
 
@@ -57,11 +64,13 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from app.silo_protocol import (BUSY_TIMEOUT_S, DEFAULT_MAX_FRAME_BYTES, MAX_CONNECTIONS, PING, REPLY,
-                               REPLY_TIMEOUT_S, REQUEST, REQUEST_TIMEOUT_S, _TICK_S, Cut, FrameError, ServiceError,
-                               ServiceUnavailable, _send_all, encode_frame, parse_request, ping, read_frame)
+from app.silo_protocol import (BUDGET_FRAMES, BUSY_TIMEOUT_S, HEADER_TIMEOUT_S,
+                               MAX_CONNECTIONS, MAX_PENDING, PING, REPLY, REPLY_TIMEOUT_S, REQUEST,
+                               REQUEST_TIMEOUT_S, _TICK_S, Cut, FrameError, FrameTooLarge, ServiceError,
+                               ServiceUnavailable, _recv_exact, _send_all, default_frame_bytes, encode_frame,
+                               parse_bytes, parse_request, ping, read_header, read_prefix)
 # the protocol's names that callers and tests read from here
-from app.silo_protocol import _PREFIX, CONNECT_TIMEOUT_S, MAGIC, VERSION, request  # noqa: F401
+from app.silo_protocol import _PREFIX, CONNECT_TIMEOUT_S, MAGIC, VERSION, read_frame, request  # noqa: F401
 
 
 # -- the service ----------------------------------------------------------------------------------
@@ -89,25 +98,77 @@ def _log(msg: str) -> None:
         print(f"[silo-service] {msg}", flush=True)
 
 
+class _Conn:
+    """One accepted connection: its socket, its peer's pid, when it was accepted, and what it
+    holds (a request slot, bytes of the memory budget)."""
+
+    __slots__ = ("sock", "pid", "t0", "slot", "reserved", "evicted")
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock, self.pid, self.t0 = sock, pid, time.monotonic()
+        self.slot, self.reserved, self.evicted = False, 0, False
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return 0
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    except OSError:
+        return 0
+    return struct.unpack("iII", creds)[0]  # struct ucred: pid, uid, gid
+
+
 class SiloService:
-    """Serves a listening Unix socket with this node's config: one thread per connection (at
-    most ``max_connections``), whole-request deadlines, one request handled at a time."""
+    """Serves a listening Unix socket with this node's config: one thread per connection,
+    whole-request deadlines, one request handled at a time.
+
+    Admission, in the order a frame arrives (docs/silo-service.md "Memory and fairness"):
+
+    * every connection is accepted into the *pending* pool (at most ``max_pending``; one more
+      cuts the oldest pending one) and must send its frame's prefix and header within
+      ``header_timeout`` of the accept;
+    * the prefix declares the frame's size: over ``max_frame_bytes`` it is refused at once;
+      otherwise the size is reserved from the ``memory_budget`` (bytes of requests being read or
+      held at once), or, if it does not fit (or its peer already holds its share), the frame is
+      refused ``busy`` at once, before its header or body is read;
+    * a ping is answered from the pending pool: it never takes a request slot;
+    * a request takes one of ``max_connections`` slots (a peer process at most half of them) to
+      read its body within ``request_timeout`` of the accept and be handled; none free: ``busy``.
+    The reservation is released when the request's reply is sent (its content lives until then)."""
 
     def __init__(self, socket_path: str | Path, node_config: Mapping[str, Any],
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *,
+                 max_frame_bytes: int | None = None, *,
                  request_timeout: float = REQUEST_TIMEOUT_S, reply_timeout: float = REPLY_TIMEOUT_S,
-                 busy_timeout: float = BUSY_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> None:
-        from app.privacy.policy import node_policy
+                 busy_timeout: float = BUSY_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
+                 header_timeout: float = HEADER_TIMEOUT_S, memory_budget: int | None = None,
+                 max_pending: int = MAX_PENDING) -> None:
+        from app.privacy.policy import PolicyError, node_policy
 
         self.path = str(socket_path)
         self.node_config = dict(node_config)
         self.node_config.pop("silo-service", None)  # the service is the silo: it forwards nothing
         node_policy(self.node_config, deployed=True)  # a bad policy value stops the service here
-        self.max_frame_bytes = int(max_frame_bytes)
+        try:
+            derived = default_frame_bytes(self.node_config)
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
+        self.max_frame_bytes = int(max_frame_bytes) if max_frame_bytes is not None else derived
+        self.memory_budget = (int(memory_budget) if memory_budget is not None
+                              else BUDGET_FRAMES * self.max_frame_bytes)
+        if self.memory_budget < self.max_frame_bytes:
+            raise PolicyError(f"the memory budget ({self.memory_budget} bytes) is below the frame limit "
+                              f"({self.max_frame_bytes} bytes): a frame the limit allows could never be read")
         self.request_timeout = float(request_timeout)
         self.reply_timeout = float(reply_timeout)
         self.busy_timeout = float(busy_timeout)
+        self.header_timeout = min(float(header_timeout), self.request_timeout)
         self.max_connections = int(max_connections)
+        self.max_pending = int(max_pending)
+        #: what one peer process may hold: half the request slots; half the budget, or one
+        #: frame of the largest size if that is more (a peer with one request is never refused)
+        self.peer_slots = max(1, (self.max_connections + 1) // 2)
+        self.peer_budget = max(self.memory_budget // 2, self.max_frame_bytes)
         self.stopping = False
         self.sock: socket.socket | None = None
         self.runtime: Any = None
@@ -115,7 +176,13 @@ class SiloService:
         self._ino: int | None = None
         self._node = threading.Lock()  # held while a request is handled: the ledger, model, calibration
         self._threads: set[threading.Thread] = set()
-        self._threads_lock = threading.Lock()
+        self._threads_lock = threading.Lock()  # also guards the pools and the budget below
+        self._pending: dict[_Conn, None] = {}  # accept order: the first is the oldest
+        self._slots: dict[int, int] = {}  # peer pid -> request slots held
+        self._reserved: dict[int, int] = {}  # peer pid -> budget bytes held
+        #: bytes of the memory budget held now, and the most ever held at once
+        self.budget_used = 0
+        self.budget_peak = 0
         self._handling: str | None = None  # "run <id> <type>" of the request being handled
 
     # socket lifecycle
@@ -197,23 +264,90 @@ class SiloService:
             self.drain()
 
     def _start_connection(self, conn: socket.socket) -> None:
+        """Admit ``conn`` to the pending pool (cutting the oldest pending connection when the pool
+        is full: a peer that keeps connections open without sending keeps no one out) and start
+        its thread."""
+        c = _Conn(conn, _peer_pid(conn))
         with self._threads_lock:
             self._threads = {t for t in self._threads if t.is_alive()}
-            full = len(self._threads) >= self.max_connections
-            if not full:
-                thread = threading.Thread(target=self._connection, args=(conn,), daemon=True,
-                                          name="silo-service-connection")
-                self._threads.add(thread)
-        if full:  # a clean refusal: a small frame that fits the socket's buffer, then close
-            with conn:
-                self._refuse(conn, f"busy: {self.max_connections} connections are open; try again", busy=True)
-            _log(f"refused a connection: {self.max_connections} connections are open")
-            return
+            victim = None
+            if len(self._pending) >= self.max_pending:
+                victim = next(iter(self._pending))
+                del self._pending[victim]
+                victim.evicted = True
+                self._refuse(victim.sock, f"busy: {self.max_pending} connections are waiting to send their request; "
+                             "the oldest is cut", busy=True)
+                try:
+                    victim.sock.shutdown(socket.SHUT_RDWR)  # its thread's read ends at once; it closes it
+                except OSError:
+                    pass
+            self._pending[c] = None
+            thread = threading.Thread(target=self._connection, args=(c,), daemon=True,
+                                      name="silo-service-connection")
+            self._threads.add(thread)
+        if victim is not None:
+            _log(f"cut the oldest of {self.max_pending} connections waiting to send a request (peer pid {victim.pid}, "
+                 f"{time.monotonic() - victim.t0:.1f} s)")
         thread.start()
 
-    def _connection(self, conn: socket.socket) -> None:
-        with conn:
-            self.serve_connection(conn)
+    def _connection(self, c: _Conn) -> None:
+        try:
+            with c.sock:
+                self.serve_connection(c)
+        finally:
+            with self._threads_lock:
+                self._pending.pop(c, None)
+                self._release(c)
+
+    # the pools and the budget (under _threads_lock)
+    def _reserve(self, c: _Conn, n: int) -> str | None:
+        """Reserve ``n`` bytes of the budget for ``c``; None, or why they do not fit."""
+        with self._threads_lock:
+            held = self._reserved.get(c.pid, 0)
+            if self.budget_used + n > self.memory_budget:
+                return (f"busy: {self.budget_used} bytes of requests are being read or handled; this frame's {n} "
+                        f"bytes do not fit the memory budget of {self.memory_budget} bytes")
+            if c.pid and held + n > self.peer_budget:  # pid 0: no peer credentials, no shares
+                return (f"busy: this peer process holds {held} bytes of the memory budget; this frame's {n} bytes "
+                        f"would take it over its share of {self.peer_budget} bytes")
+            self._reserved[c.pid] = held + n
+            c.reserved += n
+            self.budget_used += n
+            self.budget_peak = max(self.budget_peak, self.budget_used)
+            return None
+
+    def _release(self, c: _Conn) -> None:
+        """Give back what ``c`` holds (the caller holds _threads_lock)."""
+        if c.reserved:
+            self.budget_used -= c.reserved
+            left = self._reserved.pop(c.pid, 0) - c.reserved
+            if left > 0:
+                self._reserved[c.pid] = left
+            c.reserved = 0
+        if c.slot:
+            left = self._slots.pop(c.pid, 0) - 1
+            if left > 0:
+                self._slots[c.pid] = left
+            c.slot = False
+
+    def _leave_pending(self, c: _Conn, slot: bool) -> str | None:
+        """Take ``c`` out of the pending pool, with a request slot when ``slot``; None, or why
+        not (cut as the oldest pending connection, or no slot free)."""
+        with self._threads_lock:
+            if c.evicted:
+                return "cut"
+            self._pending.pop(c, None)
+            if not slot:
+                return None
+            used = sum(self._slots.values())
+            if used >= self.max_connections:
+                return f"busy: {self.max_connections} requests are being read or handled; try again"
+            if c.pid and self._slots.get(c.pid, 0) >= self.peer_slots:
+                return (f"busy: this peer process has {self.peer_slots} of the {self.max_connections} requests "
+                        "being read or handled; try again")
+            self._slots[c.pid] = self._slots.get(c.pid, 0) + 1
+            c.slot = True
+            return None
 
     def drain(self, grace: float = 5.0) -> None:
         """Stop: close the socket (new peers get 'connection refused'), let the connections see
@@ -242,10 +376,10 @@ class SiloService:
         _, uid, _ = struct.unpack("iII", creds)  # struct ucred: pid, uid, gid
         return uid in (os.getuid(), 0)
 
-    def serve_connection(self, conn: socket.socket) -> None:
-        """Read one request by its deadline, handle it under the node's lock, send the reply by
+    def serve_connection(self, c: _Conn) -> None:
+        """Read one request by its deadlines, handle it under the node's lock, send the reply by
         its deadline. A peer that is too slow, or a stop, cuts the connection (never the service)."""
-        t0 = time.monotonic()
+        conn, t0 = c.sock, c.t0
         run_id: Any = "-"
         mtype = "?"
         try:
@@ -253,13 +387,29 @@ class SiloService:
                 self._send(conn, {"ok": False, "error": "peer uid not allowed"})
                 _log("refused a peer with another uid")
                 return
-            header, body = read_frame(conn, REQUEST, self.max_frame_bytes, t0 + self.request_timeout,
-                                      self._stopping)
-            mtype = "".join(c if c.isprintable() else "?" for c in str(header.get("type", "?"))[:40])
-            if header.get("type") == PING:  # no lock: a ping is answered while a request is handled
+            header_deadline = t0 + self.header_timeout
+            head_len, body_len = read_prefix(conn, REQUEST, self.max_frame_bytes, header_deadline, self._stopping)
+            refused = self._reserve(c, head_len + body_len)
+            if refused:  # before its header or body is read
+                _log(f"refused a frame of {head_len + body_len} bytes from peer pid {c.pid}: {refused}")
+                self._refuse(conn, refused, busy=True)
+                return
+            header = read_header(conn, head_len, header_deadline, self._stopping)
+            mtype = "".join(ch if ch.isprintable() else "?" for ch in str(header.get("type", "?"))[:40])
+            if header.get("type") == PING:  # no slot and no lock: answered while requests are handled
+                _recv_exact(conn, body_len, header_deadline, self._stopping)
+                if self._leave_pending(c, slot=False):
+                    return
                 self._send(conn, {"ok": True, "pid": os.getpid(), "partition-id": self.node_config.get("partition-id"),
                                   "role": self.node_config.get("role", "silo")})
                 return
+            refused = self._leave_pending(c, slot=True)
+            if refused:
+                if refused != "cut":
+                    _log(f"run {header.get('run_id', '-')} {mtype} refused: {refused}")
+                    self._refuse(conn, refused, busy=True)
+                return
+            body = _recv_exact(conn, body_len, t0 + self.request_timeout, self._stopping)
             mtype, run_id, run_config, content = parse_request(header, body, self.types)
             del body
             if not self._acquire_node(conn, run_id, mtype):
@@ -270,16 +420,27 @@ class SiloService:
             finally:
                 self._handling = None
                 self._node.release()
+            del content
             sent = self._send(conn, {"ok": True}, recorddict_to_proto(reply).SerializeToString())
             _log(f"run {run_id} {mtype} {1000 * (time.monotonic() - t0):.1f} ms" + ("" if sent else " (reply lost)"))
+        except FrameTooLarge as exc:
+            _log(f"run {run_id} {mtype} refused: {exc}")
+            self._send(conn, {"ok": False, "too-large": True,
+                              "error": f"{exc} (this node's frame limit: --max-frame-bytes, or node config "
+                                       "max-model-params)"})
         except (FrameError, struct.error, UnicodeDecodeError) as exc:
             _log(f"run {run_id} {mtype} malformed request: {exc}")
             self._send(conn, {"ok": False, "error": f"malformed request: {exc}"})
         except Cut as exc:
+            if c.evicted:
+                return
+            limit = (f"header timeout {self.header_timeout:g} s" if "header" in str(exc)
+                     else f"request timeout {self.request_timeout:g} s")
             _log(f"run {run_id} {mtype} connection cut after {time.monotonic() - t0:.1f} s: {exc}")
-            self._refuse(conn, str(exc) if self.stopping else f"{exc} (request timeout {self.request_timeout:g} s)")
+            self._refuse(conn, str(exc) if self.stopping else f"{exc} ({limit})")
         except (EOFError, TimeoutError, ConnectionError, BrokenPipeError) as exc:
-            _log(f"run {run_id} {mtype} connection dropped: {exc}")
+            if not c.evicted:
+                _log(f"run {run_id} {mtype} connection dropped: {exc}")
         except Exception as exc:  # the handler raised: say why, keep serving
             traceback.print_exc(file=sys.stderr)
             _log(f"run {run_id} {mtype} failed after {1000 * (time.monotonic() - t0):.1f} ms: "
@@ -305,9 +466,8 @@ class SiloService:
     def _refuse(self, conn: socket.socket, error: str, busy: bool = False) -> None:
         """A small error reply, sent only if it goes at once (a refused or cut peer gets no time)."""
         header: dict[str, Any] = {"ok": False, "error": error} | ({"busy": True} if busy else {})
-        try:
-            conn.setblocking(False)
-            conn.send(encode_frame(REPLY, header))
+        try:  # MSG_DONTWAIT: the socket's own mode is left alone (another thread may be reading it)
+            conn.send(encode_frame(REPLY, header), socket.MSG_DONTWAIT)
         except OSError:
             pass
 
@@ -335,8 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--socket", required=True, help="the Unix socket to listen on (its directory is created 0700)")
     ap.add_argument("--node-config", default="", help="this node's config, the same string as the SuperNode's "
                     "--node-config (Flower's format: \"partition-id=0 num-partitions=2 state-dir='/state' ...\")")
-    ap.add_argument("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES,
-                    help="the largest request accepted (default 1 GiB)")
+    ap.add_argument("--max-frame-bytes", default=None, metavar="BYTES",
+                    help="the largest request accepted, e.g. 268435456 or 256MiB (default: derived from the node "
+                    "config's max-model-params, 258 MB for a silo by default; 1 GiB for the shuffler)")
+    ap.add_argument("--memory-budget", default=None, metavar="BYTES",
+                    help=f"bytes of requests read or held at once, over all connections; a frame that does not fit "
+                    f"is refused 'busy' before it is read (default {BUDGET_FRAMES} x the frame limit)")
+    ap.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                    help="seconds a peer has to send its request's header, from its connection "
+                    f"(default {HEADER_TIMEOUT_S:g})")
     ap.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
                     help="seconds a peer has to send its whole request, from its connection "
                     f"(default {REQUEST_TIMEOUT_S:g})")
@@ -356,10 +523,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"silo service: --node-config cannot be parsed: {exc}", file=sys.stderr)
         return 2
-    if args.max_frame_bytes < 1024:
-        print(f"silo service: --max-frame-bytes {args.max_frame_bytes} is out of range; allowed: >= 1024", file=sys.stderr)
-        return 2
-    for name in ("request_timeout", "reply_timeout", "busy_timeout"):
+    sizes: dict[str, int | None] = {}
+    for name in ("max_frame_bytes", "memory_budget"):
+        flag, value = f"--{name.replace('_', '-')}", getattr(args, name)
+        try:
+            sizes[name] = None if value is None or not str(value).strip() else parse_bytes(value, flag)
+        except ValueError as exc:
+            print(f"silo service: {exc}", file=sys.stderr)
+            return 2
+        if sizes[name] is not None and sizes[name] < 1024:  # type: ignore[operator]
+            print(f"silo service: {flag} {value} is out of range; allowed: >= 1024", file=sys.stderr)
+            return 2
+    for name in ("request_timeout", "reply_timeout", "busy_timeout", "header_timeout"):
         value = getattr(args, name)
         if not 0 < value < 1e6:  # NaN too
             print(f"silo service: --{name.replace('_', '-')} {value} is out of range; allowed: (0, 1e6) seconds",
@@ -370,9 +545,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        service = SiloService(args.socket, node_config, args.max_frame_bytes, request_timeout=args.request_timeout,
+        service = SiloService(args.socket, node_config, sizes["max_frame_bytes"], request_timeout=args.request_timeout,
                               reply_timeout=args.reply_timeout, busy_timeout=args.busy_timeout,
-                              max_connections=args.max_connections)
+                              max_connections=args.max_connections, header_timeout=args.header_timeout,
+                              memory_budget=sizes["memory_budget"])
     except PolicyError as exc:
         print(f"silo service: {exc}", file=sys.stderr)
         return 2
@@ -396,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     who = (f"role {node_config['role']}" if node_config.get("role")
            else f"partition-id {node_config.get('partition-id', '?')}")
     _log(f"listening on {service.path} (pid {os.getpid()}, {who}, max frame {service.max_frame_bytes} bytes, "
-         f"{service.max_connections} connections, request/reply timeout {service.request_timeout:g}/"
+         f"memory budget {service.memory_budget} bytes, {service.max_connections} requests at once, "
+         f"header/request/reply timeout {service.header_timeout:g}/{service.request_timeout:g}/"
          f"{service.reply_timeout:g} s)")
     try:
         service.serve_forever()

@@ -16,7 +16,10 @@
 #       which is then added to the node config, as scripts/deploy/supernode.sh does) and
 #       supervises both processes: either one exiting stops the other.
 #       SILOFL_SILO_SERVICE=auto (default; without the module the silo runs in-process), on (refuse
-#       to start without it) or off.
+#       to start without it) or off. The service's limits (docs/silo-service.md): the node config's
+#       max-model-params, or SILOFL_SILO_SERVICE_MAX_FRAME_BYTES, SILOFL_SILO_SERVICE_MEMORY_BUDGET
+#       (byte counts: 268435456, 256MiB, 1GiB) and SILOFL_SILO_SERVICE_MAX_CONNECTIONS, passed as
+#       --max-frame-bytes, --memory-budget and --max-connections.
 #   anything else                 run as given (flwr, bash, scripts/deploy/superlink.sh, ...)
 #
 # TLS is the default for both network roles; --insecure is passed through only when given.
@@ -210,9 +213,21 @@ run_supernode() {
 
   # Silo service next to the SuperNode: start it, wait for its socket, then run both and stop
   # the other when either exits (the container's exit status is the first one's).
+  local limits=() var flag
+  for var in MAX_FRAME_BYTES:--max-frame-bytes MEMORY_BUDGET:--memory-budget MAX_CONNECTIONS:--max-connections; do
+    flag=${var#*:}
+    var=SILOFL_SILO_SERVICE_${var%%:*}
+    [[ -n "${!var:-}" ]] || continue
+    if [[ $flag == --max-connections ]]; then
+      [[ "${!var}" =~ ^[0-9]+$ ]] || die "$var=${!var} is not a whole number"
+    else
+      [[ "${!var}" =~ ^[0-9]+([KMG]i?B|[kmg]i?b)?$ ]] || die "$var=${!var} is not a byte count (e.g. 268435456, 256MiB, 1GiB)"
+    fi
+    limits+=("$flag" "${!var}")
+  done
   mkdir -p "$(dirname "$socket")"
-  note "starting the silo service on $socket"
-  python -m app.silo_service --socket "$socket" --node-config "$node_config" &
+  note "starting the silo service on $socket${limits[*]:+ (${limits[*]})}"
+  python -m app.silo_service --socket "$socket" --node-config "$node_config" ${limits[@]+"${limits[@]}"} &
   local svc=$! node="" waited=0 limit=${SILOFL_SILO_SERVICE_WAIT:-180} rc=0 first="" stopping=0
   stop() { kill -TERM ${node:+"$node"} "$svc" 2>/dev/null || true; }
   trap 'stopping=1; stop' TERM INT

@@ -15,6 +15,7 @@ handling.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from app import silo_service
+from scripts.bench.service_abuse import spawn_hostile
 from scripts.bench.service_slow_clients import Peer
 from tests.helpers import service_env, service_node_config
 
@@ -147,24 +149,31 @@ def test_a_training_request_next_to_a_trickler_and_a_silent_peer_is_answered_pro
     assert log.count("connection cut after") >= 2 and "run 1 train" in log
 
 
-def test_over_the_connection_limit_a_peer_gets_busy_and_the_clientapp_a_refusal(service) -> None:
+def test_over_the_request_limit_a_request_gets_busy_and_the_clientapp_a_refusal(service) -> None:
+    """Two peer processes each send a request header and then nothing: together they hold the
+    MAX_CONNECTIONS request slots (each its half) until the request deadline. A ping is still
+    answered (pings take no slot); a request gets 'busy', which the ClientApp turns into a refusal."""
     from app import wire
 
-    peers = [SlowPeer(service["sock"], every=None) for _ in range(MAX_CONNECTIONS)]
+    per = MAX_CONNECTIONS // 2
+    hostile = [spawn_hostile(service["sock"], "--mode", "stall", "--connections", str(per), "--once",
+                             "--seconds", str(REQUEST_TIMEOUT_S + 10)) for _ in range(2)]
     try:
-        time.sleep(0.3)
+        time.sleep(0.8)
         t0 = time.monotonic()
-        with pytest.raises(silo_service.ServiceUnavailable, match="busy"):
-            silo_service.ping(str(service["sock"]), timeout=PROMPT_S)
+        assert silo_service.ping(str(service["sock"]), timeout=PROMPT_S)["ok"] is True
         _, reply = _train(service, 3)  # the server sees a dropped silo, not a crash
         refusal = wire.Refusal.decode(reply)
-        assert refusal is not None and refusal.code == wire.REFUSED_CONFIG and "busy" in refusal.reason
+        assert refusal is not None and refusal.code == wire.REFUSED_CONFIG and "busy" in refusal.reason, refusal
         assert time.monotonic() - t0 < PROMPT_S
-        for peer in peers:  # cut at their deadline: the service serves again
-            assert peer.wait_cut(REQUEST_TIMEOUT_S + 10) is not None
+        for proc in hostile:  # cut at their request deadline: the service serves again
+            stats = json.loads(proc.communicate(timeout=REQUEST_TIMEOUT_S + 30)[0])
+            assert stats["opened"] == per and stats.get("busy", 0) == 0, stats
     finally:
-        for peer in peers:
-            peer.close()
+        for proc in hostile:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     assert silo_service.ping(str(service["sock"]))["ok"] is True
 
 

@@ -14,6 +14,12 @@
 #   --role shuffler        this node is the shuffle-DP shuffler (adds role="shuffler"; no partition-id)
 #   --runtime-port PORT    this node's local Runtime API port (default 9094; one per SuperNode on a host)
 #   --no-silo-service      do not start the long-lived silo service (app.silo_service)
+#   --service-max-frame-bytes B  the silo service's largest request (e.g. 256MiB; default: derived
+#                          from the node config's max-model-params: 258 MB for a silo, 1 GiB for
+#                          the shuffler)
+#   --service-memory-budget B    bytes of requests the silo service reads or holds at once, over all
+#                          connections (default: 2 x its frame limit)
+#   --service-max-connections N  requests the silo service reads or handles at once (default 8)
 #   --executor             run every ClientApp task in one long-lived silofl executor (app.executor)
 #                          instead of a flwr-clientapp process per message (flower-supernode
 #                          --isolation process); no silo service is needed then
@@ -34,6 +40,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 SUPERLINK="" ROOT_CERT="" AUTH_KEY="" NODE_AUTH=1 STATE_DIR="" NODE_CONFIG="" ROLE=silo RT_PORT=9094
 SILO_SERVICE=1 EXECUTOR=0 MAX_WAIT="" PID_DIR="" INSECURE=0
+SVC_LIMITS=()  # --max-frame-bytes / --memory-budget / --max-connections for app.silo_service
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -46,6 +53,14 @@ while [[ $# -gt 0 ]]; do
     --role) need_value "$1" $#; ROLE=$2; shift 2 ;;
     --runtime-port) need_value "$1" $#; RT_PORT=$2; shift 2 ;;
     --no-silo-service) SILO_SERVICE=0; shift ;;
+    --service-max-frame-bytes|--service-memory-budget)
+      need_value "$1" $#
+      [[ "$2" =~ ^[0-9]+([KMG]i?B|[kmg]i?b)?$ ]] || die "$1 $2 is not a byte count (e.g. 268435456, 256MiB, 1GiB)"
+      SVC_LIMITS+=("--${1#--service-}" "$2"); shift 2 ;;
+    --service-max-connections)
+      need_value "$1" $#
+      [[ "$2" =~ ^[0-9]+$ ]] || die "$1 $2 is not a whole number"
+      SVC_LIMITS+=(--max-connections "$2"); shift 2 ;;
     --executor) EXECUTOR=1; SILO_SERVICE=0; shift ;;
     --max-wait-time) need_value "$1" $#; MAX_WAIT=$2; shift 2 ;;
     --pid-dir) need_value "$1" $#; PID_DIR=$2; shift 2 ;;
@@ -143,11 +158,14 @@ trap stop EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 
+if [[ ${#SVC_LIMITS[@]} -gt 0 && $SILO_SERVICE == 0 ]]; then
+  note "note: --service-* limits are for the silo service, which is not started (--no-silo-service or --executor)"
+fi
 if [[ $SILO_SERVICE == 1 ]]; then
   if (cd "$REPO_ROOT" && "$PYTHON" -c "import app.silo_service") 2>/dev/null; then
     SOCK="$STATE_DIR/silo-service.sock"
     [[ ${#SOCK} -le 107 ]] || die "silo service socket path $SOCK is too long for a Unix socket; use a shorter --state-dir"
-    SVC_CMD=("$PYTHON" -m app.silo_service --socket "$SOCK" --node-config "$NODE_CONFIG")
+    SVC_CMD=("$PYTHON" -m app.silo_service --socket "$SOCK" --node-config "$NODE_CONFIG" ${SVC_LIMITS[@]+"${SVC_LIMITS[@]}"})
     show "${SVC_CMD[@]}"
     (cd "$REPO_ROOT" && exec "${SVC_CMD[@]}") &
     SVC_PID=$!
