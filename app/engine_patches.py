@@ -316,21 +316,50 @@ def watch_engine_losses() -> bool:
     return True
 
 
-def restart_engine() -> None:
+#: the longest :func:`restart_engine` waits for Ray to settle the fate of an actor it reports
+#: "temporarily unavailable" (a node whose raylet is gone stays alive in Ray's view, with its CPUs,
+#: until the GCS misses its health checks: about 15 s with Ray's defaults)
+ENGINE_SETTLE_S = 60.0
+
+
+def restart_engine(settle_s: float = ENGINE_SETTLE_S) -> None:
     """Drop the engine this process holds, so that the next federation starts a fresh one on what
-    remains of the cluster: the warm actor pools (:func:`keep_engine_warm`; each actor killed,
-    those already gone ignored) and the driver's Ray connection (``ray.shutdown``: a local Ray
-    stops with its processes; on a cluster named by ``ray-address`` the driver disconnects and the
-    next ``ray.init`` joins it again, where Flower sizes the new pool from the nodes still alive)."""
+    remains of the cluster: the warm actor pools (:func:`keep_engine_warm`) and the driver's Ray
+    connection (``ray.shutdown``: a local Ray stops with its processes; on a cluster named by
+    ``ray-address`` the driver disconnects and the next ``ray.init`` joins it again, where Flower
+    sizes the new pool from the nodes Ray reports alive, ``pool_size_from_resources``).
+
+    First, up to ``settle_s`` seconds, each old actor is asked whether it is ready until it answers
+    or Ray declares it dead: an actor on a node that lost its raylet is "temporarily unavailable"
+    (ActorUnavailableError) while Ray still counts that node's CPUs, and a pool sized then would
+    hold an actor that can never be placed (its messages would wait forever). Then every actor is
+    killed (those already gone ignored) and Ray is shut down."""
+    import time
+
     import ray
+    import ray.exceptions as rex
 
     pools = list(_WARM_POOLS.values())
     _WARM_POOLS.clear()
-    if ray.is_initialized():
-        for pool in pools:
-            for actor in [*pool.pool, *pool._future_to_actor.values()]:
-                try:
-                    ray.kill(actor)
-                except Exception:  # noqa: BLE001 - already dead, or its node is gone
-                    pass
-        ray.shutdown()
+    if not ray.is_initialized():
+        return
+    actors = [a for pool in pools for a in [*pool.pool, *pool._future_to_actor.values()]]
+    deadline, pending = time.monotonic() + settle_s, list(actors)
+    while pending and time.monotonic() < deadline:
+        unsettled = []
+        for actor in pending:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except (rex.ActorUnavailableError, rex.GetTimeoutError):
+                unsettled.append(actor)  # its node may be gone, and Ray does not know it yet
+            except Exception:  # noqa: BLE001 - dead (ActorDiedError, ...): settled
+                pass
+        pending = unsettled
+        if pending:
+            time.sleep(0.5)
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already dead, or its node is gone
+            pass
+    ray.shutdown()

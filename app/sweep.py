@@ -138,8 +138,8 @@ def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: 
     """:func:`run_federation`, restarted on a fresh engine and resumed from its last checkpoint
     (app.federation.retry_config) each time the engine loses an actor, a raylet or a node
     (:class:`EngineLost`), ``sweep.retries`` times at most; any other error goes up as it is. The
-    result holds ``retries`` (how many), and the wall time of every attempt (``overhead_s``: all of
-    it but the time inside the rounds, so the restarts count as overhead)."""
+    result holds ``retries`` (how many), and the wall time of every attempt and restart
+    (``overhead_s``: all of it but the time inside the rounds, so the restarts count as overhead)."""
     from app.engine_patches import restart_engine
 
     limit, retries, lost_s, attempt = sweep_retries(sweep), 0, 0.0, dict(cfg)
@@ -154,7 +154,9 @@ def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: 
                 raise EngineLost(f"{lost} (resumed {retries} time(s); sweep.retries = {limit})",
                                  lost.ledger_run_key, lost.wall_s) from lost
             retries += 1
+            t0 = time.perf_counter()
             restart_engine()
+            lost_s += time.perf_counter() - t0
             attempt = retry_config(cfg, lost)
             how = "resuming from its last checkpoint" if attempt.get("resume") else "running it again from round 1"
             print(f"[sweep] job {job}: {lost}; the engine is restarted, {how} "

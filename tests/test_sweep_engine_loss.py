@@ -4,7 +4,7 @@ federation is resumed from its last checkpoint on a fresh engine, not failed (is
 is the same job without the loss: the same rounds, the same final numbers, the same ε per silo.
 
 The heavier check, a raylet of a two-node Ray cluster killed by its pid, is a script:
-``python -m scripts.faults.raylet_kill`` (docs/ray-cluster.md, "A node lost in the middle of a job")."""
+``python -m scripts.bench.sweep_raylet_kill`` (docs/ray-cluster.md, "A node lost in the middle of a job")."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_a_job_whose_engine_was_lost_is_resumed_from_its_checkpoint(tmp_path: Pa
     # the second federation continues the first: its checkpoint, its silos' ledgers
     assert second["resume"] is True and second["ledger-run-key"] == "run77"
     assert second == first | {"resume": True, "ledger-run-key": "run77"}
-    assert row["wall_s"] == pytest.approx(3.0) and row["overhead_s"] == pytest.approx(2.8)  # both attempts
+    assert row["wall_s"] == pytest.approx(3.0, abs=0.05) and row["overhead_s"] == pytest.approx(2.8, abs=0.05)  # both attempts
     rows = list(csv.DictReader((tmp_path / "outputs/sweeps/t/results.csv").open()))
     assert len(rows) == 1 and rows[0]["status"] == "completed" and rows[0]["retries"] == "1"
 
