@@ -66,6 +66,16 @@ def command(pid: int) -> str:
         return "?"
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[int | str, str]:
+    """(exit code, or "timeout after N s" when it had to be killed; its output)."""
+    try:
+        log = proc.communicate(timeout=timeout)[0]
+        return proc.returncode, log
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return f"timeout after {timeout:.0f} s", proc.communicate()[0]
+
+
 def rounds_written(cwd: Path, name: str) -> int:
     files = list((cwd / "outputs" / "sweeps" / name / "runs").glob("*/rounds.jsonl"))
     return max((len(f.read_text().splitlines()) for f in files), default=0)
@@ -97,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             ref = sweep(cwd, "ref", args.rounds, cluster.address)
             procs.append(ref)
-            ref_log, _ = ref.communicate(timeout=args.timeout)
-            out["ref_exit"], out["ref_s"] = ref.returncode, round(time.perf_counter() - t0, 1)
+            out["ref_exit"], ref_log = finish(ref, args.timeout)
+            out["ref_s"] = round(time.perf_counter() - t0, 1)
             t0 = time.perf_counter()
             cut = sweep(cwd, "cut", args.rounds, cluster.address)
             procs.append(cut)
@@ -110,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             out["killed_at_round"], out["finished_before_the_kill"] = rounds_written(cwd, "cut"), cut.poll() is not None
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
-            cut_log, _ = cut.communicate(timeout=args.timeout)
-            out["cut_exit"], out["cut_s"] = cut.returncode, round(time.perf_counter() - t0, 1)
+            out["cut_exit"], cut_log = finish(cut, args.timeout)
+            out["cut_s"] = round(time.perf_counter() - t0, 1)
             refs, cuts = row_of(cwd, "ref"), row_of(cwd, "cut")
             out["lines"] = [ln[:300] for ln in cut_log.splitlines()
                             if ln.startswith("[sweep] job") or "resuming after" in ln][:8]
