@@ -272,3 +272,116 @@ def keep_engine_warm() -> None:
     RayBackend._silofl_warm = True
     RayBackend._silofl_original = (build, terminate)
     atexit.register(shutdown)
+
+
+# -- engine losses: a Ray actor, worker, raylet or node gone in the middle of a federation -------
+#: the Ray errors that mean the engine lost what ran a ClientApp (an actor, its worker process, the
+#: raylet or node under it, an object held there), not that the ClientApp failed: Ray's
+#: RayActorError (ActorDiedError, ActorUnavailableError), NodeDiedError, WorkerCrashedError,
+#: LocalRayletDiedError, ObjectLostError (OwnerDiedError, ...). A ClientApp that raised reaches the
+#: driver as a RayTaskError (wrapping Flower's ClientAppException) and is never one of these; nor
+#: is Ray's OutOfMemoryError (the same job would be killed again).
+ENGINE_LOSS_ERRORS = ("RayActorError", "NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError",
+                      "ObjectLostError")
+
+#: the engine losses seen in this process, oldest first (one line each: the Ray error's class and
+#: its first line); a federation compares the count before and after (:func:`engine_losses`)
+_LOSSES: list[str] = []
+
+
+def is_engine_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised where the engine ran a message) is the loss of an actor, its
+    worker, a raylet or a node (:data:`ENGINE_LOSS_ERRORS`), not a failure of the ClientApp."""
+    import ray.exceptions as rex
+
+    if isinstance(exc, rex.RayTaskError):  # the ClientApp (or Flower in the actor) raised: not a loss
+        return False
+    return isinstance(exc, tuple(getattr(rex, name) for name in ENGINE_LOSS_ERRORS))
+
+
+def engine_losses(since: int = 0) -> list[str]:
+    """The engine losses :func:`watch_engine_losses` recorded in this process after the first
+    ``since`` (``len(engine_losses())`` is the mark to pass later)."""
+    return _LOSSES[since:]
+
+
+def watch_engine_losses() -> bool:
+    """Record every engine loss (:func:`is_engine_loss`) of Flower's simulation engine in this process.
+
+    Flower 1.42's ``RayBackend.process_message`` lets Ray's error escape (after putting the dead
+    actor back in the pool); the engine's worker turns it into an error reply with code UNKNOWN, and
+    the ServerApp cannot tell it from a ClientApp that raised (with ``fail-on-client-error`` the
+    run stops as failed, without it the run goes on with a dead actor in the pool). This wraps
+    ``process_message`` to note the loss (class and first line) before the error goes on as
+    before: what the engine does is unchanged, and app.federation reads the record, from this
+    process, never from the text of a reply. Skipped with a warning on a Flower release other
+    than 1.42. Returns whether the watch is in place."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if getattr(RayBackend.process_message, "_silofl_watch", False):
+        return True
+    if not _engine_patchable("the engine-loss watch"):
+        return False
+    original = RayBackend.process_message
+
+    def process_message(self: Any, message: Any, context: Any) -> Any:
+        try:
+            return original(self, message, context)
+        except Exception as exc:
+            if is_engine_loss(exc):
+                first = (str(exc).strip().splitlines() or [""])[0]
+                _LOSSES.append(f"{type(exc).__name__}: {first}"[:300])
+            raise
+
+    process_message._silofl_watch = True  # type: ignore[attr-defined]
+    RayBackend.process_message = process_message
+    return True
+
+
+#: the longest :func:`restart_engine` waits for Ray to settle the fate of an actor it reports
+#: "temporarily unavailable" (a node whose raylet is gone stays alive in Ray's view, with its CPUs,
+#: until the GCS misses its health checks: about 15 s with Ray's defaults)
+ENGINE_SETTLE_S = 60.0
+
+
+def restart_engine(settle_s: float = ENGINE_SETTLE_S) -> None:
+    """Drop the engine this process holds, so that the next federation starts a fresh one on what
+    remains of the cluster: the warm actor pools (:func:`keep_engine_warm`) and the driver's Ray
+    connection (``ray.shutdown``: a local Ray stops with its processes; on a cluster named by
+    ``ray-address`` the driver disconnects and the next ``ray.init`` joins it again, where Flower
+    sizes the new pool from the nodes Ray reports alive, ``pool_size_from_resources``).
+
+    First, up to ``settle_s`` seconds, each old actor is asked whether it is ready until it answers
+    or Ray declares it dead: an actor on a node that lost its raylet is "temporarily unavailable"
+    (ActorUnavailableError) while Ray still counts that node's CPUs, and a pool sized then would
+    hold an actor that can never be placed (its messages would wait forever). Then every actor is
+    killed (those already gone ignored) and Ray is shut down."""
+    import time
+
+    import ray
+    import ray.exceptions as rex
+
+    pools = list(_WARM_POOLS.values())
+    _WARM_POOLS.clear()
+    if not ray.is_initialized():
+        return
+    actors = [a for pool in pools for a in [*pool.pool, *pool._future_to_actor.values()]]
+    deadline, pending = time.monotonic() + settle_s, list(actors)
+    while pending and time.monotonic() < deadline:
+        unsettled = []
+        for actor in pending:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except (rex.ActorUnavailableError, rex.GetTimeoutError):
+                unsettled.append(actor)  # its node may be gone, and Ray does not know it yet
+            except Exception:  # noqa: BLE001 - dead (ActorDiedError, ...): settled
+                pass
+        pending = unsettled
+        if pending:
+            time.sleep(0.5)
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already dead, or its node is gone
+            pass
+    ray.shutdown()

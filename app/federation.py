@@ -5,6 +5,12 @@ scripts run; ``python -m app.launch`` runs the same apps through ``flwr run`` in
 The engine is started with ``flwr.simulation.run_simulation``, deprecated in Flower 1.42 and kept on
 purpose (why: the comment at the call, and docs/configuration.md, "Sweeps and Flower's deprecated
 run_simulation").
+
+An engine that loses an actor, a raylet or a node in the middle of a federation
+(app.engine_patches.watch_engine_losses) stops the federation with :class:`EngineLost` at the
+ServerApp's next look at its replies (:class:`EngineWatchGrid`), before the round in which it
+happened is aggregated or checkpointed; :func:`retry_config` is the run config that continues it
+(app/sweep.py restarts the engine and runs it, ``sweep.retries`` times at most).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 
 from app.config import ConfigError, parse_settings
 from app.engine_patches import (  # noqa: F401 (RAY_ADDRESS_ENV re-exported)
-    LOCAL_RAY, RAY_ADDRESS_ENV, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start, named_ray_cluster)
+    LOCAL_RAY, RAY_ADDRESS_ENV, engine_losses, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start,
+    named_ray_cluster, watch_engine_losses)
 from app.launch import flower_env
 from app.results import load_rounds
 
@@ -32,9 +39,59 @@ def engine_env() -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
-def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
+class EngineLost(RuntimeError):
+    """The simulation engine lost an actor, its worker, a raylet or a node during a federation
+    (app.engine_patches.ENGINE_LOSS_ERRORS). ``ledger_run_key``: the silos' per-run ledger name the
+    lost federation used (None if it never started), ``wall_s``: how long it ran."""
+
+    def __init__(self, message: str, ledger_run_key: str | None = None, wall_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.ledger_run_key, self.wall_s = ledger_run_key, wall_s
+
+
+class EngineWatchGrid:
+    """The ServerApp's grid in a federation of :func:`run_federation`: Flower's, except that once
+    the engine has lost an actor, a raylet or a node since the federation began (``since``, a mark
+    of app.engine_patches.engine_losses), pulling replies raises :class:`EngineLost` instead of
+    handing the ServerApp the engine's error replies, which it would count as ClientApp failures
+    (or, with fail-on-client-error = false, as dropped silos, and train on). The round under way
+    is neither aggregated nor checkpointed; the checkpoint of the round before is where a retry
+    resumes (:func:`retry_config`)."""
+
+    def __init__(self, grid: Any, since: int, ledger_run_key: str | None) -> None:
+        self._grid, self._since, self._key = grid, since, ledger_run_key
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def _check(self) -> None:
+        lost = engine_losses(self._since)
+        if lost:
+            raise EngineLost(f"the simulation engine lost {len(lost)} actor(s) or node(s): {lost[0]}",
+                             ledger_run_key=self._key)
+
+    def get_node_ids(self) -> Any:
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages: Any) -> Any:
+        self._check()
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Any) -> Any:
+        replies = self._grid.pull_messages(message_ids)
+        self._check()
+        return replies
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = self._grid.send_and_receive(messages, timeout=timeout)
+        self._check()
+        return replies
+
+
+def simulation_apps(run_config: dict[str, Any], watch: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """A ServerApp and a ClientApp that run silofl's apps with ``run_config``
-    (``run_simulation`` gives the apps an empty run config)."""
+    (``run_simulation`` gives the apps an empty run config). ``watch``: ``{"since": mark}`` to
+    give the ServerApp an :class:`EngineWatchGrid` (the ServerApp notes its ledger run key there)."""
     from flwr.app import Context, Message
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
@@ -51,6 +108,9 @@ def simulation_apps(run_config: dict[str, Any]) -> tuple[Any, Any]:
     def _main(grid: Grid, context: Context) -> None:
         import app.server_app as server_app
 
+        if watch is not None:  # the silos' per-run ledger name, as the ServerApp derives it (a retry keeps it)
+            watch["ledger_run_key"] = str(run_config.get("ledger-run-key") or "") or f"run{context.run_id}"
+            grid = EngineWatchGrid(grid, watch["since"], watch["ledger_run_key"])
         server_app.main(grid, with_config(context))
 
     client = ClientApp()
@@ -104,6 +164,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
 
     engine_env()
     lean_ray_start()
+    watch_engine_losses()
     if warm:
         keep_engine_warm()
     fast_poll(fast_poll_setting(fast))
@@ -114,7 +175,8 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     out = Path(s.outputs_dir) / s.run_name
     for name in ("summary.json", "rounds.jsonl"):
         (out / name).unlink(missing_ok=True)
-    server, client = simulation_apps(run_config)
+    watch: dict[str, Any] = {"since": len(engine_losses()), "ledger_run_key": None}
+    server, client = simulation_apps(run_config, watch)
     t0 = time.perf_counter()
     # Deprecated in Flower 1.42 (its DEPRECATED FEATURE warning is logged for every federation, not
     # silenced) and kept: the replacement its message names, `flwr run`, is not in-process. There a
@@ -124,8 +186,16 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     # sweep job, docs/results.md), no apps built here with the job's config, no stand-in engine in
     # tests. flwr.simulation has no other public entry: run_simulation_process is that per-run
     # process (it needs a SuperLink's Runtime API address and token), _run_simulation is private.
-    run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
-                   backend_config=engine_backend_config(s.num_silos, backend))
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=s.simulation_nodes(),
+                       backend_config=engine_backend_config(s.num_silos, backend))
+    except Exception as exc:  # the ServerApp's error, re-raised by Flower: an engine loss, or the run's own
+        lost = engine_losses(watch["since"])
+        if lost:  # e.g. EngineWatchGrid's, or a failure the lost actor caused on its way there
+            raise EngineLost(str(exc) if isinstance(exc, EngineLost) else
+                             f"the simulation engine lost {len(lost)} actor(s) or node(s): {lost[0]}",
+                             ledger_run_key=watch["ledger_run_key"], wall_s=time.perf_counter() - t0) from exc
+        raise
     wall = time.perf_counter() - t0
     if not (out / "summary.json").exists():
         raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
@@ -133,3 +203,31 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     rounds = load_rounds(out / "rounds.jsonl")
     inside = sum(float(r["wall_s"]) for r in rounds)
     return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
+
+
+def retry_config(run_config: dict[str, Any], lost: EngineLost) -> dict[str, Any]:
+    """The run config that continues a federation the engine lost (``run_config``: the lost one's).
+    With the checkpoint the lost federation left (its ledger run key is ``lost``'s): ``resume =
+    true`` from it, under that ledger run key (app.launch.resume_config does the same for
+    ``--resume``); the ServerApp checks the checkpoint and the settings and replays the round that
+    was cut, and each silo answers what it already released from its ledger (charged once). With no
+    checkpoint of its own (lost before its first round ended, or nothing to say who wrote
+    one that is there): the federation again from round 1, under the same ledger run key, so a
+    release of the lost first round is answered from the ledger, not charged again."""
+    from app.checkpoint import CheckpointError, load_checkpoint
+    from app.server_app import CHECKPOINT_FILE
+
+    cfg = dict(run_config)
+    if lost.ledger_run_key is None:  # lost before the ServerApp started: nothing was asked of a silo
+        return cfg
+    cfg["ledger-run-key"] = lost.ledger_run_key
+    s = parse_settings(cfg)
+    try:
+        state = load_checkpoint(Path(s.outputs_dir) / s.run_name / CHECKPOINT_FILE) if s.checkpoint else None
+    except CheckpointError:
+        state = None
+    if state is not None and state.get("ledger_run_key") == lost.ledger_run_key:
+        cfg["resume"] = True
+    else:
+        cfg["resume"] = False
+    return cfg

@@ -52,7 +52,7 @@ def _unhealthy_lines(rows: list[dict[str, str]], what: Any) -> list[str]:
 #: results.csv columns that are not settings (app.sweep.RESULT_FIELDS, and the job id)
 RESULT_COLUMNS = frozenset({"job", "status", "error", "test_error", "test_accuracy", "best_test_error", "val_error",
                             "train_loss", "grad_mapping_norm", "eps_max_spent", "eps_per_silo", "uploads_G",
-                            "rounds_done", "selected", "grid_points", "wall_s", "overhead_s", "run_dir"})
+                            "rounds_done", "retries", "selected", "grid_points", "wall_s", "overhead_s", "run_dir"})
 #: settings that are never an axis: the seed (aggregated) and where a run reads or writes
 NOT_AXES = frozenset({"seed", "run-name", "outputs-dir", "data-dir", "ledger-run-key"})
 #: the order in which varying settings become axes; a later setting that the earlier axes

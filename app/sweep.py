@@ -21,6 +21,13 @@ any job failed, else 0. A bad value is one line (the config check's), never a tr
 ``sweep.tracking=mlflow`` logs each finished job (app/tracking.py); ``sweep.ray-address`` (or
 ``RAY_ADDRESS``) runs the engine on an existing Ray cluster (app.federation.engine_backend_config).
 
+A job whose engine lost a Ray actor, raylet or node (app.federation.EngineLost: Ray's
+ActorDiedError, ActorUnavailableError, NodeDiedError, ...; never a ClientApp that raised) is not
+failed: the sweep restarts the engine (fresh actors on what remains of the cluster) and resumes the
+federation from its last checkpoint (``resume = true``, the same ``ledger-run-key``: no silo spends
+the cut round twice), at most ``sweep.retries`` times (2); the row's ``retries`` column counts them.
+For fixed seeds the resumed job's numbers are those of an uninterrupted one.
+
 This module runs the jobs (expansion of a tuning grid, checks, the row); the rest has a module of
 its own, re-exported here: app.federation (one federation), app.engine_patches (the engine's
 patches), app.sweep_results (results.csv, job ids, repeated federations), app.sweep_progress.
@@ -47,7 +54,8 @@ from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_s
 from app.engine_patches import (  # noqa: F401  (re-exported: the patches were this module's)
     FAST_POLL_ENV, FAST_POLL_S, LEAN_RAY_ENV, PATCHED_FLWR, PROMPT_WAIT_S, RAY_ADDRESS_ENV, fast_poll,
     fast_poll_setting, keep_engine_warm, lean_ray_start, prompt_engine_stop)
-from app.federation import engine_backend_config, engine_env, run_federation, simulation_apps  # noqa: F401
+from app.federation import (  # noqa: F401
+    EngineLost, engine_backend_config, engine_env, retry_config, run_federation, simulation_apps)
 from app.presets import PRESET_KEYS
 from app.run_health import FINISHED, UNHEALTHY
 from app.sweep_progress import Progress, sweep_size
@@ -99,14 +107,15 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         base["validation-fraction"] = float(sweep.get("validation-fraction", 0.2))
     metric = str(sweep.get("select", "val_error"))
     best: dict[str, Any] | None = None
+    retries = 0  # engine restarts, over the job's federations
     for i, point in enumerate(points):
         # each point's own presets: a point that sets the model or the algorithm gets their values
         cfg = resolve_presets(base | point) | {"run-name": f"{job}-{i}" if len(points) > 1 else job}
         preflight(cfg)
         ray = {k: sweep[k] for k, default in (("ray-address", None), ("client-cpus", 1), ("client-gpus", 0.0))
                if sweep.get(k) is not None and sweep[k] != default}  # passed only when not the default
-        result = run_federation(cfg, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"),
-                                **({"backend": ray} if ray else {}))
+        result = federation_with_retries(cfg, sweep, job, **({"backend": ray} if ray else {}))
+        retries += result["retries"]
         score = result.get(metric) if tuning == "grid" else 0.0
         if score is None:
             raise RuntimeError(f"selection metric {metric!r} missing from the summary (is eval-every 0?)")
@@ -128,9 +137,51 @@ def run_job(flat: dict[str, Any], sweep: Mapping[str, Any], job: str, sweep_dir:
         "grad_mapping_norm": res.get("grad_mapping_norm_eval"), "eps_max_spent": res.get("eps_max_spent"),
         "eps_per_silo": [s.get("eps_spent") for s in res.get("silos", [])],
         "uploads_G": res["rounds_rows"][-1]["uploads_G"] if res["rounds_rows"] else None,
-        "rounds_done": len(res["rounds_rows"]), "selected": best["point"] or None,
+        "rounds_done": len(res["rounds_rows"]), "retries": retries, "selected": best["point"] or None,
         "grid_points": len(points), "wall_s": res["wall_s"], "overhead_s": res["overhead_s"], "run_dir": res["run_dir"],
     } | {k: best["config"][k] for k in PRESET_KEYS} | dict(best["point"])
+
+
+def sweep_retries(sweep: Mapping[str, Any]) -> int:
+    """``sweep.retries``: how many times a job whose engine was lost is resumed (2 by default)."""
+    raw = sweep.get("retries", 2)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 10:
+        raise ConfigError(f"sweep.retries = {raw!r}; allowed: an integer in [0, 10]")
+    return raw
+
+
+def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: str, **backend: Any) -> dict[str, Any]:
+    """:func:`run_federation`, restarted on a fresh engine and resumed from its last checkpoint
+    (app.federation.retry_config) each time the engine loses an actor, a raylet or a node
+    (:class:`EngineLost`), ``sweep.retries`` times at most; any other error goes up as it is. The
+    result holds ``retries`` (how many), and the wall time of every attempt and restart
+    (``overhead_s``: all of it but the time inside the rounds, so the restarts count as overhead)."""
+    from app.engine_patches import restart_engine
+
+    limit, retries, lost_s, attempt = sweep_retries(sweep), 0, 0.0, dict(cfg)
+    while True:
+        try:
+            result = run_federation(attempt, warm=bool(sweep.get("warm-engine", True)), fast=sweep.get("fast-poll"),
+                                    **backend)
+            break
+        except EngineLost as lost:
+            lost_s += lost.wall_s
+            if retries >= limit:
+                raise EngineLost(f"{lost} (resumed {retries} time(s); sweep.retries = {limit})",
+                                 lost.ledger_run_key, lost.wall_s) from lost
+            retries += 1
+            t0 = time.perf_counter()
+            restart_engine()
+            lost_s += time.perf_counter() - t0
+            attempt = retry_config(cfg, lost)
+            how = "resuming from its last checkpoint" if attempt.get("resume") else "running it again from round 1"
+            print(f"[sweep] job {job}: {lost}; the engine is restarted, {how} "
+                  f"(retry {retries} of sweep.retries = {limit})", file=sys.stderr, flush=True)
+    if retries:
+        wall = float(result["wall_s"]) + lost_s
+        inside = sum(float(r["wall_s"]) for r in result["rounds_rows"])
+        result = result | {"wall_s": wall, "overhead_s": wall - inside}
+    return result | {"retries": retries}
 
 
 def _resolved(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,7 +249,7 @@ def sweep_job(nested: Mapping[str, Any], overrides: list[str] | None = None) -> 
         if twin is not None:  # its result is the twin's: one row that says so, nothing runs
             print(f"[sweep] job {job} runs the same federation as job {twin['job']} (settings that do not act "
                   "differ, e.g. privacy.epsilon with privacy.mode off); its row repeats that result", flush=True)
-            row |= {k: twin.get(k) for k in RESULT_FIELDS if k not in ("job", "error")}
+            row |= {k: twin.get(k) for k in RESULT_FIELDS if k not in ("job", "error", "retries")}
             row["error"] = f"same federation as job {twin['job']}"
             results.append(row)
             return row

@@ -19,7 +19,7 @@ from app.run_health import FINISHED
 
 RESULT_FIELDS = ["job", "status", "error", "test_error", "test_accuracy", "best_test_error", "val_error",
                  "train_loss", "grad_mapping_norm", "eps_max_spent", "eps_per_silo", "uploads_G", "rounds_done",
-                 "selected", "grid_points", "wall_s", "overhead_s", "run_dir"]
+                 "retries", "selected", "grid_points", "wall_s", "overhead_s", "run_dir"]
 
 
 def job_key(flat: Mapping[str, Any], sweep: Mapping[str, Any]) -> str:
