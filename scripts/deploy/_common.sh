@@ -7,7 +7,8 @@ DEPLOY_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$DEPLOY_DIR/../.." && pwd)
 # The project's virtual environment first: the SuperLink and SuperNode start flower-superexec,
 # flwr-serverapp and flwr-clientapp from PATH, and they must import this app's packages.
-if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
+# (Kept where it already is on PATH: what stands before it, e.g. a test's stand-in, stays first.)
+if [[ -x "$REPO_ROOT/.venv/bin/python" && ":$PATH:" != *":$REPO_ROOT/.venv/bin:"* ]]; then
   PATH="$REPO_ROOT/.venv/bin:$PATH"
 fi
 export PATH
