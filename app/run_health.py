@@ -40,6 +40,9 @@ from typing import Any
 DIVERGENCE_FACTOR = 10.0
 #: the model was left unchanged in at least this share of the rounds: no progress
 NO_PROGRESS_FRACTION = 0.5
+#: a run whose best model's validation loss is this much (relative) below the untrained one's has
+#: learned: when its model then stays for stop-unchanged rounds it stops early as completed
+LEARNED_MARGIN = 0.05
 
 HEALTHY, DIVERGED, NO_PROGRESS = "healthy", "diverged", "no-progress"
 #: summary.json statuses of a run that ran to its end, so that its numbers are results (a sweep
@@ -420,6 +423,11 @@ class Watch:
       loss on the server's own validation records (``validation`` in :meth:`see`: the trust
       set, else ``server.test-file``) below the untrained model's (:meth:`start`).
 
+    When one of the first two fires after the run has learned (:meth:`learned`: some model's loss
+    on the server's validation records is :data:`LEARNED_MARGIN` below the untrained model's), the
+    run has stalled, not failed: it stops early as ``completed`` (a healthy verdict whose evidence
+    says ``stopped_early``), and the silos keep the rest of their budget.
+
     ``stop_unchanged = 0`` turns all three off; ``stop_patience = 0`` the third alone. It watches
     runs under silofl's driver (``FederatedOptimizer.run``, what the ServerApp uses); a strategy
     run under Flower's own ``Strategy.start`` is not watched."""
@@ -450,6 +458,15 @@ class Watch:
             self.streak.append(int(_num(row.get("round")) or 0))
         elif _unchanged(row) != "no-update":
             self.streak = []
+
+    def learned(self) -> tuple[float, tuple[int, float]] | None:
+        """(the untrained loss, (round, loss) of the best model so far) when some model of this
+        run has a validation loss at least :data:`LEARNED_MARGIN` below the untrained model's; None
+        when it has not, or the server holds no validation records."""
+        if self.validation_start is None or not self.validation:
+            return None
+        best = min(self.validation, key=lambda t: t[1])
+        return (self.validation_start, best) if best[1] < (1 - LEARNED_MARGIN) * self.validation_start else None
 
     def see(self, row: Mapping[str, Any], validation: float | None = None) -> Health | None:
         """Round ``row`` (its model's validation loss, when the server holds records): a
@@ -496,6 +513,13 @@ class Watch:
                         f"{best:.4g}; stop-patience={self.stop_patience})")
         if seen is None:
             return None
+        learned = self.learned()
+        if learned is not None and not validation_stop:  # it learned, then stalled: keep the rest of the budget
+            untrained, (best_rnd, best) = learned
+            return Health(HEALTHY, f"stopped early after round {rnd} of {self.num_rounds}: {seen}; the model had "
+                          f"already improved on {self.validation_name} (loss {untrained:.4g} untrained, {best:.4g} "
+                          f"at round {best_rnd}), so the run ends with what it learned and the silos keep the rest "
+                          "of their budget", None, evidence | {"stopped_early": True})
         reason = f"stopped after round {rnd} of {self.num_rounds}: {seen}"
         blame = _blame_no_learning(self.s) if validation_stop else \
             _blame_no_progress(self.s, counts, sorted(self.refusals), self.rows, _shuffler_refusals(self.rows))

@@ -262,6 +262,31 @@ def test_the_watch_stops_after_k_consecutive_rounds_that_spent_budget_on_nothing
     assert all(never.see(_all_zero(r), 2.0) is None for r in range(1, 20))
 
 
+def test_a_run_that_learned_and_then_stalled_stops_early_as_completed() -> None:
+    """The own-data smoke's run (Grad-BANT, WBCD, 93% on the server's test file) gave every silo
+    weight 0 in rounds 14-17 once it had converged; run health stopped it as no-progress, exit 3.
+    A run whose model beat the untrained one on the server's records by LEARNED_MARGIN has
+    learned: the same streak stops it early as completed, and the silos keep the rest."""
+    from app.run_health import HEALTHY, LEARNED_MARGIN
+
+    s = settings(**{"algorithm": "robust", "privacy.mode": "off"})
+    w = Watch(s, 20, stop_unchanged=3, stop_patience=5)
+    w.start(0.69)
+    seq = [(_moved(1), 0.50), (_moved(2), 0.30), (_all_zero(3), 0.30), (_all_zero(4), 0.30)]
+    assert [w.see(r, v) for r, v in seq] == [None] * 4
+    h = w.see(_all_zero(5), 0.30)
+    assert h is not None and h.verdict == HEALTHY and h.status == "completed" and h.blame is None
+    assert h.reason.startswith("stopped early after round 5 of 20: the model stayed in 3 consecutive round(s)")
+    assert "loss 0.69 untrained, 0.3 at round 2" in h.reason and h.evidence["stopped_early"] is True
+    # a model that never got LEARNED_MARGIN below the untrained one has not learned: no-progress
+    flat = Watch(s, 20, stop_unchanged=3, stop_patience=5)
+    flat.start(0.69)
+    near = 0.69 * (1 - LEARNED_MARGIN / 2)
+    assert [flat.see(r, near) for r in (_moved(1), _all_zero(2), _all_zero(3))] == [None] * 3
+    h = flat.see(_all_zero(4), near)
+    assert h is not None and h.verdict == NO_PROGRESS
+
+
 def test_the_watch_stops_once_the_run_can_only_end_no_progress() -> None:
     """Half of num-rounds unchanged already: diagnose's verdict at the end is no-progress
     whatever the other rounds do, so the rest of the budget buys nothing."""
