@@ -137,3 +137,35 @@ def refusal_bytes(content) -> bytes:
         assert set(doc) <= {"w", "entries", "epoch", "eps_spent", "head", "id", "ledger", "mac", "releases"}, doc
     kept = RecordDict({k: v for k, v in content.items() if k != wire.WITNESS})
     return recorddict_to_proto(kept).SerializeToString()
+
+
+@__import__("contextlib").contextmanager
+def stub_services():
+    """Start silo services in threads, each answering with a stand-in runtime: yields
+    ``start(runtime, **limits)`` -> the running app.silo_service.SiloService (its socket in a new
+    temporary folder); every service started is stopped and its folder removed at the end."""
+    import shutil
+    import tempfile
+    import threading
+
+    from app import silo_service
+
+    services = []
+
+    def start(runtime, **limits):
+        path = Path(tempfile.mkdtemp(prefix="silostub")) / "s.sock"
+        svc = silo_service.SiloService(path, {"partition-id": 0}, **limits)
+        svc.runtime, svc.types = runtime, frozenset(runtime.HANDLERS) | {silo_service.PING}
+        svc.bind()
+        thread = threading.Thread(target=svc.serve_forever, daemon=True)
+        thread.start()
+        services.append((svc, thread))
+        return svc
+
+    try:
+        yield start
+    finally:
+        for svc, thread in services:
+            svc.stopping = True
+            thread.join(10)
+            shutil.rmtree(Path(svc.path).parent, ignore_errors=True)

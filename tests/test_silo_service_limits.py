@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -158,23 +157,10 @@ class StubRuntime:
 
 @pytest.fixture
 def stub_service():
-    services = []
+    from tests.helpers import stub_services
 
-    def start(**limits) -> silo_service.SiloService:
-        path = Path(tempfile.mkdtemp(prefix="silostub")) / "s.sock"
-        svc = silo_service.SiloService(path, {"partition-id": 0}, **limits)
-        svc.runtime, svc.types = StubRuntime(), frozenset(StubRuntime.HANDLERS) | {silo_service.PING}
-        svc.bind()
-        thread = threading.Thread(target=svc.serve_forever, daemon=True)
-        thread.start()
-        services.append((svc, thread))
-        return svc
-
-    yield start
-    for svc, thread in services:
-        svc.stopping = True
-        thread.join(10)
-        shutil.rmtree(Path(svc.path).parent, ignore_errors=True)
+    with stub_services() as start:
+        yield lambda **limits: start(StubRuntime(), **limits)
 
 
 def _stall(path: str, body_len: int) -> socket.socket:

@@ -229,23 +229,10 @@ class StubRuntime:
 
 @pytest.fixture
 def stub_service():
-    services = []
+    from tests.helpers import stub_services
 
-    def start(runtime: StubRuntime, **limits) -> silo_service.SiloService:
-        path = Path(tempfile.mkdtemp(prefix="silostub")) / "s.sock"
-        svc = silo_service.SiloService(path, {"partition-id": 0}, **limits)
-        svc.runtime, svc.types = runtime, frozenset(runtime.HANDLERS) | {silo_service.PING}
-        svc.bind()
-        thread = threading.Thread(target=svc.serve_forever, daemon=True)
-        thread.start()
-        services.append((svc, thread))
-        return svc
-
-    yield start
-    for svc, thread in services:
-        svc.stopping = True
-        thread.join(10)
-        shutil.rmtree(Path(svc.path).parent, ignore_errors=True)
+    with stub_services() as start:
+        yield start
 
 
 def test_requests_are_read_concurrently_but_handled_one_at_a_time(stub_service) -> None:
