@@ -239,15 +239,8 @@ def inlined(value: str) -> str:
     sorted keys; inline JSON is kept as it is. SchemaError when it cannot be read or is malformed."""
     if not value.strip() or is_inline(value):
         return value
-    load_schema(value)  # malformed: one line naming the file
-    path = schema_path(value.strip())
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-
-        doc = yaml.safe_load(raw)
-    else:
-        doc = json.loads(raw)
+    doc = _file_document(schema_path(value.strip()))
+    parse_schema(doc)  # malformed: one line
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -259,14 +252,9 @@ def with_inline_schema(run_config: dict[str, Any]) -> dict[str, Any]:
     return run_config | {"data.schema": inlined(value)}
 
 
-@functools.lru_cache(maxsize=8)
-def _load_schema(text: str, _stamp: tuple[int, int] | None) -> DataSchema:
-    if text.startswith("{"):
-        try:
-            return parse_schema(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise SchemaError(f"data.schema: inline JSON does not parse: {exc}") from None
-    path = schema_path(text)
+def _file_document(path: Path) -> Any:
+    """The JSON or YAML document of the schema file at ``path``; SchemaError (one line naming
+    the file) when it cannot be read or does not parse."""
     try:
         raw = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -275,9 +263,17 @@ def _load_schema(text: str, _stamp: tuple[int, int] | None) -> DataSchema:
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            return parse_schema(yaml.safe_load(raw))
-        return parse_schema(json.loads(raw))
-    except SchemaError:
-        raise
+            return yaml.safe_load(raw)
+        return json.loads(raw)
     except Exception as exc:  # json's or yaml's parse error
         raise SchemaError(f"data.schema: {path} does not parse: {str(exc).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_schema(text: str, _stamp: tuple[int, int] | None) -> DataSchema:
+    if text.startswith("{"):
+        try:
+            return parse_schema(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"data.schema: inline JSON does not parse: {exc}") from None
+    return parse_schema(_file_document(schema_path(text)))
