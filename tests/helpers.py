@@ -169,3 +169,21 @@ def stub_services():
             svc.stopping = True
             thread.join(10)
             shutil.rmtree(Path(svc.path).parent, ignore_errors=True)
+
+
+def wait_for_service(proc, sock: Path, log: Path, wait_s: float) -> None:
+    """Until the silo service ``proc`` answers a ping on ``sock`` (its output in ``log``); the test
+    fails if it exits or does not answer within ``wait_s`` seconds."""
+    import time
+
+    from app import silo_service
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        assert proc.poll() is None, f"the service exited: {log.read_text()}"
+        try:
+            silo_service.ping(str(sock), timeout=1.0)
+            return
+        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+            assert time.monotonic() < deadline, f"no service: {log.read_text()}"
+            time.sleep(0.1)

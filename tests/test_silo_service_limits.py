@@ -27,7 +27,7 @@ from flwr.app import RecordDict
 
 from app import silo_protocol, silo_service
 from scripts.bench.service_abuse import count_pings, frame_head, peak_rss, spawn_hostile
-from tests.helpers import service_env, service_node_config
+from tests.helpers import service_env, service_node_config, wait_for_service
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_MODEL = 2_000_000  # max-model-params of the memory test's service: a 34 MB frame limit
@@ -41,15 +41,7 @@ def _start(tmp: Path, node: str, *extra: str) -> tuple[subprocess.Popen, Path, P
 
 
 def _ready(proc: subprocess.Popen, sock: Path, log: Path) -> None:
-    deadline = time.monotonic() + 150
-    while True:
-        assert proc.poll() is None, f"the service exited: {log.read_text()}"
-        try:
-            silo_service.ping(str(sock), timeout=1.0)
-            return
-        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
-            assert time.monotonic() < deadline, f"no service: {log.read_text()}"
-            time.sleep(0.1)
+    wait_for_service(proc, sock, log, 150)
 
 
 @pytest.fixture(scope="module")

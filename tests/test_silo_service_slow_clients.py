@@ -32,7 +32,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from app import silo_service
 from scripts.bench.service_abuse import spawn_hostile
 from scripts.bench.service_slow_clients import Peer
-from tests.helpers import service_env, service_node_config
+from tests.helpers import service_env, service_node_config, wait_for_service
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUEST_TIMEOUT_S = 2.0
@@ -78,15 +78,7 @@ def service():
         shape, classes = dataset_meta(s)
         model = build_model(s.model, shape, classes, hidden=s.model_hidden, generator=torch_gen(s.seed, "init"))
         w = {k: v.detach().numpy() for k, v in model.named_parameters()}
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"the service exited: {(tmp / 'service.log').read_text()}"
-            try:
-                silo_service.ping(str(sock), timeout=1.0)
-                break
-            except (silo_service.ServiceUnavailable, silo_service.ServiceError):
-                assert time.monotonic() < deadline, f"no service: {(tmp / 'service.log').read_text()}"
-                time.sleep(0.1)
+        wait_for_service(proc, sock, tmp / "service.log", 120)
         yield {"tmp": tmp, "sock": sock, "proc": proc, "run_config": run_config, "w": w,
                "log": tmp / "service.log"}
     finally:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import socket
 import struct
 import subprocess
@@ -33,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 
+from scripts.bench.service_slow_clients import node_config, start_service
+
 _PREFIX = struct.Struct(">4sBBIQ")  # the wire format of app/silo_protocol.py, spelled out: any version
 
 
@@ -40,11 +41,6 @@ def frame_head(body_len: int, mtype: str = "train") -> bytes:
     """A request frame's prefix and JSON header announcing ``body_len`` body bytes."""
     head = json.dumps({"type": mtype, "run_id": 1, "run_config": {}}, separators=(",", ":")).encode()
     return _PREFIX.pack(b"SLFS", 1, 0, len(head), body_len) + head
-
-
-def _node_config(state: Path) -> str:
-    return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
-            "epsilon-cap=3.0 ledger-scope='run'")
 
 
 # -- the hostile peer, as its own process ---------------------------------------------------------
@@ -168,22 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="svcabuse"))
     path = str(tmp / "svc.sock")
     env = dict(os.environ) | {"FLWR_HOME": str(tmp), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    log = open(tmp / "service.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config",
-                             f"{_node_config(tmp / 'state')} {args.node_extra}".strip(), *shlex.split(args.service_args)],
-                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"the service exited: {(tmp / 'service.log').read_text()[-2000:]}")
-        try:
-            silo_service.ping(path, timeout=1.0)
-            break
-        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("the service did not come up") from None
-            time.sleep(0.1)
+    proc = start_service(root, path, tmp, env, f"{node_config(tmp / 'state')} {args.node_extra}".strip(),
+                         args.service_args, 180)
 
     def query() -> str:
         try:
@@ -238,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        log.close()
     return 0
 
 

@@ -33,7 +33,31 @@ import time
 from pathlib import Path
 
 
-def _node_config(state: Path) -> str:
+def start_service(root: Path, path: str, tmp: Path, env: dict[str, str], node_config: str, service_args: str,
+                  wait_s: float) -> subprocess.Popen:
+    """``python -m app.silo_service`` of the checkout ``root`` on socket ``path`` (its log
+    ``tmp/service.log``), once it answers a ping; SystemExit when it exits or does not come up
+    within ``wait_s`` seconds (then it is killed, by pid)."""
+    from app import silo_service
+
+    proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config", node_config,
+                             *shlex.split(service_args)],
+                            cwd=root, env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + wait_s
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the service exited: {(tmp / 'service.log').read_text()[-2000:]}")
+        try:
+            silo_service.ping(path, timeout=1.0)
+            return proc
+        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit("the service did not come up") from None
+            time.sleep(0.1)
+
+
+def node_config(state: Path) -> str:
     return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
             "epsilon-cap=3.0 ledger-scope='run'")
 
@@ -103,21 +127,7 @@ def main() -> int:
                                                               "run_config": {"pad": "x" * 64}})
 
     def start() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config",
-                                 _node_config(tmp / "state"), *shlex.split(args.service_args)],
-                                cwd=root, env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the service exited: {(tmp / 'service.log').read_text()[-2000:]}")
-            try:
-                silo_service.ping(path, timeout=1.0)
-                return proc
-            except (silo_service.ServiceUnavailable, silo_service.ServiceError):
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    raise SystemExit("the service did not come up") from None
-                time.sleep(0.1)
+        return start_service(root, path, tmp, env, node_config(tmp / "state"), args.service_args, 120)
 
     def query(bound: float) -> tuple[float, str]:
         t0 = time.monotonic()
