@@ -159,14 +159,14 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
             del _SILOS[old]
         try:
-            data, num_classes, feature_shape = silo_records(s, node, index, deployed, deployed or policy.capped)
+            data, num_classes, feature_shape = silo_records(s, node, index, deployed, policy.safe)
         except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
             _SILOS[key] = RefusingSilo(index, str(exc), wire.REFUSED_POLICY)
             return _SILOS[key]
         except DataUnavailableError as exc:
             # a simulation's virtual silo missing a public data set's files (no own records, no cap, not
             # deployed): the reason names the data set and its files, not a record; anywhere else, fixed text
-            public = not (node.get("data-file") or deployed or policy.capped)
+            public = not (node.get("data-file") or policy.safe)
             _SILOS[key] = RefusingSilo(index, str(exc) if public else refusal.data_reason(index, exc),
                                        wire.REFUSED_DATA)
             return _SILOS[key]
@@ -180,7 +180,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             return _SILOS[key]
         n = data.n
         if (s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s)
-                and not (deployed or policy.capped)):  # a simulated Byzantine silo poisons its labels; a real one never
+                and not policy.safe):  # a simulated Byzantine silo poisons its labels; a real one never
             data = poison_labels(data, s, num_classes)
         ledger_budget = None
         if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
@@ -195,7 +195,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             except EnvelopeError as exc:  # the operator's typo: refuse everything, say why
                 violation = violation or f"node config shuffler-public-key is not an X25519 public key: {exc}"
                 pin = None
-        if violation is None and s.privacy.mode == "shuffle" and pin is None and (policy.capped or deployed):
+        if violation is None and s.privacy.mode == "shuffle" and pin is None and policy.safe:
             # only a simulation takes the shuffler's key from the server (docs/privacy.md)
             why = "is deployed" if deployed else "has a privacy cap"
             violation = (f"this node {why} and pinned no shuffler key (node config shuffler-public-key): "
@@ -220,10 +220,6 @@ def silo(context: Context, deployed: bool = False) -> Silo:
     return _SILOS[key]
 
 
-#: node config: the import paths of models this node agrees to build (comma-separated)
-ALLOWED_MODELS_KEY = "allowed-models"
-
-
 def model_violation(model: str, node: Mapping[str, Any], policy: NodePolicy) -> str | None:
     """Why this node refuses to build ``model`` (the run config's), or None. A zoo model or an
     installed ``silofl.models`` entry point (the node's own packages) is built anywhere; an import
@@ -235,10 +231,10 @@ def model_violation(model: str, node: Mapping[str, Any], policy: NodePolicy) -> 
     if not is_import_path(model):
         return None
     allowed = {m.strip() for m in str(node.get("allowed-models", "") or "").split(",") if m.strip()}
-    if model in allowed or not (policy.deployed or policy.capped):
+    if model in allowed or not policy.safe:
         return None
     return (f"model = {model!r} is an import path this node's operator did not allow (node config "
-            f"{ALLOWED_MODELS_KEY}); a deployed or capped silo imports and calls no code the run config names")
+            "allowed-models); a deployed or capped silo imports and calls no code the run config names")
 
 
 class SchemaPinError(ValueError):

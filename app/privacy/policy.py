@@ -92,6 +92,12 @@ class NodePolicy:
     def capped(self) -> bool:
         return self.epsilon_cap is not None or self.delta_cap is not None
 
+    @property
+    def safe(self) -> bool:
+        """The node guards real records (it has a cap, or it is deployed): every default, and
+        every rule about what a run may ask of it, takes the safe side."""
+        return self.capped or self.deployed
+
 
 def _choice(node: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str | None) -> str | None:
     if key not in node:
@@ -174,7 +180,7 @@ def shuffle_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
     bound = policy.shuffle_count_on_max
     if bound is None or count_on <= bound:
         return None
-    source = "its node config shuffle-count-on-max" if policy.deployed or policy.capped else "shuffle-count-on-max"
+    source = "its node config shuffle-count-on-max" if policy.safe else "shuffle-count-on-max"
     return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
             f"{count_on} (shuffle.count-on), which would let fewer dishonest silos break its epsilon")
 
