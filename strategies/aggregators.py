@@ -28,13 +28,15 @@ if TYPE_CHECKING:
     from app.config import Settings
     from flwr.serverapp import Grid
 
+    from app.data.federated import TrustSet
     from strategies.exchange import Exchange
     from strategies.replies import Params, Updates
 
 #: the short knob names of :func:`GradBANT` and :class:`Rule`, as RobustSettings fields
 _KNOBS = {"beta": "gradbant_beta", "smoothness": "gradbant_smoothness", "noise_aware": "gradbant_noise_aware",
           "trust_size": "trust_size", "f": "byzantine_f", "tau": "cc_tau", "pre": "pre",
-          "bucket_size": "bucket_size", "space": "space"}
+          "bucket_size": "bucket_size", "space": "space", "silo_records": "gradbant_silo_records",
+          "trust_classes": "trust_classes"}
 
 
 class Aggregator:
@@ -70,7 +72,7 @@ class Rule(Aggregator):
     space (``"sketch"``: the rule on the sketches y_i, then S_t^T once; RobAJoL is
     ``Rule("trimmed-mean", pre="nnm", space="sketch")``, strategies/composition.py)."""
 
-    def __init__(self, name: str, **knobs: Any) -> None:
+    def __init__(self, name: str, *, trust: TrustSet | None = None, model: Any = None, **knobs: Any) -> None:
         from app.config import AGGREGATORS
 
         if name not in AGGREGATORS:
@@ -89,7 +91,11 @@ class Rule(Aggregator):
 
         if knobs.get("space", "lifted") not in AGGREGATION_SPACES:
             raise ValueError(f"unknown space {knobs['space']!r}; allowed: {', '.join(AGGREGATION_SPACES)}")
-        self.name, self.knobs = name, {_KNOBS[k]: (tuple(v) if k == "pre" else v) for k, v in knobs.items()}
+        self.name, self.knobs = name, {_KNOBS[k]: (tuple(v) if k in ("pre", "silo_records", "trust_classes") else v)
+                                       for k, v in knobs.items()}
+        #: the server's own labelled records and reference model (a Flower user's own app): None,
+        #: the run's (``trust.*`` over the run's data set, and its ``model``)
+        self.trust, self.model = trust, model
         self.impl: Any = None
 
     def bind(self, owner: Any) -> None:
@@ -106,7 +112,7 @@ class Rule(Aggregator):
 
             refuse_space(s)  # ... and as its aggregation-space
         phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
-        self.impl = RobustAggregator(s, owner.layout, owner.roster, phase)
+        self.impl = RobustAggregator(s, owner.layout, owner.roster, phase, trust=self.trust, model=self.model)
 
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
         return self.impl.combine(rnd, ex, updates)
@@ -118,9 +124,12 @@ class Rule(Aggregator):
         self.impl.restore(state)
 
 
-def GradBANT(**knobs: Any) -> Rule:  # noqa: N802 (reads as the class it makes)
-    """Grad-BANT (``beta``, ``smoothness``, ``noise_aware``, ``trust_size`` override the run config)."""
-    return Rule("gradbant", **knobs)
+def GradBANT(*, trust: TrustSet | None = None, model: Any = None, **knobs: Any) -> Rule:  # noqa: N802 (reads as the class it makes)
+    """Grad-BANT (``beta``, ``smoothness``, ``noise_aware``, ``trust_size``, ``silo_records`` override
+    the run config). ``trust``: the server's own labelled records (``TrustSet(x, y)``, torch
+    tensors in the silos' pre-processing) and ``model`` the torch module whose parameters the
+    federation trains: a Flower user's own app brings both; None: the run's trust set and model."""
+    return Rule("gradbant", trust=trust, model=model, **knobs)
 
 
 def make_aggregator(s: Settings) -> Aggregator:

@@ -73,6 +73,21 @@ class FlowerRounds(Strategy):
     _flower_open: _OpenRound | None = None
     _flower_ready: bool = False
 
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Any = None) -> Any:
+        """Flower's ``Strategy.start``, once the model's layout is bound (from ``initial_arrays``
+        when the constructor had none) and ``num_rounds`` is at most the rounds the optimiser was
+        planned for (``num-rounds``: the silos' privacy calibration, the noise-aware allowance
+        and the last round's evaluation are planned for it; fewer is stopping early)."""
+        if not self.layout:
+            self.bind_layout({k: tuple(a.shape) for k, a in initial_arrays.items()})
+        if num_rounds > self.s.num_rounds:
+            raise ValueError(f"start(num_rounds={num_rounds}) but {type(self).__name__} was planned for num-rounds = "
+                             f"{self.s.num_rounds} (the silos' privacy calibration and the last evaluation use it): "
+                             f"pass num_rounds={num_rounds} to the constructor as well")
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Round ``server_round``'s first exchange, to the sampled silos."""

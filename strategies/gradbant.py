@@ -49,7 +49,7 @@ from flwr.common import log
 from app import wire
 from app.algorithms import Phase
 from app.config import TRUST_AGGREGATORS, Settings
-from app.data.federated import build_trust_set, dataset_meta
+from app.data.federated import TrustSet, build_trust_set, dataset_meta
 from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
@@ -113,6 +113,18 @@ def lift_flat(updates: Updates, vector: np.ndarray) -> np.ndarray:
     return flatten(updates.lift(np.asarray(vector, dtype=np.float32))).astype(np.float64)
 
 
+def check_reference(model: torch.nn.Module, layout: dict[str, tuple[int, ...]]) -> None:
+    """ValueError (one line) unless the trust set's reference ``model`` has the federation's
+    parameter names and shapes: its gradient g0 is compared with the silos' messages, coordinate
+    by coordinate."""
+    own = {k: tuple(v.shape) for k, v in model.named_parameters()}
+    want = {k: tuple(v) for k, v in layout.items()}
+    if own != want:
+        diff = next((k for k in {**own, **want} if own.get(k) != want.get(k)), "?")
+        raise ValueError(f"the trust set's reference model does not have the federation's parameters: {diff!r} is "
+                         f"{own.get(diff)} in the model and {want.get(diff)} in the federation's layout")
+
+
 class RobustState(TypedDict):
     """What a robust rule carries across rounds: Grad-BANT's trust weights p and centered
     clipping's last aggregate."""
@@ -131,7 +143,7 @@ class RobustAggregator:
     state_attrs = tuple(RobustState.__annotations__)
 
     def __init__(self, s: Settings, layout: dict[str, tuple[int, ...]], roster: NodeRoster,
-                 phase: Phase | None = None) -> None:
+                 phase: Phase | None = None, *, trust: TrustSet | None = None, model: torch.nn.Module | None = None) -> None:
         self.s, self.layout, self.roster = s, layout, roster
         self.phase = phase
         self.p = np.full(s.num_silos, 1.0 / s.num_silos)
@@ -141,11 +153,17 @@ class RobustAggregator:
         self.center: np.ndarray | None = None  # centered clipping: the previous aggregate
         #: where the trust-set gradients are computed (server-device; app/server_device.py)
         self.device = server_device(s)
-        self.trust = build_trust_set(s) if s.robust.aggregator in TRUST_AGGREGATORS else None
+        if trust is None and s.robust.aggregator in TRUST_AGGREGATORS:
+            trust = build_trust_set(s)
+        self.trust = trust if s.robust.aggregator in TRUST_AGGREGATORS else None
         if self.trust is not None and self.device.type != "cpu":
             self.trust = replace(self.trust, x=self.trust.x.to(self.device), y=self.trust.y.to(self.device))
-        shape, classes = dataset_meta(s)
-        self.model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs).to(self.device)
+        if model is None:
+            shape, classes = dataset_meta(s)
+            model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs)
+        else:  # the user's own: it must be the federation's model
+            check_reference(model, layout)
+        self.model = model.to(self.device)
         #: noise-aware Grad-BANT (strategies/phase_noise.py): c of an honest lifted message, per phase
         self.aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
         self._dp_energy: dict[Phase | None, float] = {}

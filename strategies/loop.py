@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.algorithms import Algorithm, Phase, get_algorithm
-from app.config import Settings
+from app.config import ConfigError, Settings, parse_settings
 from app.privacy.mechanism import server_decoder
 from app.privacy.shuffle import row_bound
 from app.seeding import np_rng
@@ -59,7 +59,7 @@ from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
 from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
-                              same_point, with_knobs)
+                              knob_keys, same_point, with_knobs)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 
@@ -87,18 +87,30 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
     fold_evaluation: ClassVar[bool] = True
     #: the most exchanges one round asks (1: the optimiser also runs under Flower's own start)
     exchanges_per_round: ClassVar[int] = 1
+    #: the option group whose keys the constructor takes without their prefix (``q`` = ``spider.q``)
+    knob_group: ClassVar[str] = ""
 
-    def __init__(self, settings: Settings, layout: dict[str, tuple[int, ...]], on_round: RoundCallback | None = None,
-                 node_wait_s: float | None = None, *, aggregator: Aggregator | None = None, **knobs: Any) -> None:
-        """``settings``: the run's (app.config.parse_settings); ``layout``: the model's parameter
-        shapes; ``aggregator``: how each exchange's updates are combined (default: the run
-        config's ``aggregator``, strategies/aggregators.py); ``knobs``: run-config keys with
-        ``.``/``-`` written ``_`` (``lr=0.1``, ``spider_q=5``, ``local_steps=2``), checked as the
-        run config is, over ``settings``."""
-        settings = with_knobs(settings, knobs) if knobs else settings
+    def __init__(self, settings: Settings | None = None, layout: dict[str, tuple[int, ...]] | None = None,
+                 on_round: RoundCallback | None = None, node_wait_s: float | None = None, *,
+                 aggregator: Aggregator | None = None, **knobs: Any) -> None:
+        """``settings``: the run's (app.config.parse_settings), or None: the declared defaults
+        for this optimiser's algorithm with ``knobs`` over them, no run config needed (a Flower
+        user's own app); ``layout``: the model's parameter shapes (None: those of the
+        ``initial_arrays`` that ``start`` gets); ``aggregator``: how each exchange's updates are
+        combined (default: the run config's ``aggregator``, strategies/aggregators.py);
+        ``knobs``: run-config keys with ``.``/``-`` written ``_`` (``lr=0.1``, ``spider_q=5``,
+        ``local_steps=2``; the optimiser's own group without its prefix: ``q=5``), checked as the
+        run config is."""
+        if settings is None:
+            keys = knob_keys(knobs, self.knob_group)
+            settings = parse_settings({"algorithm": self.algorithms[0]} | keys)
+        elif knobs:
+            settings = with_knobs(settings, knobs, self.knob_group)
+        if self.algorithms and settings.algorithm not in self.algorithms:
+            raise ConfigError(f"algorithm = {settings.algorithm!r} is not served by {type(self).__name__}; "
+                              f"allowed: {', '.join(self.algorithms)}")
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
-        self.layout = layout
         self.on_round = on_round or (lambda row: None)
         self.node_wait_s = settings.node_wait if node_wait_s is None else node_wait_s
         self.client_errors: list[str] = []
@@ -112,12 +124,11 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
         #: where the server lifts sketched replies (server-device, app/server_device.py)
         self.device = server_device(settings)
+        #: the model's parameter shapes and size (:meth:`bind_layout`)
+        self.layout: dict[str, tuple[int, ...]] = {}
+        self.n_params = 0
         #: shuffle DP: the shuffler's id and key, and the relay of sealed contributions
-        self.n_params = sum(int(np.prod(shape)) for shape in layout.values())
         self.relay: ShuffleRelay | None = None
-        if settings.privacy.enabled and settings.privacy.mode == "shuffle":
-            self.relay = ShuffleRelay(layout, settings.shuffle.levels_for(self.n_params), settings.shuffle.p,
-                                      self._client_error)
         #: the Flower run id (set by the ServerApp): shuffle DP binds contributions to it
         self.run_id = 0
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
@@ -128,7 +139,6 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         #: how each exchange's updates are combined (the mean, Grad-BANT, Krum, ...)
         self.aggregator: Aggregator = with_harness(aggregator if aggregator is not None else make_aggregator(settings),
                                                    settings)
-        self.aggregator.bind(self)
         #: the aggregator's entries for the round's row (each silo's weight, ...)
         self.aggregate_row: dict[str, Any] = {}
         #: run health during the run (the ServerApp sets it; app/run_health.py ``Watch``): called
@@ -138,6 +148,18 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         #: what :attr:`health_check` returned when it stopped the run, and after which round
         self.stopped: Any = None
         self.stopped_after: int | None = None
+        if layout is not None:
+            self.bind_layout(layout)
+
+    def bind_layout(self, layout: dict[str, tuple[int, ...]]) -> None:
+        """Once, with the model's parameter shapes: the shuffler relay's encoding and the
+        aggregator (a trust-set rule builds its reference model for them)."""
+        self.layout = {k: tuple(int(d) for d in shape) for k, shape in layout.items()}
+        self.n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
+        if self.s.privacy.enabled and self.s.privacy.mode == "shuffle":
+            self.relay = ShuffleRelay(self.layout, self.s.shuffle.levels_for(self.n_params), self.s.shuffle.p,
+                                      self._client_error)
+        self.aggregator.bind(self)
 
     # -- the optimiser's hooks ----------------------------------------------------------------
     def exchanges(self, rnd: int, w: Params) -> Round:

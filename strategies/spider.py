@@ -37,6 +37,7 @@ class SpiderState(TypedDict):
 
 class FedProxSPIDER(FederatedOptimizer):
     algorithms = ("spider",)
+    knob_group = "spider"
     state_attrs = tuple(SpiderState.__annotations__)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -39,6 +39,7 @@ class SpiderAltState(TypedDict):
 
 class FedSPIDERAlt(FederatedOptimizer):
     algorithms = ("spider-alt",)
+    knob_group = "spider"
     exchanges_per_round = 2  # the difference, then fresh gradients: silofl's driver only
     state_attrs = tuple(SpiderAltState.__annotations__)
 

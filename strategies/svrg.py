@@ -35,6 +35,7 @@ class FedProxSVRG(FedProxSPIDER):
     """SPIDER's bookkeeping with a fixed reference point: h = g~(w_bar) + difference to w_bar."""
 
     algorithms = ("svrg",)
+    knob_group = "svrg"
 
     def exchanges(self, rnd: int, w: Params) -> Round:
         phase = self.phase_for(rnd)
@@ -53,6 +54,7 @@ class FedProxSVRG(FedProxSPIDER):
 
 class FedProxPLSVRG(FedProxSVRG):
     algorithms = ("plsvrg",)
+    knob_group = "plsvrg"
 
     def exchanges(self, rnd: int, w: Params) -> Round:
         length = stage_length(self.s)

@@ -121,8 +121,23 @@ def test_knobs_are_constructor_arguments_checked_as_the_run_config() -> None:
     assert (opt.s.lr, opt.s.spider.q, s.spider.q) == (0.1, 5, parse_settings({}).spider.q)
     with pytest.raises(ConfigError, match="spider.q"):
         STRATEGIES["spider"](s, LAYOUT, spider_q=0)
-    with pytest.raises(ConfigError, match="unknown knob"):
-        STRATEGIES["spider"](s, LAYOUT, q=2)
+    assert STRATEGIES["spider"](s, LAYOUT, q=2).s.spider.q == 2  # the optimiser's own group, without its prefix
+    with pytest.raises(ConfigError, match="unknown knob 'inner_steps'"):  # svrg's, not SPIDER's
+        STRATEGIES["spider"](s, LAYOUT, inner_steps=2)
+
+
+def test_an_optimiser_needs_no_run_config() -> None:
+    """A Flower user's own app declares none of silofl's run-config keys: the constructor's
+    arguments over the declared defaults of the optimiser's algorithm are the whole plan."""
+    opt = STRATEGIES["spider"](lr=0.05, q=3, num_rounds=4, num_silos=4, silos_per_round=4, privacy_mode="off")
+    defaults = parse_settings({"algorithm": "spider"})
+    assert (opt.s.algorithm, opt.s.lr, opt.s.spider.q, opt.s.num_rounds, opt.s.silos_per_round) == \
+        ("spider", 0.05, 3, 4, 4)
+    assert opt.s.spider.anchor_batch == defaults.spider.anchor_batch and opt.layout == {}
+    opt.bind_layout({"w": (3,)})  # what start() does with the initial arrays
+    assert opt.layout == {"w": (3,)} and opt.n_params == 3
+    with pytest.raises(ConfigError, match="not served by FedProxSPIDER"):
+        STRATEGIES["spider"](algorithm="mbsgd")
 
 
 def test_the_attack_harness_wraps_the_mean_too() -> None:
