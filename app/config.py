@@ -39,9 +39,10 @@ from app.prox import PROX_KINDS  # noqa: F401 (re-exported)
 from app.run_config_args import RUN_CONFIG_PAIR, check_run_config_args  # noqa: F401 (re-exported)
 from app.runtime_options import DEVICES, SERVER_DEVICES, RuntimeOptions  # noqa: F401
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SKETCH_KINDS, SketchSettings  # noqa: F401
+from app.config_robust import check_byzantine, effective_aggregator  # noqa: F401 (re-exported)
 from strategies.options import (  # noqa: F401 (re-exported; derived from each rule's declared needs)
     AGGREGATORS, F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS, TRUST_SHIFTS,
-    RobustSettings, check_byzantine, effective_aggregator,
+    RobustSettings,
 )
 from strategies.preaggregation import PRE_AGGREGATORS as _PRE_RULES
 

@@ -25,11 +25,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.config import Settings
     from flwr.serverapp import Grid
 
     from app.data.federated import TrustSet
     from strategies.exchange import Exchange
+    from strategies.options import RobustSettings
     from strategies.replies import Params, Updates
 
 #: the short knob names of :func:`GradBANT` and :class:`Rule`, as RobustSettings fields
@@ -100,17 +100,21 @@ class Rule(Aggregator):
 
     def bind(self, owner: Any) -> None:
         from strategies.gradbant import RobustAggregator
+        from strategies.options import tolerated_f
 
         s = owner.s
-        s = replace(s, robust=replace(s.robust, aggregator=self.name, **self.knobs))
-        if s.robust.pre:
+        rule = replace(s.robust, aggregator=self.name, **self.knobs)
+        s = replace(s, robust=rule)
+        if rule.pre:
             from strategies.composition import refuse_pre
 
-            refuse_pre(s)  # the same one-line refusal as the run config's pre-aggregators
-        if s.robust.space == "sketch":
+            # the same one-line refusal as the run config's pre-aggregators
+            refuse_pre(self.name, rule, privacy_mode=s.privacy.mode, silos_per_round=s.silos_per_round,
+                       f=tolerated_f(rule, s.attack, s.num_silos))
+        if rule.space == "sketch":
             from strategies.composition import refuse_space
 
-            refuse_space(s)  # ... and as its aggregation-space
+            refuse_space(self.name, s.sketch.kind)  # ... and as its aggregation-space
         phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
         self.impl = RobustAggregator(s, owner.layout, owner.roster, phase, trust=self.trust, model=self.model)
 
@@ -132,29 +136,28 @@ def GradBANT(*, trust: TrustSet | None = None, model: Any = None, **knobs: Any) 
     return Rule("gradbant", trust=trust, model=model, **knobs)
 
 
-def make_aggregator(s: Settings) -> Aggregator:
+def make_aggregator(robust: RobustSettings, algorithm: str) -> Aggregator:
     """The run config's aggregator: the mean, or :class:`Rule` (algorithm robust: always a Rule)."""
-    from app.config import effective_aggregator
+    from strategies.options import resolve_aggregator
 
-    rule = effective_aggregator(s)
-    return Mean() if rule == "mean" and s.algorithm != "robust" and not s.robust.pre else Rule(rule)
+    rule = resolve_aggregator(robust.aggregator, algorithm)
+    return Mean() if rule == "mean" and algorithm != "robust" and not robust.pre else Rule(rule)
 
 
-def with_harness(agg: Aggregator, s: Settings) -> Aggregator:
+def with_harness(agg: Aggregator, attack_kind: str) -> Aggregator:
     """``agg`` inside the simulation's attack harness when ``attack.kind`` is set
     (strategies/byzantine_harness.py ``Attacked``), else ``agg``."""
-    if s.attack.kind == "none" or hasattr(agg, "inner"):
+    if attack_kind == "none" or hasattr(agg, "inner"):
         return agg
     from strategies.byzantine_harness import Attacked
 
     return Attacked(agg)  # type: ignore[return-value]
 
 
-def refuse_combination(s: Settings) -> None:
-    """ConfigError (one line) for an aggregator the algorithm cannot aggregate with."""
-    from app.config import ConfigError, effective_aggregator
+def refuse_combination(rule: str, privacy_mode: str) -> None:
+    """ConfigError (one line) for an aggregator the privacy mode cannot aggregate with."""
+    from app.options import ConfigError
 
-    rule = effective_aggregator(s)
-    if rule != "mean" and s.privacy.mode == "shuffle":
+    if rule != "mean" and privacy_mode == "shuffle":
         raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
                           "server only their sum; allowed: mean")

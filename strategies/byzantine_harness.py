@@ -26,81 +26,92 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from logging import DEBUG, WARNING
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.common import log
 
-from app.config import Settings
 from app.seeding import np_rng
 from app.adaptive_attacks import ADAPTIVE_ATTACKS, MimicState, adaptive_alie, adaptive_ipm, mimic_learning
-from app.attacks import MODEL_ATTACKS, alie, alie_z, byzantine_count, byzantine_indices, gaussian_noise, ipm, sign_flip
+from app.attacks import (MODEL_ATTACKS, AttackSettings, alie, alie_z, byzantine_count, byzantine_indices,
+                         gaussian_noise, ipm, sign_flip)
 
 
-def alie_z_for(s: Settings, n: int, f: int) -> float:
+class RunFacts(NamedTuple):
+    """What the attack harness reads of the run besides its attack: the seed of the attacks' own
+    draws, the number of silos N and the rule's stated byzantine.f (-1: not stated)."""
+
+    seed: int
+    num_silos: int
+    byzantine_f: int
+
+
+def alie_z_for(attack: AttackSettings, num_silos: int, n: int, f: int) -> float:
     """``attack.alie-z`` when set; else Baruch et al.'s z for this round's n and f, or, in a round
     where the sampled Byzantine silos happen to be a majority, for the whole federation's N and f."""
-    if s.attack.alie_z:
-        return s.attack.alie_z
+    if attack.alie_z:
+        return attack.alie_z
     if f < n / 2:
         return alie_z(n, f)
-    return alie_z(s.num_silos, byzantine_count(s.num_silos, s.attack.fraction))
+    return alie_z(num_silos, byzantine_count(num_silos, attack.fraction))
 
 
-def attack_messages(s: Settings, server_round: int, messages: Mapping[int, np.ndarray], byzantine: set[int],
-                    rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
+def attack_messages(attack: AttackSettings, run: RunFacts, server_round: int, messages: Mapping[int, np.ndarray],
+                    byzantine: set[int], rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
                     report: dict[str, float] | None = None, mimic_target: int | None = None,
                     lift: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
+    ``run``: the run's seed, number of silos and stated byzantine.f.
     The omniscient attacks need at least one honest message; without one they send their own.
     ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector);
     ``mimic_target``: the honest node Mimic copies (None: the first honest message); ``lift``: how
     the server reads a message when it aggregates lifts of sketches (:func:`adaptive_message`)."""
     out = {node: np.asarray(m, dtype=np.float32) for node, m in messages.items()}
-    if s.attack.kind not in MODEL_ATTACKS or not byzantine:
+    if attack.kind not in MODEL_ATTACKS or not byzantine:
         return out
     honest = [m for node, m in out.items() if node not in byzantine]
     stack = np.stack(honest).astype(np.float64) if honest else None
     n, f = len(out), len([node for node in out if node in byzantine])
-    if s.attack.kind in ADAPTIVE_ATTACKS:
+    if attack.kind in ADAPTIVE_ATTACKS:
         if stack is None:
             return out
-        if s.attack.kind == "mimic":
+        if attack.kind == "mimic":
             new = out[mimic_target] if mimic_target in out and mimic_target not in byzantine else stack[0]
             return out | {node: np.asarray(new, dtype=np.float32) for node in sorted(byzantine & set(out))}
-        new = adaptive_message(s, stack, f, rule, report, lift)
+        new = adaptive_message(attack.kind, run.byzantine_f, stack, f, rule, report, lift)
         return out | {node: new for node in sorted(byzantine & set(out))}
     for node in sorted(byzantine & set(out)):
         own = out[node]
-        if s.attack.kind == "sign-flip":
+        if attack.kind == "sign-flip":
             new = sign_flip(own)
-        elif s.attack.kind == "gaussian":
-            new = gaussian_noise(own.shape, s.attack.noise_std, np_rng(s.seed, "attack-noise", server_round, node))
+        elif attack.kind == "gaussian":
+            new = gaussian_noise(own.shape, attack.noise_std, np_rng(run.seed, "attack-noise", server_round, node))
         elif stack is None:
             new = own
-        elif s.attack.kind == "ipm":
-            new = ipm(stack, s.attack.ipm_epsilon)
+        elif attack.kind == "ipm":
+            new = ipm(stack, attack.ipm_epsilon)
         else:
-            new = alie(stack, n, f, z=alie_z_for(s, n, f))
+            new = alie(stack, n, f, z=alie_z_for(attack, run.num_silos, n, f))
         out[node] = np.asarray(new, dtype=np.float32)
     return out
 
 
-def adaptive_message(s: Settings, honest: np.ndarray, f: int,
+def adaptive_message(kind: str, byzantine_f: int, honest: np.ndarray, f: int,
                      rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None,
                      report: dict[str, float] | None = None,
                      lift: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The one message every Byzantine silo sends under ALIE or IPM adaptive (app/adaptive_attacks.py):
     the scale searched against ``rule`` (the mean when None); ``report`` gets tau* as ``attack_scale``.
     ``lift`` (a sketched round aggregated in the model space): the rule reads S^T y, so the search
-    compares its output with the lifted honest mean S^T mean(y) (``rule`` is built with ``lift``)."""
-    f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else f
+    compares its output with the lifted honest mean S^T mean(y) (``rule`` is built with ``lift``).
+    ``kind``: alie-adaptive or ipm-adaptive; ``byzantine_f``: the rule's stated f (-1: the round's ``f``)."""
+    f_rule = byzantine_f if byzantine_f >= 0 else f
     reference = None if lift is None else lift(honest.mean(axis=0))  # S^T mean(y): what the rule's output is near
     agg = rule(f_rule, honest.mean(axis=0) if reference is None else reference) if rule is not None \
         else (lambda rows: rows.mean(axis=0))
-    attack = adaptive_alie if s.attack.kind == "alie-adaptive" else adaptive_ipm
+    attack = adaptive_alie if kind == "alie-adaptive" else adaptive_ipm
     vector, tau = attack(honest, f, agg, reference)
-    log(DEBUG, "%s: tau* = %.4g against the rule in use", s.attack.kind, tau)
+    log(DEBUG, "%s: tau* = %.4g against the rule in use", kind, tau)
     if report is not None:
         report["attack_scale"] = float(tau)
     return np.asarray(vector, dtype=np.float32)
@@ -122,7 +133,7 @@ class Attacked:
         self.mimic = MimicState()
 
     def bind(self, owner: Any) -> None:
-        self.s: Settings = owner.s
+        self.s = owner.s  # the run's settings, read for the attack, seed and silos
         self.byzantine = byzantine_indices(owner.s)
         self.inner.bind(owner)
 
@@ -155,7 +166,8 @@ class Attacked:
         if self.s.attack.kind not in MODEL_ATTACKS or not byz:
             return updates
         lift = self.model_space_lift(updates)
-        messages = attack_messages(self.s, rnd, updates.messages, byz, self.simulated_rule(rnd, ex, lift),
+        run = RunFacts(self.s.seed, self.s.num_silos, self.s.robust.byzantine_f)
+        messages = attack_messages(self.s.attack, run, rnd, updates.messages, byz, self.simulated_rule(rnd, ex, lift),
                                    self.report, self.mimic_target(rnd, updates, byz), lift)
         from app.wire import ReplyError
         from strategies.replies import check_bounded

@@ -36,47 +36,46 @@ from strategies.aggregation import RULES, min_clients
 from strategies.preaggregation import apply_chain, rows_after
 
 if TYPE_CHECKING:
-    from app.config import Settings
+    from strategies.options import RobustSettings
 
 
-def refuse_pre(s: Settings) -> None:
-    """ConfigError (one line) for an ``pre-aggregators`` chain that cannot work with the run's rule."""
-    from app.attacks import byzantine_count
-    from app.config import ConfigError, effective_aggregator
+def refuse_pre(rule: str, robust: RobustSettings, *, privacy_mode: str, silos_per_round: int, f: int) -> None:
+    """ConfigError (one line) for a ``pre-aggregators`` chain (``robust.pre``) that cannot work with
+    ``rule`` on ``silos_per_round`` replies; ``f``: the Byzantine silos to tolerate (byzantine.f, or a
+    simulated attack's count; -1: neither)."""
+    from app.options import ConfigError
 
-    pre, rule, n = s.robust.pre, effective_aggregator(s), s.silos_per_round
+    pre, n = robust.pre, silos_per_round
     chain = ",".join(pre)
-    if s.privacy.mode == "shuffle":
+    if privacy_mode == "shuffle":
         raise ConfigError(f"pre-aggregators = {chain!r} needs each silo's message, but privacy.mode = 'shuffle' gives "
                           "the server only their sum; allowed: \"\"")
     if rule == "gradbant" and "bucketing" in pre:
         raise ConfigError(f"pre-aggregators = {chain!r}: bucketing mixes random silos each round, so Grad-BANT's "
                           "per-silo trust p would follow no silo; allowed with gradbant: nnm, arc")
-    if s.robust.gradbant_noise_aware:
+    if robust.gradbant_noise_aware:
         raise ConfigError(f"pre-aggregators = {chain!r} changes an honest row's noise energy, which "
                           "gradbant.noise-aware = true subtracts exactly; set one of them")
-    stated = s.robust.byzantine_f >= 0
-    f = s.robust.byzantine_f if stated else (byzantine_count(s.num_silos, s.attack.fraction)
-                                             if s.attack.kind != "none" else -1)
     needs_f = [p for p in pre if p in ("nnm", "arc")]
     if needs_f and f < 0:
         raise ConfigError(f"pre-aggregators = {chain!r}: {needs_f[0]} needs byzantine.f, the number of Byzantine "
                           "silos to tolerate (not set, and no attack.kind tells it), e.g. byzantine.f = 1")
     if "nnm" in pre and f >= n:
         raise ConfigError(f"pre-aggregators = {chain!r}: nnm needs f < n, got f = {f} of silos-per-round = {n}")
-    rows = rows_after(pre, n, s.robust.bucket_size)
+    rows = rows_after(pre, n, robust.bucket_size)
     if rule in RULES and RULES[rule].honest_majority and f >= 0 and rows < min_clients(rule, f):
         raise ConfigError(f"pre-aggregators = {chain!r} leaves {rows} rows of the {n} replies (bucketing.size = "
-                          f"{s.robust.bucket_size}), but {rule} with f = {f} needs at least {min_clients(rule, f)}; "
+                          f"{robust.bucket_size}), but {rule} with f = {f} needs at least {min_clients(rule, f)}; "
                           "use a smaller bucket size or f")
 
 
-def refuse_space(s: Settings) -> None:
-    """ConfigError (one line) when ``aggregation-space = sketch`` cannot work (see the module docstring)."""
-    from app.config import ConfigError, effective_aggregator
+def refuse_space(rule: str, sketch_kind: str) -> None:
+    """ConfigError (one line) when ``aggregation-space = sketch`` cannot work for ``rule`` and the
+    run's ``sketch.kind`` (see the module docstring)."""
+    from app.options import ConfigError
     from app.sketch_settings import JL_SKETCH_KINDS
 
-    rule, kind = effective_aggregator(s), s.sketch.kind
+    kind = sketch_kind
     ok = [name for name, spec in RULES.items() if not spec.trust and "center" not in spec.inputs]
     if kind == "none":
         raise ConfigError("aggregation-space = 'sketch' runs the rule on the silos' sketches y_i = S_t x_i, but "
@@ -95,9 +94,9 @@ def refuse_space(s: Settings) -> None:
                           f"round's sketch space (S_t is redrawn every round); allowed: {', '.join(ok)}")
 
 
-def chain_rng(s: Settings, server_round: int) -> np.random.Generator:
+def chain_rng(seed: int, server_round: int) -> np.random.Generator:
     """Bucketing's generator for one round (its own stream: no other draw moves it)."""
-    return np_rng(s.seed, "bucketing", server_round)
+    return np_rng(seed, "bucketing", server_round)
 
 
 def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np.ndarray], server_round: int,
@@ -106,7 +105,7 @@ def pre_aggregate(agg: Any, lifted: np.ndarray, idx: np.ndarray, w: dict[str, np
     With bucketing the rows are buckets: Grad-BANT is refused there, other rules ignore ``idx``."""
     s = agg.s
     try:
-        mixed = apply_chain(lifted, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round))
+        mixed = apply_chain(lifted, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s.seed, server_round))
     except ValueError as exc:  # e.g. NNM with f >= the rows left this round: as the rule itself, skip
         from logging import WARNING
 
@@ -151,7 +150,7 @@ def rule_simulator(agg: Any, server_round: int, f: int, honest_mean: np.ndarray,
     def run(rows: np.ndarray) -> np.ndarray:
         u = read(rows) * scale
         if s.robust.pre:
-            u = apply_chain(u, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s, server_round)).rows
+            u = apply_chain(u, s.robust.pre, max(f, 0), s.robust.bucket_size, chain_rng(s.seed, server_round)).rows
         if rule == "gradbant":
             smooth = s.robust.gradbant_smoothness if isinstance(s.robust.gradbant_smoothness, float) else 1.0
             n = len(u)

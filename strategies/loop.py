@@ -119,7 +119,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         #: the distinct reasons silos gave for refusing (for the end-of-run report)
         self.refusal_reasons: set[str] = set()
         self.rows: list[dict[str, Any]] = []
-        self.prox = composite_prox(settings)
+        self.prox = composite_prox(settings.prox)
         self.roster = NodeRoster()
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
         #: where the server lifts sketched replies (server-device, app/server_device.py)
@@ -137,8 +137,9 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         #: the last round's row while its evaluation travels with the next round's first exchange
         self.pending: dict[str, Any] | None = None
         #: how each exchange's updates are combined (the mean, Grad-BANT, Krum, ...)
-        self.aggregator: Aggregator = with_harness(aggregator if aggregator is not None else make_aggregator(settings),
-                                                   settings)
+        self.aggregator: Aggregator = with_harness(
+            aggregator if aggregator is not None else make_aggregator(settings.robust, settings.algorithm),
+            settings.attack.kind)
         #: the aggregator's entries for the round's row (each silo's weight, ...)
         self.aggregate_row: dict[str, Any] = {}
         #: run health during the run (the ServerApp sets it; app/run_health.py ``Watch``): called

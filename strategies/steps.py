@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from app.algorithms.options import ProxSettings
 from app.config import Settings
 from app.prox import Prox, make_prox
 from strategies.replies import Params
@@ -86,10 +87,10 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def composite_prox(s: Settings) -> Prox:
+def composite_prox(prox: ProxSettings) -> Prox:
     """prox_{eta f1} for the run's composite loss (``prox.kind``, ``prox.strength``, ``prox.l2``)."""
-    extra = {"l2": s.prox.l2} if s.prox.kind == "elastic-net" else {}
-    return make_prox(s.prox.kind, s.prox.strength, **extra)
+    extra = {"l2": prox.l2} if prox.kind == "elastic-net" else {}
+    return make_prox(prox.kind, prox.strength, **extra)
 
 
 def prox_step(prox: Prox, w: Params, direction: Params, lr: float) -> Params:

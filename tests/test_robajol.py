@@ -200,7 +200,7 @@ def test_the_adaptive_attacker_aims_at_the_lifts_when_the_rule_runs_in_the_model
     # the search's objective is the server's: ||TM(S^T rows) - S^T mean(H)||, evaluated independently
     honest = y[2:]
     report: dict[str, float] = {}
-    sent = adaptive_message(s, honest, 2, lambda f, mean: rule_simulator(agg, 1, f, mean, 1.0, lift), report, lift)
+    sent = adaptive_message(s.attack.kind, s.robust.byzantine_f, honest, 2, lambda f, mean: rule_simulator(agg, 1, f, mean, 1.0, lift), report, lift)
     from strategies.aggregation import trimmed_mean
 
     def server_deviation(b):
