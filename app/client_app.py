@@ -34,7 +34,7 @@ from app import silo_protocol
 
 app = ClientApp()
 
-#: the query actions, as app/wire.py names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
+#: the query actions, as app.wire names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
 #: torch (through app.sketch), so they are spelled here and tests/test_lazy_imports.py checks them
 LEDGER, IDENTITY, KEYS, SHUFFLE = "ledger", "identity", "keys", "shuffle"
 

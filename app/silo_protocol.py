@@ -64,7 +64,7 @@ _TICK_S = 0.25
 #: 16M: the zoo's largest model, ResNet-18 (11.2M), with room to spare
 MAX_MODEL_PARAMS = 16_000_000
 #: the largest message a silo legitimately receives is a training instruction with two float32
-#: points (w_r and the second point of a difference release, app/wire_messages.py Instruction)
+#: points (w_r and the second point of a difference release, app/wire/messages.py Instruction)
 POINTS_PER_MESSAGE, BYTES_PER_PARAM = 2, 4
 #: record names, .npy headers, the instruction's config and the run config in the header
 MESSAGE_SLACK_BYTES = 1 << 20
