@@ -8,7 +8,7 @@ The shuffler checks its exchange the same way before it consumes the exchange's 
 
 Pure functions of the request's Flower records and of what the node serves
 (:class:`SiloTerms`); the node turns a Rejection into a ``wire.Refusal`` that carries its
-epsilon spent. Format (keys, types, finiteness) is read by app/wire.py's ``decode``; what is
+epsilon spent. Format (keys, types, finiteness) is read by app.wire's ``decode``; what is
 checked here is what each value may be for this node:
 
 * ``round``: an integer in [1, num-rounds] of the silo's run; ``phase``: a training phase this

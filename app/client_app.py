@@ -6,7 +6,7 @@ with a message lives in app/node_runtime.py (node config keys, roles, policy: se
 runs in one of two places:
 
 * with ``silo-service = '<socket>'`` in the node config, the long-lived silo service of this
-  node (app/silo_service.py, started by the node's operator) answers it: each handler forwards
+  node (app/runtime/silo_service.py, started by the node's operator) answers it: each handler forwards
   the message type, its content, the run id and the run config over the Unix socket and
   returns the service's reply; the service uses its own node config, never one sent to it.
   A service that does not answer gives a refusal (``bad-request``, naming the socket), not a
@@ -17,7 +17,7 @@ runs in one of two places:
 
 With ``SILOFL_FAST_POLL`` set (``python -m app.launch --fast-poll``), importing this module in the
 process of Flower's simulation engine (which loads the ClientApp before it starts its threads)
-applies the opt-in engine poll patch, app.engine_patches.fast_poll; anywhere else it does nothing.
+applies the opt-in engine poll patch, app.runtime.engine_patches.fast_poll; anywhere else it does nothing.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
-from app import silo_protocol
+from app.runtime import silo_protocol
 
 app = ClientApp()
 
-#: the query actions, as app/wire.py names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
+#: the query actions, as app.wire names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
 #: torch (through app.sketch), so they are spelled here and tests/test_lazy_imports.py checks them
 LEDGER, IDENTITY, KEYS, SHUFFLE = "ledger", "identity", "keys", "shuffle"
 
@@ -107,12 +107,12 @@ def _engine_patches() -> None:
     process, which imports this module (to check the ClientApp loads) before it starts Ray and
     the loop the poll patch replaces. There, and only there: a Ray of the run's own (unless
     ``RAY_ADDRESS`` names a cluster), the lean Ray start (on unless ``SILOFL_LEAN_RAY=0``) and,
-    if asked for, the engine poll patch (app/engine_patches.py)."""
+    if asked for, the engine poll patch (app/runtime/engine_patches.py)."""
     if "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:  # not the engine's process
         return
-    from app.engine_patches import fast_poll, fast_poll_setting, lean_ray_start, own_ray
+    from app.runtime.engine_patches import fast_poll, fast_poll_setting, lean_ray_start, own_ray
 
-    own_ray()  # a Ray of this run's own unless RAY_ADDRESS names a cluster (app/engine_patches.py)
+    own_ray()  # a Ray of this run's own unless RAY_ADDRESS names a cluster (app/runtime/engine_patches.py)
     lean_ray_start()
     if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() not in ("", "0", "false", "no", "off"):
         fast_poll(fast_poll_setting())

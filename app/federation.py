@@ -7,7 +7,7 @@ purpose (why: the comment at the call, and docs/configuration.md, "Sweeps and Fl
 run_simulation").
 
 An engine that loses an actor, a raylet or a node in the middle of a federation
-(app.engine_patches.watch_engine_losses) stops the federation with :class:`EngineLost` at the
+(app.runtime.engine_patches.watch_engine_losses) stops the federation with :class:`EngineLost` at the
 ServerApp's next look at its replies (:class:`EngineWatchGrid`), before the round in which it
 happened is aggregated or checkpointed; :func:`retry_config` is the run config that continues it
 (app/sweep.py restarts the engine and runs it, ``sweep.retries`` times at most).
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ConfigError, parse_settings
-from app.engine_patches import (  # noqa: F401 (RAY_ADDRESS_ENV re-exported)
-    LOCAL_RAY, RAY_ADDRESS_ENV, engine_losses, fast_poll, fast_poll_setting, keep_engine_warm, lean_ray_start,
-    named_ray_cluster, watch_engine_losses)
 from app.launch import flower_env
 from app.results import load_rounds
+from app.runtime.engine_patches import (LOCAL_RAY, engine_losses, fast_poll, fast_poll_setting, keep_engine_warm,
+                                        lean_ray_start, named_ray_cluster, watch_engine_losses)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +40,7 @@ def engine_env() -> None:
 
 class EngineLost(RuntimeError):
     """The simulation engine lost an actor, its worker, a raylet or a node during a federation
-    (app.engine_patches.ENGINE_LOSS_ERRORS). ``ledger_run_key``: the silos' per-run ledger name the
+    (app.runtime.engine_patches.ENGINE_LOSS_ERRORS). ``ledger_run_key``: the silos' per-run ledger name the
     lost federation used (None if it never started), ``wall_s``: how long it ran."""
 
     def __init__(self, message: str, ledger_run_key: str | None = None, wall_s: float = 0.0) -> None:
@@ -52,7 +51,7 @@ class EngineLost(RuntimeError):
 class EngineWatchGrid:
     """The ServerApp's grid in a federation of :func:`run_federation`: Flower's, except that once
     the engine has lost an actor, a raylet or a node since the federation began (``since``, a mark
-    of app.engine_patches.engine_losses), pulling replies raises :class:`EngineLost` instead of
+    of app.runtime.engine_patches.engine_losses), pulling replies raises :class:`EngineLost` instead of
     handing the ServerApp the engine's error replies, which it would count as ClientApp failures
     (or, with fail-on-client-error = false, as dropped silos, and train on). The round under way
     is neither aggregated nor checkpointed; the checkpoint of the round before is where a retry

@@ -7,7 +7,7 @@
    and ``OMP_NUM_THREADS=1``;
 3. runs ``flwr run --stream`` with ``num-supernodes = num-silos`` (+ 1, the shuffler, in shuffle mode) and an absolute outputs dir, on
    a staged copy of the app's sources (``flwr run .`` would walk the whole checkout, a multi-GB
-   ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine; app/flwr_run.py);
+   ``.venv`` included, to build the app bundle: about 7 s per run on a 2-core machine; app/runtime/flwr_run.py);
 4. decides from the run's own ``summary.json``: the run succeeded when the summary that the
    ServerApp writes as its last step names this Flower run id and says ``completed``; a summary
    that says ``failed``, or none when the stream ends, fails the launch (exit 1); one that says
@@ -23,14 +23,14 @@ The local simulation SuperLink is this checkout's own: ``flwr run`` starts it (d
 this environment) when nothing answers on its port, and Flower 1.42 takes that port and the
 Control API's from ``FLWR_LOCAL_SUPERLINK_HTTP_API_PORT`` / ``FLWR_LOCAL_CONTROL_API_PORT``
 (``flwr/cli/constant.py``; default 39091 / 39093, the same for every checkout). The launcher sets
-both to this checkout's ports (app.local_superlink.own_local_superlink): the ones remembered in
+both to this checkout's ports (app.runtime.local_superlink.own_local_superlink): the ones remembered in
 ``$FLWR_HOME/silofl-local-superlink.json`` when this checkout's SuperLink (found by its
 FLWR_HOME) holds them or they are free, else two new free ports (never Flower's defaults), which
 it remembers. So checkouts on one machine never share a SuperLink or a port, and a SuperLink that
 is not this checkout's (another FLWR_HOME, Flower's default ports) is neither used nor touched.
 This checkout's SuperLink is restarted when it runs on other ports or with other settings.
 
-``--fast-poll`` turns on the opt-in engine poll patch (app.engine_patches.fast_poll: the simulation
+``--fast-poll`` turns on the opt-in engine poll patch (app.runtime.engine_patches.fast_poll: the simulation
 engine looks for instructions every 5 ms instead of 0.1 s) in the local SuperLink's runs: it sets
 ``SILOFL_FAST_POLL`` for the SuperLink (restarting this checkout's local SuperLink when it runs
 with the other setting) and the ClientApp applies the patch in the engine's process.
@@ -60,13 +60,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-# re-exported: these were this module's (the local SuperLink; staging and following a flwr run)
-from app.flwr_run import (  # noqa: F401
-    APP_SOURCES, _Stream, copy_app_sources, follow_run, run_status, run_summary, stage_app)
-from app.local_superlink import (  # noqa: F401
-    FLOWER_LOCAL_PORTS, LOCAL_PORT_ENV, PORTS_FILE, LocalSuperLink, _cmdline_ports, _descendants, _local_superlinks,
-    end_processes, free_port, local_superlinks, own_local_superlink, own_superlink_fast_poll, port_free,
-    remembered_ports, stop_own_superlinks)
+from app.runtime.flwr_run import follow_run, run_status, stage_app
+from app.runtime.local_superlink import own_local_superlink, stop_own_superlinks
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ One implementation for both ways a node runs (DESIGN.md section 2, composition r
 
 * in process: the ClientApp (app/client_app.py) imports this module lazily and calls
   :func:`handle` (simulations, the in-process grid, or a SuperNode without a silo service);
-* in the silo service (app/silo_service.py): a long-lived process per SuperNode that keeps the
+* in the silo service (app/runtime/silo_service.py): a long-lived process per SuperNode that keeps the
   data, the model, the ledger, the calibration and the PowerSGD state across messages and runs,
   while Flower starts a fresh ``flwr-clientapp`` process for every message.
 

@@ -29,8 +29,8 @@ the cut round twice), at most ``sweep.retries`` times (2); the row's ``retries``
 For fixed seeds the resumed job's numbers are those of an uninterrupted one.
 
 This module runs the jobs (expansion of a tuning grid, checks, the row); the rest has a module of
-its own, re-exported here: app.federation (one federation), app.engine_patches (the engine's
-patches), app.sweep_results (results.csv, job ids, repeated federations), app.sweep_progress.
+its own: app.federation (one federation), app.sweep_results (results.csv, job ids, repeated
+federations) and app.sweep_progress, re-exported here; the engine's patches, app/runtime/engine_patches.py.
 
 Hyper-parameter selection (``sweep.tuning=grid``): the job runs one federation per point of
 ``sweep.grid`` with ``sweep.validation-fraction`` of each silo's training records held out,
@@ -51,9 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
-from app.engine_patches import (  # noqa: F401  (re-exported: the patches were this module's)
-    FAST_POLL_ENV, FAST_POLL_S, LEAN_RAY_ENV, PATCHED_FLWR, PROMPT_WAIT_S, RAY_ADDRESS_ENV, fast_poll,
-    fast_poll_setting, keep_engine_warm, lean_ray_start, prompt_engine_stop)
 from app.federation import (  # noqa: F401
     EngineLost, engine_backend_config, engine_env, retry_config, run_federation, simulation_apps)
 from app.presets import PRESET_KEYS
@@ -156,7 +153,7 @@ def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: 
     (:class:`EngineLost`), ``sweep.retries`` times at most; any other error goes up as it is. The
     result holds ``retries`` (how many), and the wall time of every attempt and restart
     (``overhead_s``: all of it but the time inside the rounds, so the restarts count as overhead)."""
-    from app.engine_patches import restart_engine
+    from app.runtime.engine_patches import restart_engine
 
     limit, retries, lost_s, attempt = sweep_retries(sweep), 0, 0.0, dict(cfg)
     while True:

@@ -106,7 +106,7 @@ _RUN_IN_CONTEXT = re.compile(rb"\|run=(-?\d+)\|")
 
 
 def context_run(context: bytes) -> int | None:
-    """The run id a context names (``...|run=<id>|...``, app/wire.py's shuffle_context), or None."""
+    """The run id a context names (``...|run=<id>|...``, app/wire/queries.py's shuffle_context), or None."""
     match = _RUN_IN_CONTEXT.search(bytes(context))
     return None if match is None else int(match.group(1))
 

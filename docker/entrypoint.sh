@@ -11,7 +11,7 @@
 #       adds, unless given: --superlink $SILOFL_SUPERLINK, --root-certificates /certs/ca.crt (when
 #       that file exists; otherwise the system CAs verify the SuperLink), and
 #       --auth-supernode-private-key $SILOFL_NODE_KEY (when set). When the image has the module
-#       app.silo_service it first starts `python -m app.silo_service --socket SOCK --node-config
+#       app.runtime.silo_service it first starts `python -m app.runtime.silo_service --socket SOCK --node-config
 #       ...` (SOCK: the node config's silo-service='PATH', else <state-dir>/silo-service.sock,
 #       which is then added to the node config, as scripts/deploy/supernode.sh does) and
 #       supervises both processes: either one exiting stops the other.
@@ -188,7 +188,7 @@ run_supernode() {
   case "$mode" in
     off) ;;
     auto|on)
-      if python -c "import app.silo_service" 2>/dev/null; then
+      if python -c "import app.runtime.silo_service" 2>/dev/null; then
         read -r how socket < <(silo_socket "$node_config") || true
         [[ -n "$socket" ]] || die "cannot parse --node-config \"$node_config\""
         [[ ${#socket} -le 107 ]] || die "silo service socket $socket is longer than 107 bytes (a Unix socket limit); set a shorter silo-service='PATH'"
@@ -196,11 +196,11 @@ run_supernode() {
           set_node_config "${node_config:+$node_config }silo-service='$socket'"
         fi
       elif [[ "$mode" == on ]]; then
-        die "SILOFL_SILO_SERVICE=on but this image has no app.silo_service module"
+        die "SILOFL_SILO_SERVICE=on but this image has no app.runtime.silo_service module"
       elif [[ "$node_config" == *silo-service* ]]; then
-        note "WARNING: the node config names a silo service but this image has no app.silo_service; starting the SuperNode alone"
+        note "WARNING: the node config names a silo service but this image has no app.runtime.silo_service; starting the SuperNode alone"
       else
-        note "note: no app.silo_service in this image: the ClientApp runs the silo in-process"
+        note "note: no app.runtime.silo_service in this image: the ClientApp runs the silo in-process"
       fi
       ;;
     *) die "SILOFL_SILO_SERVICE=$mode: expected auto, on or off" ;;
@@ -227,7 +227,7 @@ run_supernode() {
   done
   mkdir -p "$(dirname "$socket")"
   note "starting the silo service on $socket${limits[*]:+ (${limits[*]})}"
-  python -m app.silo_service --socket "$socket" --node-config "$node_config" ${limits[@]+"${limits[@]}"} &
+  python -m app.runtime.silo_service --socket "$socket" --node-config "$node_config" ${limits[@]+"${limits[@]}"} &
   local svc=$! node="" waited=0 limit=${SILOFL_SILO_SERVICE_WAIT:-180} rc=0 first="" stopping=0
   stop() { kill -TERM ${node:+"$node"} "$svc" 2>/dev/null || true; }
   trap 'stopping=1; stop' TERM INT

@@ -53,11 +53,12 @@ def _stop_the_local_superlinks_this_session_started():
     ones started during it are stopped, by pid, with their run processes; one that ran before
     the session is left alone, and so is every other checkout's."""
     from app import launch
+    from app.runtime import local_superlink
 
     env = launch.flower_env()
-    before = {pid for pid, _ in launch.own_superlink_fast_poll(env)}
+    before = {pid for pid, _ in local_superlink.own_superlink_fast_poll(env)}
     yield
-    launch.stop_own_superlinks(env, keep=before)
+    local_superlink.stop_own_superlinks(env, keep=before)
 
 
 @pytest.fixture()

@@ -98,7 +98,7 @@ class FlowerStarted(Exception):
 
 
 def service_node_config(state: Path) -> str:
-    """The node config the silo-service tests start ``python -m app.silo_service`` with."""
+    """The node config the silo-service tests start ``python -m app.runtime.silo_service`` with."""
     return (f"partition-id=0 num-partitions=2 state-dir='{state}' noise-seed='run' evaluation='open' "
             "epsilon-cap=3.0 ledger-scope='run'")
 
@@ -142,20 +142,20 @@ def refusal_bytes(content) -> bytes:
 @__import__("contextlib").contextmanager
 def stub_services():
     """Start silo services in threads, each answering with a stand-in runtime: yields
-    ``start(runtime, **limits)`` -> the running app.silo_service.SiloService (its socket in a new
+    ``start(runtime, **limits)`` -> the running app.runtime.silo_service.SiloService (its socket in a new
     temporary folder); every service started is stopped and its folder removed at the end."""
     import shutil
     import tempfile
     import threading
 
-    from app import silo_service
+    from app.runtime import silo_protocol, silo_service
 
     services = []
 
     def start(runtime, **limits):
         path = Path(tempfile.mkdtemp(prefix="silostub")) / "s.sock"
         svc = silo_service.SiloService(path, {"partition-id": 0}, **limits)
-        svc.runtime, svc.types = runtime, frozenset(runtime.HANDLERS) | {silo_service.PING}
+        svc.runtime, svc.types = runtime, frozenset(runtime.HANDLERS) | {silo_protocol.PING}
         svc.bind()
         thread = threading.Thread(target=svc.serve_forever, daemon=True)
         thread.start()
@@ -176,14 +176,14 @@ def wait_for_service(proc, sock: Path, log: Path, wait_s: float) -> None:
     fails if it exits or does not answer within ``wait_s`` seconds."""
     import time
 
-    from app import silo_service
+    from app.runtime import silo_protocol
 
     deadline = time.monotonic() + wait_s
     while True:
         assert proc.poll() is None, f"the service exited: {log.read_text()}"
         try:
-            silo_service.ping(str(sock), timeout=1.0)
+            silo_protocol.ping(str(sock), timeout=1.0)
             return
-        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+        except (silo_protocol.ServiceUnavailable, silo_protocol.ServiceError):
             assert time.monotonic() < deadline, f"no service: {log.read_text()}"
             time.sleep(0.1)

@@ -352,7 +352,7 @@ def test_two_round_run_over_tls_with_registered_nodes(federation) -> None:
     for i in (0, 1):  # each silo's own ledger, on its side, records both rounds
         (ledger,) = (work / f"state{i}").glob("ledger-*.json")
         assert sorted(r["round"] for r in read_ledger(ledger)["releases"]) == [1, 2]
-    if importlib.util.find_spec("app.silo_service") is not None:  # supernode.sh's default path
+    if importlib.util.find_spec("app.runtime.silo_service") is not None:  # supernode.sh's default path
         assert "[silo-service] listening on" in (work / "supernode0.log").read_text(errors="replace")
     executor_log = (work / "supernode1.log").read_text(errors="replace")  # supernode.sh --executor
     trained = re.findall(r"\[silofl-executor\] run \d+ train \d+ ms \(completed\)", executor_log)

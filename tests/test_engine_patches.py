@@ -1,4 +1,4 @@
-"""The simulation engine patches of app/engine_patches.py, checked against flwr 1.42's vce_api: the opt-in
+"""The simulation engine patches of app/runtime/engine_patches.py, checked against flwr 1.42's vce_api: the opt-in
 poll patch (fast_poll: the loop that hands instructions to the engine's workers waits 5 ms instead
 of 0.1 s) and the prompt stop of the warm engine (the engine's queues wait at most 20 ms between
 looks at the stop event). Mechanics here; a real federation with and without the poll patch in
@@ -17,7 +17,7 @@ from queue import Empty
 
 import pytest
 
-from app import engine_patches as patches
+from app.runtime import engine_patches as patches
 from app.config import ConfigError
 from tests.helpers import without_wall
 
@@ -126,7 +126,7 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
     SILOFL_FAST_POLL set, patches the loop; imported anywhere else (a SuperNode, a Ray actor) it
     patches nothing. Nowhere does it import the sweep (no circle:
     app.sweep imports the ClientApp's patches, never the other way round); in the engine's
-    process it adds app.engine_patches and nothing else of silofl's beyond its own protocol."""
+    process it adds app.runtime.engine_patches and nothing else of silofl's beyond its own protocol."""
     code = ("import sys; {pre}before = set(sys.modules); import app.client_app; "
             "v = sys.modules.get('flwr.server.superlink.fleet.vce.vce_api'); "
             "rb = sys.modules.get('flwr.server.superlink.fleet.vce.backend.raybackend'); "
@@ -137,7 +137,8 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "__import__('os').environ.get('RAY_ADDRESS'))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
-    ours, elsewhere = "app,app.client_app,app.engine_patches,app.silo_protocol", "app,app.client_app,app.silo_protocol"
+    elsewhere = "app,app.client_app,app.runtime,app.runtime.silo_protocol"
+    ours = "app,app.client_app,app.runtime,app.runtime.engine_patches,app.runtime.silo_protocol"
     # the engine's process starts a Ray of its own (RAY_ADDRESS=local) unless a cluster is named
     for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours} local"),
                                  (engine, {}, f"None True False {ours} local"),
@@ -150,15 +151,6 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
         assert out.stdout.split() == expected.split(), (pre, extra, out.stdout)
 
 
-def test_the_sweep_module_still_offers_the_patches() -> None:
-    """The patches moved out of app.sweep; its public names are the same objects."""
-    from app import sweep
-
-    for name in ("fast_poll", "fast_poll_setting", "prompt_engine_stop", "lean_ray_start", "keep_engine_warm",
-                 "FAST_POLL_ENV", "FAST_POLL_S", "PROMPT_WAIT_S", "LEAN_RAY_ENV", "PATCHED_FLWR", "RAY_ADDRESS_ENV"):
-        assert getattr(sweep, name) is getattr(patches, name), name
-
-
 def test_the_lean_ray_start_gives_ray_s_workers_the_drivers_path(tmp_path: Path) -> None:
     """What Flower's runtime_env was for: a Ray actor started by the patched init_ray imports a
     module that only the driver's sys.path can find (the app bundle's folder, in flwr run)."""
@@ -168,7 +160,7 @@ def test_the_lean_ray_start_gives_ray_s_workers_the_drivers_path(tmp_path: Path)
 import sys
 sys.path.insert(0, {str(tmp_path)!r})
 from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-from app.engine_patches import lean_ray_start
+from app.runtime.engine_patches import lean_ray_start
 assert lean_ray_start()
 b = RayBackend.__new__(RayBackend); b.init_args_key = "init_args"
 b.init_ray({{"init_args": {{"num_cpus": 1}}}})

@@ -32,7 +32,8 @@ def _registered() -> bool:
 @pytest.mark.skipif(not _registered(), reason="dataset synthetic-image needs its entry in app/data/federated.py "
                     "SOURCE_META ((3, 32, 32), 10)")
 def test_gpu_run_script_on_cpu(tmp_path: Path) -> None:
-    from app.launch import flower_env, own_superlink_fast_poll
+    from app.launch import flower_env
+    from app.runtime.local_superlink import own_superlink_fast_poll
 
     env = flower_env() | {"FLWR_HOME": str(tmp_path / "flwr-home")}
     out = tmp_path / "gpu-run"

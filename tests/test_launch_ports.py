@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from app import launch
+from app.runtime import local_superlink
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _home_env(home: Path) -> dict[str, str]:
     env = launch.flower_env() | {"FLWR_HOME": str(home)}
-    for key in launch.LOCAL_PORT_ENV:
+    for key in local_superlink.LOCAL_PORT_ENV:
         env.pop(key, None)
     env.pop("SILOFL_FAST_POLL", None)
     return env
@@ -45,9 +46,9 @@ def _fake_superlink(home: Path, port: int | None = None, control: int | None = N
     proc = subprocess.Popen(["bash", "-c", 'exec -a flower-superlink "$0" "$@"', sys.executable, "-c", code, *args],
                             env=env, start_new_session=True)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not any(s.pid == proc.pid for s in launch._local_superlinks()):
+    while time.monotonic() < deadline and not any(s.pid == proc.pid for s in local_superlink.running_superlinks()):
         time.sleep(0.05)
-    while port is not None and time.monotonic() < deadline and launch.port_free(port):
+    while port is not None and time.monotonic() < deadline and local_superlink.port_free(port):
         time.sleep(0.05)
     return proc
 
@@ -67,30 +68,30 @@ def test_the_port_choice_skips_a_taken_port(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        assert not launch.port_free(busy)
+        assert not local_superlink.port_free(busy)
         (tmp_path / "home").mkdir()
-        (tmp_path / "home" / launch.PORTS_FILE).write_text(json.dumps({"http-api-port": busy,
-                                                                        "control-api-port": launch.free_port()}))
-        ports = launch.own_local_superlink(env)
-        assert busy not in ports and len(set(ports)) == 2 and all(launch.port_free(p) for p in ports)
-        assert not set(ports) & set(launch.FLOWER_LOCAL_PORTS)
-        assert launch.remembered_ports(env) == ports
-        assert (env[launch.LOCAL_PORT_ENV[0]], env[launch.LOCAL_PORT_ENV[1]]) == (str(ports[0]), str(ports[1]))
-        assert launch.own_local_superlink(_home_env(tmp_path / "home")) == ports  # remembered, still free
-        assert launch.free_port({busy}) != busy
+        (tmp_path / "home" / local_superlink.PORTS_FILE).write_text(json.dumps({"http-api-port": busy,
+                                                                        "control-api-port": local_superlink.free_port()}))
+        ports = local_superlink.own_local_superlink(env)
+        assert busy not in ports and len(set(ports)) == 2 and all(local_superlink.port_free(p) for p in ports)
+        assert not set(ports) & set(local_superlink.FLOWER_LOCAL_PORTS)
+        assert local_superlink.remembered_ports(env) == ports
+        assert (env[local_superlink.LOCAL_PORT_ENV[0]], env[local_superlink.LOCAL_PORT_ENV[1]]) == (str(ports[0]), str(ports[1]))
+        assert local_superlink.own_local_superlink(_home_env(tmp_path / "home")) == ports  # remembered, still free
+        assert local_superlink.free_port({busy}) != busy
 
 
 def test_two_flwr_homes_get_disjoint_ports(tmp_path: Path) -> None:
     a, b = _home_env(tmp_path / "a"), _home_env(tmp_path / "b")
-    ports_a = launch.own_local_superlink(a)
+    ports_a = local_superlink.own_local_superlink(a)
     # checkout a's SuperLink is up on its ports (a stand-in): b must not pick them, nor a new pair for a
     link_a = _fake_superlink(tmp_path / "a", *ports_a)
     try:
-        ports_b = launch.own_local_superlink(b)
+        ports_b = local_superlink.own_local_superlink(b)
         assert not set(ports_a) & set(ports_b)
-        assert launch.own_local_superlink(_home_env(tmp_path / "a")) == ports_a  # its own, held by it: kept
+        assert local_superlink.own_local_superlink(_home_env(tmp_path / "a")) == ports_a  # its own, held by it: kept
         assert link_a.poll() is None
-        assert launch.own_local_superlink(_home_env(tmp_path / "b")) == ports_b
+        assert local_superlink.own_local_superlink(_home_env(tmp_path / "b")) == ports_b
     finally:
         _end(link_a)
 
@@ -102,10 +103,10 @@ def test_this_checkouts_superlink_on_flowers_default_ports_is_restarted(tmp_path
     old = _fake_superlink(tmp_path / "home")  # no --port: Flower's default, as far as we know
     other = _fake_superlink(tmp_path / "other")
     try:
-        ports = launch.own_local_superlink(env, wait_s=2)  # our child: a zombie until waited for below
+        ports = local_superlink.own_local_superlink(env, wait_s=2)  # our child: a zombie until waited for below
         assert old.wait(timeout=15) is not None
         assert other.poll() is None  # another checkout's: untouched
-        assert not set(ports) & set(launch.FLOWER_LOCAL_PORTS)
+        assert not set(ports) & set(local_superlink.FLOWER_LOCAL_PORTS)
     finally:
         _end(old, other)
 
@@ -131,8 +132,8 @@ def test_a_foreign_superlink_neither_blocks_a_launch_nor_is_stopped(tmp_path: Pa
     """Another checkout's SuperLink (another FLWR_HOME) is running and listening: the launch goes
     on (with a stand-in ``flwr``) on this checkout's own ports, and ``python -m app.launch --stop``
     of this checkout leaves it running."""
-    foreign_port = launch.free_port()
-    foreign = _fake_superlink(tmp_path / "other", foreign_port, launch.free_port({foreign_port}))
+    foreign_port = local_superlink.free_port()
+    foreign = _fake_superlink(tmp_path / "other", foreign_port, local_superlink.free_port({foreign_port}))
     mine = tmp_path / "mine"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -143,12 +144,12 @@ def test_a_foreign_superlink_neither_blocks_a_launch_nor_is_stopped(tmp_path: Pa
         monkeypatch.setenv("FLWR_HOME", str(mine))
         monkeypatch.setenv("FAKE_FLWR_RECORD", str(record))
         monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]))
-        for key in launch.LOCAL_PORT_ENV:
+        for key in local_superlink.LOCAL_PORT_ENV:
             monkeypatch.delenv(key, raising=False)
         rc = launch.main(["--no-preflight", "--run-config", f'outputs-dir="{tmp_path / "out"}" num-rounds=1'])
         assert rc == 0, capsys.readouterr()
         seen = json.loads(record.read_text())
-        ports = launch.remembered_ports(_home_env(mine))
+        ports = local_superlink.remembered_ports(_home_env(mine))
         assert ports is not None and foreign_port not in ports
         assert seen == {"FLWR_HOME": str(mine), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(ports[0]),
                         "FLWR_LOCAL_CONTROL_API_PORT": str(ports[1])}
@@ -156,7 +157,7 @@ def test_a_foreign_superlink_neither_blocks_a_launch_nor_is_stopped(tmp_path: Pa
         stop = subprocess.run([sys.executable, "-m", "app.launch", "--stop"], cwd=ROOT, env=_home_env(mine),
                               capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0 and "no local SuperLink of this checkout is running" in stop.stdout
-        assert foreign.poll() is None and not launch.port_free(foreign_port)
+        assert foreign.poll() is None and not local_superlink.port_free(foreign_port)
     finally:
         _end(foreign)
 
@@ -183,20 +184,20 @@ def test_two_checkouts_launch_at_once(tmp_path: Path) -> None:
             t.start()
         for t in threads:
             t.join(timeout=450)
-        ports = [launch.remembered_ports(env) for env in envs]
+        ports = [local_superlink.remembered_ports(env) for env in envs]
         for i, res in enumerate(results):
             assert res is not None and res.returncode == 0, (res.stdout[-3000:] + res.stderr[-3000:]) if res else i
             assert f"local SuperLink: 127.0.0.1:{ports[i][0]}" in res.stdout
         assert ports[0] and ports[1] and not set(ports[0]) & set(ports[1])
-        links = [[s for s in launch._local_superlinks() if s.home == str(h)] for h in homes]
+        links = [[s for s in local_superlink.running_superlinks() if s.home == str(h)] for h in homes]
         assert [[s.ports for s in ls] for ls in links] == [[ports[0]], [ports[1]]]
         for i, env in enumerate(envs):
             stop = subprocess.run([sys.executable, "-m", "app.launch", "--stop"], cwd=ROOT, env=env,
                                   capture_output=True, text=True, timeout=60)
             assert f"stopped local SuperLink pid(s) [{links[i][0].pid}]" in stop.stdout, stop.stdout + stop.stderr
             if i == 0:  # b's is still there
-                assert [s.pid for s in launch._local_superlinks() if s.home == str(homes[1])] == [links[1][0].pid]
-        assert not [s for s in launch._local_superlinks() if s.home in {str(h) for h in homes}]
+                assert [s.pid for s in local_superlink.running_superlinks() if s.home == str(homes[1])] == [links[1][0].pid]
+        assert not [s for s in local_superlink.running_superlinks() if s.home in {str(h) for h in homes}]
     finally:
         for env in envs:
-            launch.stop_own_superlinks(env, wait_s=5)
+            local_superlink.stop_own_superlinks(env, wait_s=5)

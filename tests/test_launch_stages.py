@@ -9,14 +9,14 @@ import pytest
 
 
 def test_the_launcher_prints_a_line_per_start_up_stage(capsys: pytest.CaptureFixture[str]) -> None:
-    from app.launch import _Stream
+    from app.runtime.flwr_run import RunStream
 
     stream = ("Starting local SuperLink on 127.0.0.1:1...\nSuccessfully started run 42\nINFO : Starting logstream\n"
               "[silofl] run r1: mbsgd on wbcd (2 silos)\n[silofl] round   1/1  train loss 0.5\n"
               "INFO : silofl run r1 completed\n")
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write({stream!r})"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    reader = _Stream(proc, "r1")
+    reader = RunStream(proc, "r1")
     proc.wait(timeout=30)
     reader.thread.join(timeout=10)
     out = capsys.readouterr().out
@@ -33,12 +33,12 @@ def test_a_run_on_a_named_superlink_does_not_announce_the_simulation_engine(caps
     """`python -m app.launch --superlink NAME` (a deployment's SuperLink): the stage lines name
     the ServerApp and the SuperNodes, not Ray. Before: a deployed run printed `starting the
     simulation engine (Ray)`, which it never starts."""
-    from app.launch import _Stream
+    from app.runtime.flwr_run import RunStream
 
     stream = "Successfully started run 7\n[silofl] run r1: mbsgd on wbcd (2 silos)\nINFO : silofl run r1 completed\n"
     proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write({stream!r})"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    reader = _Stream(proc, "r1", simulation=False)
+    reader = RunStream(proc, "r1", simulation=False)
     proc.wait(timeout=30)
     reader.thread.join(timeout=10)
     stages = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[silofl] stage +")]

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.launch import flower_env, local_superlinks, own_superlink_fast_poll, stop_own_superlinks
+from app.launch import flower_env, stop_own_superlinks
+from app.runtime.local_superlink import local_superlinks, own_superlink_fast_poll
 
 
 def _fake_superlink(home: Path) -> subprocess.Popen:
@@ -55,7 +56,7 @@ def _fake_superlink_with_run(home: Path) -> subprocess.Popen:
 def test_stop_also_ends_the_processes_of_this_checkouts_runs(tmp_path: Path) -> None:
     """The SuperLink's detached descendants of this checkout (SuperExec, flwr-simulation, Ray) go
     with it; another checkout's SuperLink and its descendants stay."""
-    from app.launch import _descendants
+    from app.runtime.local_superlink import descendants
 
     env = flower_env() | {"FLWR_HOME": str(tmp_path / "mine")}
     mine, other = _fake_superlink_with_run(tmp_path / "mine"), _fake_superlink_with_run(tmp_path / "other")
@@ -63,11 +64,11 @@ def test_stop_also_ends_the_processes_of_this_checkouts_runs(tmp_path: Path) -> 
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all(kids.get(p.pid) for p in (mine, other)):
-            kids = {p.pid: _descendants([p.pid], str(h))
+            kids = {p.pid: descendants([p.pid], str(h))
                     for p, h in ((mine, tmp_path / "mine"), (other, tmp_path / "other"))}
             time.sleep(0.1)
         assert len(kids[mine.pid]) == 1 and len(kids[other.pid]) == 1, kids
-        assert _descendants([other.pid], str(tmp_path / "mine")) == []  # not of this FLWR_HOME
+        assert descendants([other.pid], str(tmp_path / "mine")) == []  # not of this FLWR_HOME
         assert stop_own_superlinks(env, wait_s=5) == [mine.pid]
         mine.wait(timeout=5)
         deadline = time.monotonic() + 5

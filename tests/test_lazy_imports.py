@@ -29,7 +29,7 @@ def test_client_app_imports_nothing_heavy() -> None:
 
 def test_what_the_simulation_engine_imports_first_is_light() -> None:
     """The engine's processes load the ClientApp before the first message: Flower's simulation
-    process (to check it loads; with SILOFL_FAST_POLL it also applies app.engine_patches' poll patch
+    process (to check it loads; with SILOFL_FAST_POLL it also applies app.runtime.engine_patches' poll patch
     there) and each Ray actor (to unpickle the first message). None of it loads torch,
     scipy.stats, matplotlib or hydra; the silo's imports wait for the first message."""
     engine = "import flwr.server.superlink.fleet.vce.vce_api"
@@ -37,19 +37,19 @@ def test_what_the_simulation_engine_imports_first_is_light() -> None:
     assert _loaded_after("app.client_app", before=engine, env={"SILOFL_FAST_POLL": "1"}) == []
     # the in-process sweep: its ServerApp/ClientApp wrappers and engine patches (hydra: only in main)
     assert _loaded_after("app.sweep") == []
-    assert _loaded_after("app.engine_patches") == []  # what the ClientApp imports in the engine's process
+    assert _loaded_after("app.runtime.engine_patches") == []  # what the ClientApp imports in the engine's process
     assert _loaded_after("app.launch") == []
 
 
 def test_client_app_adds_only_its_protocol_to_flower() -> None:
-    """Beyond Flower itself, importing the ClientApp loads app.client_app and app.silo_protocol
-    (the socket protocol), nothing of the silo."""
+    """Beyond Flower itself, importing the ClientApp loads app.client_app and app.runtime.silo_protocol
+    (the socket protocol; app.runtime itself is a docstring and a constant), nothing of the silo."""
     code = ("import sys, flwr.app, flwr.clientapp, flwr.common.serde; before = set(sys.modules); "
             "import app.client_app; print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
             "('app', 'clients', 'strategies')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout.strip()) == ["app", "app.client_app", "app.silo_protocol"]
+    assert eval(out.stdout.strip()) == ["app", "app.client_app", "app.runtime", "app.runtime.silo_protocol"]
 
 
 def test_query_names_match_the_wire() -> None:

@@ -68,7 +68,7 @@ def test_the_own_app_runs_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_the_own_app_runs_with_flwr_run(tmp_path: Path) -> None:
     """``flwr run .`` in the example's folder, as docs/flower-library.md says, with its own
     FLWR_HOME; the local SuperLink Flower starts is stopped here, by pid."""
-    from app.local_superlink import stop_own_superlinks
+    from app.runtime.local_superlink import stop_own_superlinks
 
     env = os.environ | {"FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0",
                         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1",

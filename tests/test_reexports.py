@@ -1,21 +1,13 @@
 """Names that moved to modules of their own are still reachable where they were (the same objects):
-app.launch (the local SuperLink: app.local_superlink; staging and following a flwr run:
-app.flwr_run) and app.sweep (one federation: app.federation; results.csv: app.sweep_results;
-progress: app.sweep_progress; the engine patches: tests/test_engine_patches.py)."""
+app.sweep (one federation: app.federation; results.csv: app.sweep_results; progress:
+app.sweep_progress). The local SuperLink, staging and following a flwr run and the engine patches
+are imported from their own modules in app/runtime/ only."""
 
 from __future__ import annotations
 
 import pytest
 
 MOVED = {
-    "app.launch": {
-        "app.local_superlink": ["local_superlinks", "LocalSuperLink", "_cmdline_ports", "_local_superlinks",
-                                "own_superlink_fast_poll", "stop_own_superlinks", "_descendants", "end_processes",
-                                "LOCAL_PORT_ENV", "FLOWER_LOCAL_PORTS", "PORTS_FILE", "port_free", "free_port",
-                                "remembered_ports", "own_local_superlink"],
-        "app.flwr_run": ["APP_SOURCES", "stage_app", "copy_app_sources", "run_status", "run_summary", "_Stream",
-                         "follow_run"],
-    },
     "app.sweep": {
         "app.federation": ["engine_env", "simulation_apps", "engine_backend_config", "run_federation"],
         "app.sweep_results": ["RESULT_FIELDS", "job_key", "ResultsFile", "acting_settings",

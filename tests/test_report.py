@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("pandas")
 
-from app import report, report_plots  # noqa: E402
+from app import report  # noqa: E402
+from app.report import plots as report_plots  # noqa: E402
 from app.sweep import ResultsFile  # noqa: E402
 
 #: t_{0.975, 2} and t_{0.975, 3} from a printed t table (not from scipy)

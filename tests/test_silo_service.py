@@ -1,4 +1,4 @@
-"""The silo service (app/silo_service.py) driven through the real ClientApp (app/client_app.py).
+"""The silo service (app/runtime/silo_service.py) driven through the real ClientApp (app/client_app.py).
 
 One service process on a temporary socket and state dir, with its own node config (a cap of
 epsilon 3 and a per-run ledger, run-seeded noise so that its replies can be compared with the
@@ -24,7 +24,7 @@ import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from app import silo_service
+from app.runtime import silo_protocol
 from tests.helpers import service_env, service_node_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ class Service:
         self.sock = sock
         self.log = home / f"service-{time.monotonic_ns()}.log"
         self._out = self.log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", str(sock),
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.runtime.silo_service", "--socket", str(sock),
                                       "--node-config", node_config], cwd=ROOT, env=service_env(home),
                                      stdout=self._out, stderr=subprocess.STDOUT)
 
@@ -46,9 +46,9 @@ class Service:
         while True:
             assert self.proc.poll() is None, f"the service exited: {self.log.read_text()}"
             try:
-                silo_service.ping(str(sock), timeout=1.0)
+                silo_protocol.ping(str(sock), timeout=1.0)
                 return self
-            except silo_service.ServiceUnavailable:
+            except silo_protocol.ServiceUnavailable:
                 assert time.monotonic() < deadline, f"the service did not come up: {self.log.read_text()}"
                 time.sleep(0.1)
 
@@ -129,11 +129,11 @@ def test_socket_is_private_and_a_second_service_refuses(setup) -> None:
     sock = setup["sock"]
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
-    second = subprocess.run([sys.executable, "-m", "app.silo_service", "--socket", str(sock), "--node-config",
+    second = subprocess.run([sys.executable, "-m", "app.runtime.silo_service", "--socket", str(sock), "--node-config",
                              service_node_config(setup["tmp"] / "other")], cwd=ROOT, env=service_env(setup["tmp"]),
                             capture_output=True, text=True, timeout=120)
     assert second.returncode == 1 and "another silo service" in second.stderr
-    silo_service.ping(str(sock))  # the first one is untouched
+    silo_protocol.ping(str(sock))  # the first one is untouched
 
 
 def test_train_matches_the_in_process_path_bit_for_bit(setup) -> None:
@@ -186,7 +186,7 @@ def test_a_forwarded_node_config_changes_nothing(setup) -> None:
     assert refusal is not None and refusal.code == wire.REFUSED_POLICY and "caps epsilon at 3" in refusal.reason
     header = {"type": "train", "run_id": 2, "run_config": greedy, "node_config": {"epsilon-cap": 100.0}}
     body = recorddict_to_proto(_train_message(setup["w"], 1).content).SerializeToString()
-    answer, _ = _raw(setup["sock"], silo_service.encode_frame(silo_service.REQUEST, header, body))
+    answer, _ = _raw(setup["sock"], silo_protocol.encode_frame(silo_protocol.REQUEST, header, body))
     assert answer["ok"] is False and "node_config" in answer["error"]
     assert not (setup["tmp"] / "elsewhere").exists()
 
@@ -196,7 +196,7 @@ def _raw(sock_path: Path, data: bytes) -> tuple[dict, bytes]:
         sock.settimeout(30)
         sock.connect(str(sock_path))
         sock.sendall(data)
-        return silo_service.read_frame(sock, silo_service.REPLY, 1 << 20)
+        return silo_protocol.read_frame(sock, silo_protocol.REPLY, 1 << 20)
 
 
 def test_malformed_frames_get_an_error_and_the_service_keeps_serving(setup) -> None:
@@ -208,10 +208,10 @@ def test_malformed_frames_get_an_error_and_the_service_keeps_serving(setup) -> N
         struct.pack(">4sBBIQ", b"SLFS", 99, 0, 2, 0) + b"{}",  # another protocol version
         struct.pack(">4sBBIQ", b"SLFS", 1, 0, 2, 1 << 40) + b"{}",  # 1 TiB body: over the limit
         struct.pack(">4sBBIQ", b"SLFS", 1, 0, 5, 0) + b"{nope",  # header not JSON
-        silo_service.encode_frame(silo_service.REQUEST, ok, b"\xff\x00garbage"),  # body not a RecordDict
-        silo_service.encode_frame(silo_service.REQUEST, ok | {"type": "train.evil"}),  # no such handler
-        silo_service.encode_frame(silo_service.REQUEST, ok | {"run_id": -1}),
-        silo_service.encode_frame(silo_service.REQUEST, ok | {"run_config": {"lr": [1, 2]}}),
+        silo_protocol.encode_frame(silo_protocol.REQUEST, ok, b"\xff\x00garbage"),  # body not a RecordDict
+        silo_protocol.encode_frame(silo_protocol.REQUEST, ok | {"type": "train.evil"}),  # no such handler
+        silo_protocol.encode_frame(silo_protocol.REQUEST, ok | {"run_id": -1}),
+        silo_protocol.encode_frame(silo_protocol.REQUEST, ok | {"run_config": {"lr": [1, 2]}}),
     ]
     for data in bad:
         answer, _ = _raw(setup["sock"], data)
@@ -225,7 +225,7 @@ def test_malformed_frames_get_an_error_and_the_service_keeps_serving(setup) -> N
     junk = Message(RecordDict(), dst_node_id=1000, message_type=MessageType.TRAIN)
     refusal = wire.Refusal.decode(_via_service(setup, junk))
     assert refusal is not None and refusal.code == wire.REFUSED_CONFIG
-    assert silo_service.ping(str(setup["sock"]))["ok"] is True
+    assert silo_protocol.ping(str(setup["sock"]))["ok"] is True
     assert wire.Refusal.decode(_via_service(setup, _train_message(setup["w"], 5))) is None
 
 

@@ -1,4 +1,4 @@
-"""The silo service's memory budget, frame limit and fairness (app/silo_service.py; issue 35 §3).
+"""The silo service's memory budget, frame limit and fairness (app/runtime/silo_service.py; issue 35 §3).
 
 Before this version a same-uid process that reopened 8 silent connections as soon as each was
 cut kept every legitimate ping and request ``busy`` (0 of 40 pings answered in 20 s, measured
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from flwr.app import RecordDict
 
-from app import silo_protocol, silo_service
+from app.runtime import silo_protocol, silo_service
 from scripts.bench.service_abuse import count_pings, frame_head, peak_rss, spawn_hostile
 from tests.helpers import service_env, service_node_config, wait_for_service
 
@@ -35,7 +35,7 @@ SMALL_MODEL = 2_000_000  # max-model-params of the memory test's service: a 34 M
 
 def _start(tmp: Path, node: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     sock, log = tmp / "svc.sock", tmp / "service.log"
-    proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", str(sock), "--node-config", node,
+    proc = subprocess.Popen([sys.executable, "-m", "app.runtime.silo_service", "--socket", str(sock), "--node-config", node,
                              *extra], cwd=ROOT, env=service_env(tmp), stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, sock, log
 
@@ -69,10 +69,10 @@ def _ledger_query(sock: Path) -> str:
     from app.launch import merged_run_config
 
     try:
-        silo_service.request(str(sock), wire.LEDGER_QUERY, RecordDict(), 1,
+        silo_protocol.request(str(sock), wire.LEDGER_QUERY, RecordDict(), 1,
                              merged_run_config([]) | {"privacy.epsilon": 3.0}, timeout=30.0)
         return "answered"
-    except silo_service.ServiceUnavailable as exc:
+    except silo_protocol.ServiceUnavailable as exc:
         return f"unavailable: {exc}"
 
 
@@ -88,7 +88,7 @@ def test_pings_and_requests_are_answered_while_a_hostile_peer_reopens_its_connec
     hostile = spawn_hostile(sock, "--mode", mode, "--connections", "8", "--seconds", "9")
     try:
         time.sleep(1.0)  # it holds its connections
-        pings = count_pings(str(sock), 16, 6.0, silo_service.ping, silo_service.ServiceUnavailable)
+        pings = count_pings(str(sock), 16, 6.0, silo_protocol.ping, silo_protocol.ServiceUnavailable)
         queries = [_ledger_query(sock) for _ in range(3)]
         stats = json.loads(hostile.communicate(timeout=60)[0])
     finally:
@@ -99,7 +99,7 @@ def test_pings_and_requests_are_answered_while_a_hostile_peer_reopens_its_connec
     assert queries == ["answered"] * 3, queries
     if mode == "silent":  # it was cut and reopened, not left alone
         assert stats["opened"] > 8, stats
-    assert proc.poll() is None and silo_service.ping(str(sock))["ok"] is True
+    assert proc.poll() is None and silo_protocol.ping(str(sock))["ok"] is True
 
 
 def test_concurrent_huge_frames_stay_within_the_memory_budget(services) -> None:
@@ -123,7 +123,7 @@ def test_concurrent_huge_frames_stay_within_the_memory_budget(services) -> None:
     said = [line for a in answers for line in a.get("said", [])]
     assert len(said) == 4, answers
     assert any("memory budget" in line for line in said), said  # refused, not read
-    assert silo_service.ping(str(sock))["ok"] is True
+    assert silo_protocol.ping(str(sock))["ok"] is True
     assert f"memory budget {budget} bytes" in log.read_text()
 
 
@@ -165,7 +165,7 @@ def _stall(path: str, body_len: int) -> socket.socket:
 
 
 def _answer(sock: socket.socket) -> dict:
-    header, _ = silo_service.read_frame(sock, silo_service.REPLY, 1 << 16)
+    header, _ = silo_protocol.read_frame(sock, silo_protocol.REPLY, 1 << 16)
     return header
 
 
@@ -187,7 +187,7 @@ def test_a_frame_that_does_not_fit_the_budget_is_refused_before_its_body_is_read
     while svc.budget_used and time.monotonic() < deadline:
         time.sleep(0.05)
     assert svc.budget_used == 0  # given back
-    silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)  # serves again
+    silo_protocol.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)  # serves again
     assert svc.runtime.calls == 1
 
 
@@ -203,7 +203,7 @@ def test_one_peer_process_holds_at_most_half_the_budget_and_half_the_slots(stub_
         with _stall(svc.path, 10) as fourth:  # fits the budget, but no third slot for this process
             answer = _answer(fourth)
         assert answer.get("busy") is True and "requests being read or handled" in answer["error"], answer
-        assert silo_service.ping(svc.path, timeout=2.0)["ok"] is True  # a ping needs no slot
+        assert silo_protocol.ping(svc.path, timeout=2.0)["ok"] is True  # a ping needs no slot
     finally:
         for sock in held:
             sock.close()
@@ -222,11 +222,11 @@ def test_a_full_pending_pool_cuts_its_oldest_connection(stub_service) -> None:
         time.sleep(0.05)
     try:
         t0 = time.monotonic()
-        assert silo_service.ping(svc.path, timeout=5.0)["ok"] is True
+        assert silo_protocol.ping(svc.path, timeout=5.0)["ok"] is True
         assert time.monotonic() - t0 < 3.0  # not after the pending connections' 30 s header timeout
         answer = _answer(silent[0])  # the oldest: cut, and told why
         assert answer.get("busy") is True and "oldest is cut" in answer["error"], answer
-        silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
+        silo_protocol.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
     finally:
         for sock in silent:
             sock.close()
@@ -241,8 +241,8 @@ def test_a_frame_over_the_limit_is_a_refusal_for_the_clientapp_not_a_crash(stub_
 
     svc = stub_service(max_frame_bytes=64 << 10)
     big = RecordDict({"w": ArrayRecord([np.zeros(32 << 10, dtype=np.float32)])})  # 128 KiB
-    with pytest.raises(silo_service.ServiceUnavailable, match="max-model-params"):
-        silo_service.request(svc.path, "train", big, 1, {}, timeout=10)
+    with pytest.raises(silo_protocol.ServiceUnavailable, match="max-model-params"):
+        silo_protocol.request(svc.path, "train", big, 1, {}, timeout=10)
     assert svc.runtime.calls == 0 and svc.budget_used == 0
 
 

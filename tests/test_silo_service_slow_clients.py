@@ -1,4 +1,4 @@
-"""Slow, silent and surplus peers next to real requests on the silo service (app/silo_service.py).
+"""Slow, silent and surplus peers next to real requests on the silo service (app/runtime/silo_service.py).
 
 Before this version the service answered one connection at a time with a 60 s timeout per
 read: a peer sending one byte a second held every other request forever, a silent one for 60 s,
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, Message, MessageType, RecordDict
 
-from app import silo_service
+from app.runtime import silo_protocol, silo_service
 from scripts.bench.service_abuse import spawn_hostile
 from scripts.bench.service_slow_clients import Peer
 from tests.helpers import service_env, service_node_config, wait_for_service
@@ -42,7 +42,7 @@ PROMPT_S = 5.0  # a real request next to stuck peers is answered within this
 
 def _prefix() -> bytes:
     """A valid request frame's first bytes: what a slow peer dribbles."""
-    return silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1,
+    return silo_protocol.encode_frame(silo_protocol.REQUEST, {"type": "train", "run_id": 1,
                                                             "run_config": {"pad": "x" * 64}})
 
 
@@ -59,7 +59,7 @@ def service():
     sock = tmp / "svc.sock"
     log = (tmp / "service.log").open("w")
     node = service_node_config(tmp / 'state')
-    proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", str(sock), "--node-config", node,
+    proc = subprocess.Popen([sys.executable, "-m", "app.runtime.silo_service", "--socket", str(sock), "--node-config", node,
                              "--request-timeout", str(REQUEST_TIMEOUT_S), "--reply-timeout", "2",
                              "--max-connections", str(MAX_CONNECTIONS)],
                             cwd=ROOT, env=service_env(tmp), stdout=log, stderr=subprocess.STDOUT)
@@ -105,7 +105,7 @@ def _train(service, rnd: int, bound: float | None = None) -> tuple[float, Record
     if bound is None:
         content = app(msg, context).content
     else:
-        content = silo_service.request(str(service["sock"]), MessageType.TRAIN, msg.content, 1,
+        content = silo_protocol.request(str(service["sock"]), MessageType.TRAIN, msg.content, 1,
                                        service["run_config"], timeout=bound)
     return time.monotonic() - t0, content
 
@@ -123,12 +123,12 @@ def test_a_training_request_next_to_a_trickler_and_a_silent_peer_is_answered_pro
         time.sleep(0.3)  # both are first in line
         try:
             took, reply = _train(service, 2, bound=20.0)  # before: no reply byte in 20 s
-        except silo_service.ServiceUnavailable as exc:
+        except silo_protocol.ServiceUnavailable as exc:
             pytest.fail(f"no training reply next to slow peers: {exc}")
         assert wire.Refusal.decode(reply) is None, wire.Refusal.decode(reply)
         assert took < PROMPT_S, f"training reply after {took:.1f} s next to slow peers (alone: {warm:.1f} s)"
         t0 = time.monotonic()
-        assert silo_service.ping(str(service["sock"]), timeout=PROMPT_S)["ok"] is True
+        assert silo_protocol.ping(str(service["sock"]), timeout=PROMPT_S)["ok"] is True
         assert time.monotonic() - t0 < 1.0
         for peer in (trickler, silent):
             cut = peer.wait_cut(REQUEST_TIMEOUT_S + 10)
@@ -153,7 +153,7 @@ def test_over_the_request_limit_a_request_gets_busy_and_the_clientapp_a_refusal(
     try:
         time.sleep(0.8)
         t0 = time.monotonic()
-        assert silo_service.ping(str(service["sock"]), timeout=PROMPT_S)["ok"] is True
+        assert silo_protocol.ping(str(service["sock"]), timeout=PROMPT_S)["ok"] is True
         _, reply = _train(service, 3)  # the server sees a dropped silo, not a crash
         refusal = wire.Refusal.decode(reply)
         assert refusal is not None and refusal.code == wire.REFUSED_CONFIG and "busy" in refusal.reason, refusal
@@ -166,7 +166,7 @@ def test_over_the_request_limit_a_request_gets_busy_and_the_clientapp_a_refusal(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-    assert silo_service.ping(str(service["sock"]))["ok"] is True
+    assert silo_protocol.ping(str(service["sock"]))["ok"] is True
 
 
 def test_sigterm_with_stuck_peers_stops_within_seconds(service) -> None:
@@ -234,7 +234,7 @@ def test_requests_are_read_concurrently_but_handled_one_at_a_time(stub_service) 
 
     def one() -> None:
         t0 = time.monotonic()
-        silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
+        silo_protocol.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
         results.append(time.monotonic() - t0)
 
     threads = [threading.Thread(target=one) for _ in range(4)]
@@ -251,11 +251,11 @@ def test_a_peer_that_does_not_take_its_reply_is_cut_at_the_reply_deadline(stub_s
     svc = stub_service(StubRuntime(reply_bytes=64 << 20), reply_timeout=1.0)  # far over a socket buffer
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(svc.path)
-        sock.sendall(silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1, "run_config": {}},
+        sock.sendall(silo_protocol.encode_frame(silo_protocol.REQUEST, {"type": "train", "run_id": 1, "run_config": {}},
                                                b""))
         time.sleep(3.0)  # read nothing
         t0 = time.monotonic()
-        assert silo_service.ping(svc.path, timeout=PROMPT_S)["ok"] is True  # never blocked meanwhile
+        assert silo_protocol.ping(svc.path, timeout=PROMPT_S)["ok"] is True  # never blocked meanwhile
         assert time.monotonic() - t0 < 1.0
         sock.settimeout(5)
         data = b""
@@ -264,20 +264,20 @@ def test_a_peer_that_does_not_take_its_reply_is_cut_at_the_reply_deadline(stub_s
                 data += chunk
         except OSError:
             pass
-    _, _, _, head_len, body_len = silo_service._PREFIX.unpack(data[:silo_service._PREFIX.size])
-    assert data[silo_service._PREFIX.size:][:head_len] == b'{"ok":true}' and body_len > (64 << 20)
+    _, _, _, head_len, body_len = silo_protocol.PREFIX.unpack(data[:silo_protocol.PREFIX.size])
+    assert data[silo_protocol.PREFIX.size:][:head_len] == b'{"ok":true}' and body_len > (64 << 20)
     assert len(data) < body_len  # the reply was cut part way (at the deadline), not waited on
 
 
 def test_a_request_waiting_for_a_busy_node_gets_busy_after_the_busy_timeout(stub_service) -> None:
     node = StubRuntime(hold=3.0)
     svc = stub_service(node, busy_timeout=0.5)
-    first = threading.Thread(target=silo_service.request, args=(svc.path, "train", RecordDict(), 1, {}), daemon=True)
+    first = threading.Thread(target=silo_protocol.request, args=(svc.path, "train", RecordDict(), 1, {}), daemon=True)
     first.start()
     time.sleep(0.3)
     t0 = time.monotonic()
-    with pytest.raises(silo_service.ServiceUnavailable, match="busy"):
-        silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
+    with pytest.raises(silo_protocol.ServiceUnavailable, match="busy"):
+        silo_protocol.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
     assert 0.4 <= time.monotonic() - t0 < 2.0
     first.join(10)
     assert node.calls == 1
@@ -298,7 +298,7 @@ def test_sigterm_lets_the_request_being_handled_finish_and_turns_away_the_waitin
 
     def ask(name: str) -> None:
         try:
-            outcome[name] = silo_service.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
+            outcome[name] = silo_protocol.request(svc.path, "train", RecordDict(), 1, {}, timeout=10)
         except Exception as exc:  # noqa: BLE001  (the outcome is what the test checks)
             outcome[name] = exc
 
@@ -314,14 +314,14 @@ def test_sigterm_lets_the_request_being_handled_finish_and_turns_away_the_waitin
     first.join(5)
     second.join(5)
     assert isinstance(outcome["handled"], RecordDict), outcome
-    assert isinstance(outcome["waiting"], silo_service.ServiceUnavailable) and "stopping" in str(outcome["waiting"])
+    assert isinstance(outcome["waiting"], silo_protocol.ServiceUnavailable) and "stopping" in str(outcome["waiting"])
     assert node.calls == 1 and 0.2 <= took < 2.0  # it waited for the handler, and only for it
     assert not Path(svc.path).exists()
 
 
 def test_a_request_over_the_size_limit_gets_an_error_and_is_closed(stub_service) -> None:
     svc = stub_service(StubRuntime(), max_frame_bytes=1024)
-    frame = silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1, "run_config": {}},
+    frame = silo_protocol.encode_frame(silo_protocol.REQUEST, {"type": "train", "run_id": 1, "run_config": {}},
                                       b"\0" * 4096)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
@@ -330,7 +330,7 @@ def test_a_request_over_the_size_limit_gets_an_error_and_is_closed(stub_service)
             sock.sendall(frame)
         except OSError:
             pass  # it may close before taking it all: its answer is already queued
-        header, _ = silo_service.read_frame(sock, silo_service.REPLY, 1 << 16)
+        header, _ = silo_protocol.read_frame(sock, silo_protocol.REPLY, 1 << 16)
         assert header["ok"] is False and "over the limit of 1024 bytes" in header["error"]
         try:
             assert sock.recv(1) == b""  # and closed

@@ -44,7 +44,7 @@ def _losing(calls: list[dict], losses: int, key: str = "run77", round_cut: int |
 @pytest.fixture()
 def no_engine_restart(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     restarts: list[int] = []
-    monkeypatch.setattr("app.engine_patches.restart_engine", lambda: restarts.append(1))
+    monkeypatch.setattr("app.runtime.engine_patches.restart_engine", lambda: restarts.append(1))
     return restarts
 
 
@@ -110,7 +110,7 @@ def test_only_the_engines_own_losses_count() -> None:
     import ray.exceptions as rex
     from flwr.clientapp.client_app import ClientAppException
 
-    from app.engine_patches import is_engine_loss
+    from app.runtime.engine_patches import is_engine_loss
 
     assert is_engine_loss(rex.ActorDiedError()) and is_engine_loss(rex.ActorUnavailableError("gone", b"\0" * 16))
     assert is_engine_loss(rex.NodeDiedError("node")) and is_engine_loss(rex.WorkerCrashedError())
@@ -123,7 +123,7 @@ def test_only_the_engines_own_losses_count() -> None:
 def test_the_servers_grid_stops_at_an_engine_loss_not_at_a_clientapp_failure() -> None:
     """EngineWatchGrid raises EngineLost once the engine recorded a loss after its mark, before the
     ServerApp sees the replies (whatever fail-on-client-error says); with none, replies pass."""
-    from app import engine_patches
+    from app.runtime import engine_patches
     from app.federation import EngineWatchGrid
 
     class Grid:
@@ -152,7 +152,7 @@ def _kill_the_engines_actors_after(round_: int, killed: list[str]):
     recorded): once the row of ``round_`` is recorded, kill every ClientApp actor of the warm
     engine (ray.kill, as a lost raylet or node takes its actors), once."""
     import app.server_app as server_app
-    from app import engine_patches
+    from app.runtime import engine_patches
 
     line = server_app.progress_line
 
@@ -176,7 +176,7 @@ def test_an_actor_killed_mid_job_resumes_to_the_uninterrupted_result(tmp_path: P
     run is stopped (fail-on-client-error = true); first: node … (train): The actor is dead because it
     was killed by `ray.kill`.``. Now the job ends completed with retries 1 and the numbers of the
     same job run without the kill: every round row, the test error, ε per silo (about 40 s)."""
-    from app.engine_patches import engine_losses, restart_engine
+    from app.runtime.engine_patches import engine_losses, restart_engine
 
     monkeypatch.chdir(tmp_path)
     over = {"num-rounds": 6, "eval-every": 1}

@@ -43,7 +43,7 @@ A node "sets a cap" when it has ``epsilon-cap`` or ``delta-cap``: that is how an
 this node guards real records, and every default above then takes the safe side.
 
 A node is **deployed** when it serves a real federation: the silo service
-(app/silo_service.py) always is, and so is a ClientApp running in one of Flower's
+(app/runtime/silo_service.py) always is, and so is a ClientApp running in one of Flower's
 ``flwr-clientapp`` processes; Flower's simulation engine and the in-process grid
 (app/local_grid.py) are not. A deployed node takes the safe side without caps too: noise and
 batches from the OS CSPRNG (unless ``noise-seed = "run"``), no evaluation replies (unless

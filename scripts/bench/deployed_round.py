@@ -11,9 +11,9 @@ Modes (each on a fresh insecure SuperLink, fresh SuperNodes, fresh state, free p
 * ``inproc``    silofl of the working tree without a silo service (the thin ClientApp imports
                 app.node_runtime in every ``flwr-clientapp`` process);
 * ``after``     silofl of the working tree with one silo service per SuperNode
-                (``python -m app.silo_service``, ``silo-service='<socket>'`` in the node config).
+                (``python -m app.runtime.silo_service``, ``silo-service='<socket>'`` in the node config).
 * ``executor``  silofl of the working tree, each SuperNode started with ``--isolation process``
-                and one long-lived ``python -m app.executor`` running every task in process.
+                and one long-lived ``python -m app.runtime.executor`` running every task in process.
 
 Every mode runs ``--rounds`` rounds of its app's default run (silofl: ISRL-DP MB-SGD on WBCD,
 2 silos, each with node config ``epsilon-cap=3.0 evaluation='private'``), with the same
@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.launch import APP_SOURCES, copy_app_sources
+from app.runtime.flwr_run import APP_SOURCES, copy_app_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_APP = Path(__file__).resolve().parent / "noop_app"
@@ -191,7 +191,7 @@ class Deployment:
             node_env = base_env(node_dir / "home", self.superexec_poll)
             if self.service:
                 sock = node_dir / "svc" / "silo.sock"
-                self._start(f"service{i}", [sys.executable, "-m", "app.silo_service", "--socket", str(sock),
+                self._start(f"service{i}", [sys.executable, "-m", "app.runtime.silo_service", "--socket", str(sock),
                                             "--node-config", node_config], node_env, ROOT)
                 _wait(lambda s=sock: _service_up(s), 120, f"silo service {i} did not come up",
                       lambda i=i: self.log_text(f"service{i}"))
@@ -202,7 +202,7 @@ class Deployment:
                                           "--port", str(rt_port), *isolation, "--node-config", node_config],
                         node_env, node_dir)
             if self.mode == "executor":
-                self._start(f"service{i}", [sys.executable, "-m", "app.executor", "--runtime-api",
+                self._start(f"service{i}", [sys.executable, "-m", "app.runtime.executor", "--runtime-api",
                                             f"127.0.0.1:{rt_port}", "--node-config", node_config], node_env, ROOT)
                 _wait(lambda i=i: "[silofl-executor] ready" in self.log_text(f"service{i}"), 120,
                       f"executor {i} did not come up", lambda i=i: self.log_text(f"service{i}"))
@@ -237,12 +237,12 @@ def _tcp_open(port: int) -> bool:
 
 
 def _service_up(sock: Path) -> bool:
-    from app import silo_service
+    from app.runtime import silo_protocol
 
     try:
-        silo_service.ping(str(sock), timeout=1.0)
+        silo_protocol.ping(str(sock), timeout=1.0)
         return True
-    except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+    except (silo_protocol.ServiceUnavailable, silo_protocol.ServiceError):
         return False
 
 

@@ -257,14 +257,15 @@ class GpuMemoryPoller:
 
 def superlink_pids() -> set[int]:
     """This checkout's running local simulation SuperLinks (its FLWR_HOME); nobody else's."""
-    from app.launch import flower_env, own_superlink_fast_poll
+    from app.launch import flower_env
+    from app.runtime.local_superlink import own_superlink_fast_poll
 
     return {pid for pid, _ in own_superlink_fast_poll(flower_env())}
 
 
 def stop_superlinks(pids: set[int], wait_s: float = 10.0) -> None:
     """SIGTERM (then SIGKILL) the SuperLinks this script started, and their process groups."""
-    from app.launch import end_processes
+    from app.runtime.local_superlink import end_processes
 
     end_processes(pids, wait_s)
     if pids:

@@ -1,6 +1,6 @@
-"""A same-uid peer that abuses the silo service (app/silo_service.py): what legitimate traffic gets.
+"""A same-uid peer that abuses the silo service (app/runtime/silo_service.py): what legitimate traffic gets.
 
-Starts ``python -m app.silo_service`` of the checkout it runs from (PYTHONPATH) on a temporary
+Starts ``python -m app.runtime.silo_service`` of the checkout it runs from (PYTHONPATH) on a temporary
 socket, warms it with one ledger query (which builds the silo), then runs, one JSON line each:
 
 * ``starvation``: a hostile process (this file, ``hostile`` mode, its own pid) keeps
@@ -34,13 +34,13 @@ from pathlib import Path
 
 from scripts.bench.service_slow_clients import node_config, start_service
 
-_PREFIX = struct.Struct(">4sBBIQ")  # the wire format of app/silo_protocol.py, spelled out: any version
+PREFIX = struct.Struct(">4sBBIQ")  # the wire format of app/runtime/silo_protocol.py, spelled out: any version
 
 
 def frame_head(body_len: int, mtype: str = "train") -> bytes:
     """A request frame's prefix and JSON header announcing ``body_len`` body bytes."""
     head = json.dumps({"type": mtype, "run_id": 1, "run_config": {}}, separators=(",", ":")).encode()
-    return _PREFIX.pack(b"SLFS", 1, 0, len(head), body_len) + head
+    return PREFIX.pack(b"SLFS", 1, 0, len(head), body_len) + head
 
 
 # -- the hostile peer, as its own process ---------------------------------------------------------
@@ -77,7 +77,7 @@ def _one(path: str, mode: str, body_len: int, once: bool, end: float, stats: dic
             key = "busy" if b'"busy":true' in answer else ("error" if answer else "cut")
             stats[key] = stats.get(key, 0) + 1
             if answer and mode == "garbage":
-                stats.setdefault("said", []).append(answer[_PREFIX.size:_PREFIX.size + 160].decode(errors="replace"))
+                stats.setdefault("said", []).append(answer[PREFIX.size:PREFIX.size + 160].decode(errors="replace"))
         if once:
             return
 
@@ -155,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from flwr.app import RecordDict
 
-    from app import silo_service, wire
+    from app import wire
+    from app.runtime import silo_protocol, silo_service
     from app.launch import merged_run_config
 
-    root = Path(silo_service.__file__).resolve().parents[1]  # the checkout under test (PYTHONPATH)
+    root = Path(silo_service.__file__).resolve().parents[2]  # the checkout under test (PYTHONPATH)
     print(json.dumps({"checkout": str(root)}), flush=True)
     run_config = merged_run_config([]) | {"num-rounds": 6, "privacy.epsilon": 3.0}
     tmp = Path(tempfile.mkdtemp(prefix="svcabuse"))
@@ -169,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def query() -> str:
         try:
-            silo_service.request(path, wire.LEDGER_QUERY, RecordDict(), 1, run_config, timeout=5.0)
+            silo_protocol.request(path, wire.LEDGER_QUERY, RecordDict(), 1, run_config, timeout=5.0)
             return "answered"
-        except silo_service.ServiceUnavailable as exc:
+        except silo_protocol.ServiceUnavailable as exc:
             return "busy" if "busy" in str(exc) else "unavailable"
         except Exception:  # noqa: BLE001
             return "error"
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 asker = threading.Thread(target=ask, daemon=True)
                 asker.start()
-                pings = count_pings(path, args.pings, args.seconds, silo_service.ping, silo_service.ServiceUnavailable)
+                pings = count_pings(path, args.pings, args.seconds, silo_protocol.ping, silo_protocol.ServiceUnavailable)
                 stop.set()
                 asker.join(10)
                 out, _ = bad.communicate(timeout=60)

@@ -1,6 +1,6 @@
-"""How long a silo service (app/silo_service.py) keeps a real request waiting next to slow peers.
+"""How long a silo service (app/runtime/silo_service.py) keeps a real request waiting next to slow peers.
 
-Starts ``python -m app.silo_service`` of the checkout it runs from (PYTHONPATH) on a temporary
+Starts ``python -m app.runtime.silo_service`` of the checkout it runs from (PYTHONPATH) on a temporary
 socket, warms it with one ledger query (which builds the silo), then measures, each scenario
 bounded by ``--bound`` seconds:
 
@@ -35,12 +35,12 @@ from pathlib import Path
 
 def start_service(root: Path, path: str, tmp: Path, env: dict[str, str], node_config: str, service_args: str,
                   wait_s: float) -> subprocess.Popen:
-    """``python -m app.silo_service`` of the checkout ``root`` on socket ``path`` (its log
+    """``python -m app.runtime.silo_service`` of the checkout ``root`` on socket ``path`` (its log
     ``tmp/service.log``), once it answers a ping; SystemExit when it exits or does not come up
     within ``wait_s`` seconds (then it is killed, by pid)."""
-    from app import silo_service
+    from app.runtime import silo_protocol
 
-    proc = subprocess.Popen([sys.executable, "-m", "app.silo_service", "--socket", path, "--node-config", node_config,
+    proc = subprocess.Popen([sys.executable, "-m", "app.runtime.silo_service", "--socket", path, "--node-config", node_config,
                              *shlex.split(service_args)],
                             cwd=root, env=env, stdout=open(tmp / "service.log", "a"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + wait_s
@@ -48,9 +48,9 @@ def start_service(root: Path, path: str, tmp: Path, env: dict[str, str], node_co
         if proc.poll() is not None:
             raise SystemExit(f"the service exited: {(tmp / 'service.log').read_text()[-2000:]}")
         try:
-            silo_service.ping(path, timeout=1.0)
+            silo_protocol.ping(path, timeout=1.0)
             return proc
-        except (silo_service.ServiceUnavailable, silo_service.ServiceError):
+        except (silo_protocol.ServiceUnavailable, silo_protocol.ServiceError):
             if time.monotonic() > deadline:
                 proc.kill()
                 raise SystemExit("the service did not come up") from None
@@ -114,16 +114,17 @@ def main() -> int:
 
     from flwr.app import RecordDict
 
-    from app import silo_service, wire
+    from app import wire
+    from app.runtime import silo_protocol, silo_service
     from app.launch import merged_run_config
 
-    root = Path(silo_service.__file__).resolve().parents[1]  # the checkout under test (PYTHONPATH)
+    root = Path(silo_service.__file__).resolve().parents[2]  # the checkout under test (PYTHONPATH)
     print(json.dumps({"checkout": str(root)}), flush=True)
     run_config = merged_run_config([]) | {"num-rounds": 6, "privacy.epsilon": 3.0}
     tmp = Path(tempfile.mkdtemp(prefix="svcbench"))
     path = str(tmp / "svc.sock")
     env = dict(os.environ) | {"FLWR_HOME": str(tmp), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    prefix = silo_service.encode_frame(silo_service.REQUEST, {"type": "train", "run_id": 1,
+    prefix = silo_protocol.encode_frame(silo_protocol.REQUEST, {"type": "train", "run_id": 1,
                                                               "run_config": {"pad": "x" * 64}})
 
     def start() -> subprocess.Popen:
@@ -132,7 +133,7 @@ def main() -> int:
     def query(bound: float) -> tuple[float, str]:
         t0 = time.monotonic()
         try:
-            silo_service.request(path, wire.LEDGER_QUERY, RecordDict(), 1, run_config, timeout=bound)
+            silo_protocol.request(path, wire.LEDGER_QUERY, RecordDict(), 1, run_config, timeout=bound)
             return time.monotonic() - t0, "answered"
         except Exception as exc:  # noqa: BLE001  (a bench: report what happened)
             return time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:120]}"

@@ -7,7 +7,7 @@ starts in the local SuperLink) in four set-ups, each in a fresh process:
 * ``separate``: the evaluation in an exchange of its own after every round (two exchanges per
   round: the loop before folding, ``FederatedOptimizer.fold_evaluation = False``);
 * ``folded``: round r's evaluation in round r+1's training exchange (one exchange per round);
-* both again with the opt-in engine poll patch (app.engine_patches.fast_poll: 5 ms instead of 0.1 s).
+* both again with the opt-in engine poll patch (app.runtime.engine_patches.fast_poll: 5 ms instead of 0.1 s).
 
 A round's time is the loop's ``wall_s`` (round r's exchanges, its folded evaluation of w_{r-1}
 included); the figure is the median over rounds 2..R-1 (round 1 pays for the engine's start, the

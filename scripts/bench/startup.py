@@ -33,7 +33,8 @@ import threading
 import time
 from pathlib import Path
 
-from app.launch import flower_env, own_superlink_fast_poll
+from app.launch import flower_env
+from app.runtime.local_superlink import own_superlink_fast_poll
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ SuperNode per silo) and reports, per job:
 * the median round time (all Flower polling for this model: what the engine poll patch cuts).
 
 Target (issue 14): median overhead on the warm engine <= 0.5 s per job (was 1.1 s: Flower's
-engine threads took up to 1 s to see the end of each federation; app.engine_patches.prompt_engine_stop).
+engine threads took up to 1 s to see the end of each federation; app.runtime.engine_patches.prompt_engine_stop).
 
     python -m scripts.bench.sweep_overhead [--jobs 5] [--rounds 5] [--cold] [--fast-poll]
 """

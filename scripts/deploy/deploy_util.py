@@ -17,7 +17,7 @@
         Wait until HOST:PORT accepts TCP (and, with --ca, completes a TLS handshake that verifies
         against CA); exit 1 on timeout or when process PID has exited.
     deploy_util.py wait-silo-service PATH --pid PID [--timeout S]
-        Wait until the silo service with process id PID answers a ping on PATH (app.silo_service);
+        Wait until the silo service with process id PID answers a ping on PATH (app.runtime.silo_service);
         exit 1 on timeout, when PID has exited, or when another process answers there.
 """
 
@@ -130,7 +130,7 @@ def wait(address: str, ca: str | None, server_name: str | None, timeout: float, 
 
 
 def wait_silo_service(path: str, pid: int, timeout: float) -> bool:
-    from app.silo_service import ServiceError, ServiceUnavailable, ping
+    from app.runtime.silo_protocol import ServiceError, ServiceUnavailable, ping
 
     deadline = time.monotonic() + timeout
     while True:

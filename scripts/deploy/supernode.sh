@@ -13,14 +13,14 @@
 #   --node-config "k=v .." passed through to flower-supernode (partition-id, num-partitions, caps, ...)
 #   --role shuffler        this node is the shuffle-DP shuffler (adds role="shuffler"; no partition-id)
 #   --runtime-port PORT    this node's local Runtime API port (default 9094; one per SuperNode on a host)
-#   --no-silo-service      do not start the long-lived silo service (app.silo_service)
+#   --no-silo-service      do not start the long-lived silo service (app.runtime.silo_service)
 #   --service-max-frame-bytes B  the silo service's largest request (e.g. 256MiB; default: derived
 #                          from the node config's max-model-params: 258 MB for a silo, 1 GiB for
 #                          the shuffler)
 #   --service-memory-budget B    bytes of requests the silo service reads or holds at once, over all
 #                          connections (default: 2 x its frame limit)
 #   --service-max-connections N  requests the silo service reads or handles at once (default 8)
-#   --executor             run every ClientApp task in one long-lived silofl executor (app.executor)
+#   --executor             run every ClientApp task in one long-lived silofl executor (app.runtime.executor)
 #                          instead of a flwr-clientapp process per message (flower-supernode
 #                          --isolation process); no silo service is needed then
 #   --max-wait-time S      give up connecting to the SuperLink after S seconds (default: keep trying)
@@ -28,7 +28,7 @@
 #   --insecure             no TLS, no authentication: loopback tests only (loud warning)
 #   -- ...                 further flags for flower-supernode
 #
-# The silo service, when app.silo_service is importable, is started first (socket
+# The silo service, when app.runtime.silo_service is importable, is started first (socket
 # <state-dir>/silo-service.sock, silo-service='<socket>' added to the node config) and stopped
 # when this script exits, as are flower-supernode's process group and the log's tee. Runs in the foreground, output also appended to <state-dir>/supernode.log.
 # Exit code: flower-supernode's (1 for every Flower error; the line "Flower exit code N" names it,
@@ -40,7 +40,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 
 SUPERLINK="" ROOT_CERT="" AUTH_KEY="" NODE_AUTH=1 STATE_DIR="" NODE_CONFIG="" ROLE=silo RT_PORT=9094
 SILO_SERVICE=1 EXECUTOR=0 MAX_WAIT="" PID_DIR="" INSECURE=0
-SVC_LIMITS=()  # --max-frame-bytes / --memory-budget / --max-connections for app.silo_service
+SVC_LIMITS=()  # --max-frame-bytes / --memory-budget / --max-connections for app.runtime.silo_service
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -116,7 +116,7 @@ PID_DIR=$(abspath "${PID_DIR:-$STATE_DIR}")
 mkdir -p "$PID_DIR"
 for f in supernode.pid silo-service.pid executor.pid; do
   old=$(cat "$PID_DIR/$f" 2>/dev/null || true)
-  case $f in supernode.pid) what=flower-supernode ;; silo-service.pid) what=app.silo_service ;; *) what=app.executor ;; esac
+  case $f in supernode.pid) what=flower-supernode ;; silo-service.pid) what=app.runtime.silo_service ;; *) what=app.runtime.executor ;; esac
   if running_as "$old" "$what"; then
     die "$PID_DIR/$f: pid $old is still running (another SuperNode with this state dir?); stop it first"
   fi
@@ -162,10 +162,10 @@ if [[ ${#SVC_LIMITS[@]} -gt 0 && $SILO_SERVICE == 0 ]]; then
   note "note: --service-* limits are for the silo service, which is not started (--no-silo-service or --executor)"
 fi
 if [[ $SILO_SERVICE == 1 ]]; then
-  if (cd "$REPO_ROOT" && "$PYTHON" -c "import app.silo_service") 2>/dev/null; then
+  if (cd "$REPO_ROOT" && "$PYTHON" -c "import app.runtime.silo_service") 2>/dev/null; then
     SOCK="$STATE_DIR/silo-service.sock"
     [[ ${#SOCK} -le 107 ]] || die "silo service socket path $SOCK is too long for a Unix socket; use a shorter --state-dir"
-    SVC_CMD=("$PYTHON" -m app.silo_service --socket "$SOCK" --node-config "$NODE_CONFIG" ${SVC_LIMITS[@]+"${SVC_LIMITS[@]}"})
+    SVC_CMD=("$PYTHON" -m app.runtime.silo_service --socket "$SOCK" --node-config "$NODE_CONFIG" ${SVC_LIMITS[@]+"${SVC_LIMITS[@]}"})
     show "${SVC_CMD[@]}"
     (cd "$REPO_ROOT" && exec "${SVC_CMD[@]}") &
     SVC_PID=$!
@@ -175,7 +175,7 @@ if [[ $SILO_SERVICE == 1 ]]; then
       || die "the silo service is not serving on $SOCK (see its output above)"
     NODE_CONFIG=$("$PYTHON" "$UTIL" node-config --base "$NODE_CONFIG" --set "silo-service='$SOCK'") || exit 2
   else
-    note "note: app.silo_service is not importable here: no silo service, the ClientApp runs the silo in-process"
+    note "note: app.runtime.silo_service is not importable here: no silo service, the ClientApp runs the silo in-process"
   fi
 fi
 
@@ -201,7 +201,7 @@ fi
 echo "$SN_PID" > "$PID_DIR/supernode.pid"
 note "flower-supernode pid $SN_PID (in $PID_DIR/supernode.pid), log $LOG"
 if [[ $EXECUTOR == 1 ]]; then
-  EXE_CMD=("$PYTHON" -m app.executor --runtime-api "127.0.0.1:$RT_PORT" --node-config "$NODE_CONFIG")
+  EXE_CMD=("$PYTHON" -m app.runtime.executor --runtime-api "127.0.0.1:$RT_PORT" --node-config "$NODE_CONFIG")
   show "${EXE_CMD[@]}"
   (cd "$REPO_ROOT" && exec "${EXE_CMD[@]}") >&"$LOG_FD" 2>&1 &
   EXE_PID=$!

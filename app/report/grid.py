@@ -1,48 +1,20 @@
-"""Tables and plots of a sweep, from its results.csv (never from memory).
-
-    python -m app.report outputs/sweeps/<name>
-
-    python -m app.report DIR --x privacy.epsilon --series sketch.ratio --facet privacy.mode
-
-The axes are the settings that vary across the sweep's finished jobs (detected from results.csv;
-a setting that the axes before it determine, such as a dataset's preset lr, is listed, not an
-axis; a setting that did not act, such as sketch.ratio without a sketch or ε without privacy,
-is no value). Seeds, and only seeds, are aggregated: each cell is the mean ± sample std over
-its seeds with n, and a 95% Student-t interval when n ≥ 3 (no ± for one seed). x defaults to ε
-when it varies, series to the other axes. Writes next to the CSV: ``results.md`` (one table per
-facet: rows = series, columns = x; then the rounds R and uploads G(t) each cell needed to reach a
-target test accuracy, as the Grad-BANT paper's Table 11), ``summary.csv`` (every cell: axes, n,
-mean, std, 95% interval, seeds), ``error_vs_epsilon.png/.pdf`` (the metric vs x, one curve per
-series, error bars from seeds only) and, from the jobs' rounds.jsonl, ``accuracy_vs_uploads.png/.pdf``
-(test accuracy vs G(t), one panel per series value, e.g. per k/n, one curve per x value).
-
-Jobs that ran to their end count in every table and plot, healthy (``completed``) or not
-(``diverged``, ``no-progress``: app/run_health.py): a rule that let an attack drive the model off
-is a result. The unhealthy ones are counted under each table and listed with their hint; a
-robust table's cell says how many of its seeds they are.
-
-A Byzantine-robust sweep (``algorithm = robust`` rows, e.g. ``experiment=private-robust``) gets
-instead, in ``results.md``, one table per epsilon of the final test accuracy (mean ± std over
-seeds) with rows = rule × sketch and columns = attack; a job the config check refused for want of
-an honest majority (trimmed mean with 60% attackers) shows as "refused: honest majority required".
-``accuracy_vs_epsilon.png`` has one panel per attack, one line per rule, SRHT (any sketch) dashed.
-"""
+"""The report of any sweep but the Byzantine-robust one: its cells (mean ± std over seeds per
+setting), the rounds and uploads to a target accuracy, ``results.md``, ``summary.csv`` and the
+figures (app/report/plots.py)."""
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.report_cells import (AXIS_ORDER, PERCENT_METRICS, Layout, _number, _unhealthy_count, _unhealthy_lines,
-                              cell_stats, context_line, curves, default_target, effective_settings, grid_table, label,
-                              layout, load_rows, reach_stats, reach_text, stats_text, tuned_keys, value_text)
-from app.report_plots import plot_metric, plot_traffic
-from app.report_robust import (  # noqa: F401 (REFUSED)
-    REFUSED, latest_per_job, plot_accuracy_heatmap, plot_accuracy_vs_epsilon, robust_markdown)
+from app.report.cells import (AXIS_ORDER, PERCENT_METRICS, Layout, cell_stats, context_line, curves, default_target,
+                              effective_settings, grid_table, label, layout, number, reach_stats, reach_text,
+                              stats_text, tuned_keys, unhealthy_count, unhealthy_lines, value_text)
+from app.report.plots import plot_metric, plot_traffic
+from app.report.robust import latest_per_job
 from app.run_health import FINISHED
 
 
@@ -123,14 +95,14 @@ class GridReport:
     def jobs_line(self) -> str:
         df = self.df
         failed = df[df["status"] == "failed"]
-        lines = [f"Jobs: {len(df)} ({len(failed)} failed{_unhealthy_count(df.to_dict('records'))})."]
+        lines = [f"Jobs: {len(df)} ({len(failed)} failed{unhealthy_count(df.to_dict('records'))})."]
         where = [k for k in self.lay.axes]
         for _, r in failed.head(10).iterrows():
             at = ", ".join(f"{label(k)}={value_text(r[k])}" for k in where)
             lines.append(f"- failed job {r['job']} ({at}): {r['error']}")
-        lines += _unhealthy_lines(df.to_dict("records"),
+        lines += unhealthy_lines(df.to_dict("records"),
                                   lambda r: ", ".join(f"{label(k)}={value_text(r[k])}" for k in where))
-        overheads = [v for v in (_number(o) for o in df.get("overhead_s", [])) if v is not None and math.isfinite(v)]
+        overheads = [v for v in (number(o) for o in df.get("overhead_s", [])) if v is not None and math.isfinite(v)]
         if overheads:
             lines.append(f"\nEngine overhead per job (wall time minus time inside rounds): median "
                          f"{statistics.median(overheads):.1f} s over {len(overheads)} jobs.")
@@ -150,43 +122,3 @@ class GridReport:
         if self.data:
             made += plot_traffic(self, d / "accuracy_vs_uploads")
         return made
-
-
-def is_robust_sweep(rows: list[dict[str, str]]) -> bool:
-    return any(r.get("algorithm") == "robust" for r in rows)
-
-
-def _keys(text: str) -> list[str]:
-    return [k.strip() for k in text.split(",") if k.strip()]
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sweep_dir", type=Path)
-    ap.add_argument("--x", default=None, help="the x axis / table columns (default: privacy.epsilon when it varies)")
-    ap.add_argument("--series", default=None, type=_keys, help="one curve / table row per value (comma-separated "
-                    "keys; default: the other settings that vary)")
-    ap.add_argument("--facet", default=None, type=_keys, help="one panel / table per value (comma-separated keys)")
-    ap.add_argument("--metric", default="test_error", help="results.csv column to aggregate (test_error, "
-                    "test_accuracy, best_test_error, val_error, train_loss, ...)")
-    ap.add_argument("--target", default=None, type=float, help="target test accuracy for rounds / uploads to "
-                    "reach it (0.8 or 80; default: the highest whole percent every cell reaches)")
-    args = ap.parse_args(argv)
-    rows = load_rows(args.sweep_dir)
-    if is_robust_sweep(rows):
-        md = robust_markdown(rows)
-        (args.sweep_dir / "results.md").write_text(md + "\n")
-        plot_accuracy_vs_epsilon(rows, args.sweep_dir / "accuracy_vs_epsilon.png")
-        plot_accuracy_heatmap(rows, args.sweep_dir / "accuracy_heatmap.png")
-        print(md)
-        print(f"[report] wrote results.md, accuracy_vs_epsilon.png, accuracy_heatmap.png in {args.sweep_dir}")
-        return
-    rep = GridReport.build(rows, args.sweep_dir, x=args.x, series=args.series, facets=args.facet,
-                           metric=args.metric, target=args.target)
-    made = rep.write()
-    print(rep.markdown())
-    print(f"[report] wrote {', '.join(made)} in {args.sweep_dir}")
-
-
-if __name__ == "__main__":
-    main()

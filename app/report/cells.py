@@ -1,7 +1,7 @@
 """The numbers of a sweep report: results.csv's rows, the axes (the settings that vary; seeds
 are aggregated), each cell's mean ± std and 95% interval, the grid tables, and the rounds and
 uploads G(t) each cell needs to reach a target accuracy (the Grad-BANT paper's Table 11).
-app/report.py writes them."""
+app/report/grid.py and app/report/robust.py write them."""
 
 from __future__ import annotations
 
@@ -32,17 +32,17 @@ def epsilon_of(row: dict[str, str]) -> float:
     return float(row["privacy.epsilon"])
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def _unhealthy_count(rows: list[dict[str, str]]) -> str:
+def unhealthy_count(rows: list[dict[str, str]]) -> str:
     """", 2 diverged, 1 no progress" (nothing when every finished job was healthy)."""
     counts = {st: sum(r["status"] == st for r in rows) for st in UNHEALTHY}
     return "".join(f", {k} {st.replace('-', ' ')}" for st, k in counts.items() if k)
 
 
-def _unhealthy_lines(rows: list[dict[str, str]], what: Any) -> list[str]:
+def unhealthy_lines(rows: list[dict[str, str]], what: Any) -> list[str]:
     """One line per diverged / no-progress job (at most 10): its hint (the sweep's ``error``)."""
     bad = [r for r in rows if r["status"] in UNHEALTHY]
     return [f"- {r['status']} job {r['job']} ({what(r)}): {r.get('error') or ''}" for r in bad[:10]]
@@ -77,7 +77,7 @@ def label(key: str) -> str:
     return LABELS.get(key, key)
 
 
-def _number(text: Any) -> float | None:
+def number(text: Any) -> float | None:
     try:
         return float(text)
     except (TypeError, ValueError):
@@ -88,7 +88,7 @@ def value_text(value: Any) -> str:
     """A setting's value as a table shows it: numbers with %g, ε = inf as ∞, no value as –."""
     if value in ("", None):
         return "–"
-    num = _number(value)
+    num = number(value)
     if num is None or str(value).strip().lower() in ("true", "false"):
         return str(value)
     return "∞" if math.isinf(num) else f"{num:g}"
@@ -96,7 +96,7 @@ def value_text(value: Any) -> str:
 
 def value_order(value: Any) -> tuple[int, float, str]:
     """Sort key: numbers in order (∞ last), then words, then no value."""
-    num = _number(value)
+    num = number(value)
     if value in ("", None):
         return (2, 0.0, "")
     return (0, num, "") if num is not None else (1, 0.0, str(value))
@@ -236,11 +236,11 @@ def layout(df: Any, x: str | None = None, series: list[str] | None = None, facet
     return Layout(x=x, series=list(series), facets=facets, dependent=dependent)
 
 
-def _combo_label(keys: list[str], values: tuple[Any, ...]) -> str:
+def combo_label(keys: list[str], values: tuple[Any, ...]) -> str:
     return ", ".join(f"{label(k)} = {value_text(v)}" for k, v in zip(keys, values))
 
 
-def _groups(cells: Any, keys: list[str]) -> list[tuple[tuple[Any, ...], Any]]:
+def groups(cells: Any, keys: list[str]) -> list[tuple[tuple[Any, ...], Any]]:
     """(values, sub-frame) for each combination of ``keys`` present in ``cells``, in value order."""
     if not keys:
         return [((), cells)]
@@ -253,14 +253,14 @@ def grid_table(cells: Any, lay: Layout, text: Any) -> list[str]:
     fills a cell, "n/a" where no finished job is."""
     lines: list[str] = []
     xs = sorted(cells[lay.x].unique(), key=value_order) if lay.x else [None]
-    for fvals, sub in _groups(cells, lay.facets):
+    for fvals, sub in groups(cells, lay.facets):
         if lay.facets:
-            lines += [f"#### {_combo_label(lay.facets, fvals)}", ""]
+            lines += [f"#### {combo_label(lay.facets, fvals)}", ""]
         cols = [v for v in xs if v is None or (sub[lay.x] == v).any()]  # the x values this table has
         head = [label(k) for k in lay.series] or ["jobs"]
         head += [f"{label(lay.x)} = {value_text(v)}" for v in cols] if lay.x else ["result"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for svals, row in _groups(sub, lay.series):
+        for svals, row in groups(sub, lay.series):
             first = [value_text(v) for v in svals] or ["all"]
             out = []
             for xv in cols:

@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from app.report_cells import (LOG_KEYS, MARKERS, _combo_label, _groups, _number, context_line, label, mean_curve,
+from app.report.cells import (LOG_KEYS, MARKERS, Layout, combo_label, context_line, groups, label, mean_curve, number,
                               value_order, value_text)
 
-if TYPE_CHECKING:
-    from app.report import GridReport
+
+class PlottedReport(Protocol):
+    """What the figures read from a report (app/report/grid.py's GridReport draws itself with them):
+    its results, axes, metric and cells, and the curves and target accuracy of the G(t) plot."""
+
+    df: Any
+    lay: Layout
+    metric: str
+    cells: Any
+    target: float | None
+    data: dict[tuple[Any, ...], Any]
+
+    @property
+    def pct(self) -> bool: ...
 
 
 def _pyplot() -> Any:
@@ -34,7 +46,7 @@ def x_positions(values: list[Any], key: str | None) -> tuple[dict[Any, float], b
     """Where each x value goes and whether the axis is logarithmic: numbers at themselves (on a
     log axis for :data:`LOG_KEYS` when all are positive), ∞ one step right of the largest, words
     at 0, 1, 2, ..."""
-    nums = {v: _number(v) for v in values}
+    nums = {v: number(v) for v in values}
     if values and all(n is not None for n in nums.values()):
         finite = sorted(n for n in nums.values() if math.isfinite(n))
         log = key in LOG_KEYS and bool(finite) and finite[0] > 0
@@ -58,21 +70,21 @@ def _style(ax: Any, pct: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_metric(rep: GridReport, stem: Path) -> list[str]:
+def plot_metric(rep: PlottedReport, stem: Path) -> list[str]:
     """The metric vs x, one panel per facet value, one curve per series (its own colour and
     marker), error bars ±1 std over seeds where n ≥ 2 (none for one seed); ticks at the swept x
     values."""
     plt = _pyplot()
     lay, cells = rep.lay, rep.cells
-    facets = _groups(cells, lay.facets)
+    facets = groups(cells, lay.facets)
     ncols = min(3, len(facets))
     nrows = math.ceil(len(facets) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.4 * ncols, 3.9 * nrows + 0.6), squeeze=False, sharey=True)
     xs = sorted(cells[lay.x].unique(), key=value_order) if lay.x else [""]
     pos, log = x_positions(list(xs), lay.x)
-    series_all = [s for s, _ in _groups(cells, lay.series)]
+    series_all = [s for s, _ in groups(cells, lay.series)]
     for ax, (fvals, sub) in zip(axes.flat, facets):
-        for i, (svals, srows) in enumerate(_groups(sub, lay.series)):
+        for i, (svals, srows) in enumerate(groups(sub, lay.series)):
             k = series_all.index(svals)
             srows = srows.sort_values(lay.x, key=lambda c: c.map(value_order)) if lay.x else srows
             # a small sideways shift per series so that error bars do not overlap
@@ -80,7 +92,7 @@ def plot_metric(rep: GridReport, stem: Path) -> list[str]:
             px = [pos[v] * (1 + shift) if log else pos[v] + shift * (max(pos.values()) - min(pos.values()) or 1)
                   for v in (srows[lay.x] if lay.x else [""] * len(srows))]
             style = dict(color=f"C{k % 10}", marker=MARKERS[k % len(MARKERS)], ms=6)
-            ax.plot(px, srows["mean"], label=_combo_label(lay.series, svals) or label(rep.metric), **style)
+            ax.plot(px, srows["mean"], label=combo_label(lay.series, svals) or label(rep.metric), **style)
             bars = srows["n"] >= 2
             if bars.any():
                 ax.errorbar([p for p, b in zip(px, bars) if b], srows["mean"][bars], yerr=srows["std"][bars],
@@ -93,13 +105,13 @@ def plot_metric(rep: GridReport, stem: Path) -> list[str]:
         ax.set_xlabel(label(lay.x) if lay.x else "")
         ax.set_ylabel(label(rep.metric))
         if lay.facets:
-            ax.set_title(_combo_label(lay.facets, fvals), fontsize=10)
+            ax.set_title(combo_label(lay.facets, fvals), fontsize=10)
         ax.legend(fontsize=8, title=None)
     return _finish(fig, axes, len(facets), f"{label(rep.metric)} vs {label(lay.x) if lay.x else 'jobs'} — "
                    f"{context_line(rep.df, cells)}\nmean over seeds; bars ±1 std where n ≥ 2", stem)
 
 
-def plot_traffic(rep: GridReport, stem: Path) -> list[str]:
+def plot_traffic(rep: PlottedReport, stem: Path) -> list[str]:
     """Test accuracy vs cumulative uploads G(t): one panel per series value (per k/n), one curve
     per x value (per ε), the mean over seeds with a ±1 std band where n ≥ 2; the target accuracy
     dashed."""
@@ -141,7 +153,7 @@ def plot_traffic(rep: GridReport, stem: Path) -> list[str]:
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.label_outer()
-        ax.set_title(_combo_label(panel_keys, pvals) or "all jobs", fontsize=10)
+        ax.set_title(combo_label(panel_keys, pvals) or "all jobs", fontsize=10)
         ax.legend(fontsize=7)
     return _finish(fig, axes, len(panels), f"test accuracy vs uploads — {context_line(rep.df, rep.cells)}\n"
                    "mean over seeds; band ±1 std where n ≥ 2", stem)

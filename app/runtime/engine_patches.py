@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any
 
+from app.runtime import FLOWER_VERSION
+
 #: environment variable naming an existing Ray cluster (Ray's own): ``auto`` or ``HOST:PORT``
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 #: Ray's address for "start a Ray of this run's own". Without an address ``ray.init`` joins the
@@ -46,7 +48,7 @@ _WARM_POOLS: dict[str, Any] = {}
 #: the Flower release whose simulation engine the patches below were written against and checked on
 #: (flwr/server/superlink/fleet/vce/vce_api.py and .../backend/raybackend.py); on any other release
 #: they are skipped with a warning and Flower runs unpatched
-PATCHED_FLWR = "1.42."
+PATCHED_FLWR = f"{FLOWER_VERSION}."
 #: environment variable that turns the engine poll patch on (see :func:`fast_poll`): "1" (or
 #: "true") for :data:`FAST_POLL_S`, a number for that many seconds, unset / "0" / "false" off. It
 #: is read by :func:`run_federation` (sweeps, scripts) and, for ``flwr run``, by the ClientApp
@@ -55,6 +57,8 @@ PATCHED_FLWR = "1.42."
 FAST_POLL_ENV = "SILOFL_FAST_POLL"
 #: the engine's poll period with the patch (Flower 1.42: 0.1 s)
 FAST_POLL_S = 0.005
+#: the wait in Flower 1.42's ``vce_api.add_messages_to_queue`` that the poll patch replaces
+POLL_WAIT_CALL = "f_stop.wait(0.1)"
 #: the longest an engine thread waits on its queue before it looks at the stop event again
 #: (Flower 1.42: 1.0 s, paid once at the end of every federation)
 PROMPT_WAIT_S = 0.02
@@ -123,7 +127,7 @@ def fast_poll(seconds: float = FAST_POLL_S) -> bool:
     if seconds <= 0:
         vce_api.add_messages_to_queue = original
         return False
-    if not _engine_patchable("the engine poll patch (fast-poll)", original, "f_stop.wait(0.1)"):
+    if not _engine_patchable("the engine poll patch (fast-poll)", original, POLL_WAIT_CALL):
         return False
 
     def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
@@ -175,7 +179,7 @@ def prompt_engine_stop() -> bool:
 #: environment variable that turns the lean Ray start (:func:`lean_ray_start`, on by default) off: "0"
 LEAN_RAY_ENV = "SILOFL_LEAN_RAY"
 #: what Flower 1.42's RayBackend.init_ray passes to ray.init besides its init args
-_RUNTIME_ENV_CALL = 'runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}'
+RUNTIME_ENV_CALL = 'runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}'
 
 
 def lean_ray_start() -> bool:
@@ -200,7 +204,7 @@ def lean_ray_start() -> bool:
     if getattr(RayBackend.init_ray, "_silofl_lean", False):
         return True
     original = RayBackend.init_ray
-    if not _engine_patchable("the lean Ray start", original, _RUNTIME_ENV_CALL):
+    if not _engine_patchable("the lean Ray start", original, RUNTIME_ENV_CALL):
         return False
 
     def init_ray(self: Any, backend_config: Any) -> None:

@@ -1,6 +1,6 @@
 """The queries besides train and evaluate (the ledger report, the identity answer, the keys) and
 the shuffle-DP messages (silo -> server relays -> shuffler). Encoded with the records of
-app/wire.py; decoding validates (a malformed message raises ``ReplyError``)."""
+app/wire/records.py; decoding validates (a malformed message raises ``ReplyError``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
-from app.wire import CONFIG, EPS_SPENT, METRICS, ReplyError, read_metrics
-from app.wire_messages import _int
+from app.wire.records import CONFIG, EPS_SPENT, METRICS, ReplyError, read_metrics
+from app.wire.messages import config_int
 
 
 LEDGER = "ledger"
@@ -144,7 +144,7 @@ class ShuffleRequest:
         p = config.get("p", 0.0)
         if not isinstance(p, float) or not (p == 0.0 or 0.0 < p < 1.0):
             raise ReplyError(f"shuffle request p must be a float in (0, 1) (or absent), got {p!r}")
-        return cls(str(config.get("context", "")).encode(), _int(config, "dim"), _int(config, "levels"), blobs,
+        return cls(str(config.get("context", "")).encode(), config_int(config, "dim"), config_int(config, "levels"), blobs,
                    tuple(senders), p)
 
 
@@ -177,8 +177,8 @@ class ShuffleReply:
             raise ReplyError(f"shuffle reply totals cannot be decoded ({exc})") from exc
         if totals.dtype != np.int64 or totals.shape != (dim,):
             raise ReplyError(f"shuffle reply totals: expected int64 ({dim},), got {totals.dtype} {totals.shape}")
-        reply = cls(totals, _int(config, "trials"), _int(config, "records"), _int(config, "accepted"),
-                    _int(config, "dropped"))
+        reply = cls(totals, config_int(config, "trials"), config_int(config, "records"), config_int(config, "accepted"),
+                    config_int(config, "dropped"))
         if reply.records < 1 or reply.accepted < 1 or reply.trials < 0 or np.any(totals < 0):
             raise ReplyError(f"shuffle reply is impossible: records {reply.records}, accepted {reply.accepted}, "
                              f"trials {reply.trials}, min total {int(totals.min(initial=0))}")

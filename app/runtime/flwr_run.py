@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 #: What the app bundle needs: the packages Flower imports and the project file.
@@ -61,7 +61,7 @@ def run_summary(path: Path, run_id: str | None) -> dict[str, Any] | None:
     return summary if str(summary.get("run_id")) == run_id else None
 
 
-class _Stream:
+class RunStream:
     """``flwr run --stream``'s output, echoed line by line from a thread; notes the run id and
     whether the ServerApp's last line (``silofl run NAME completed`` (or ``diverged``,
     ``no-progress``) / ``run FAILED``) went by. ``simulation``: the run is on this checkout's
@@ -108,8 +108,8 @@ def follow_run(proc: subprocess.Popen, name: str, summary_path: Path, poll_s: fl
     (at most ``tail_s`` after the summary), then end the CLI (only a log stream: the run itself
     has finished and its engine shuts down inside the SuperLink). Returns the CLI's exit code
     (None when it was ended here), the Flower run id and this run's summary (None if none).
-    ``simulation``: as :class:`_Stream`."""
-    stream = _Stream(proc, name, simulation)
+    ``simulation``: as :class:`RunStream`."""
+    stream = RunStream(proc, name, simulation)
     summary, seen_at = None, None
     while proc.poll() is None:
         if summary is None and (summary := run_summary(summary_path, stream.run_id)) is not None:

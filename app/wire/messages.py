@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from app.algorithms.base import Phase
 from app.sketch.broadcast import RoundSketch
-from app.wire import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL_STEPS, LOSS, LR, METRICS, PHASE,
+from app.wire.records import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL_STEPS, LOSS, LR, METRICS, PHASE,
                       PREV_ARRAYS, ROUND, SHUFFLER_KEY, SKETCH_FIELDS, TRAIN_GRADIENT, Layout, NonFiniteReply,
                       ReplyError, instruction, metrics_reply, params_to_record, read_metrics, read_update,
                       record_to_params, refusal_of, refusal_reply, update_reply)
@@ -30,7 +30,7 @@ class ShuffleTicket:
     exchange: int
 
 
-def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+def config_int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
         raise ReplyError(f"config[{key!r}] = {value!r} is not an integer")
@@ -97,14 +97,14 @@ class Instruction:
     @classmethod
     def decode(cls, content: RecordDict) -> Instruction:
         arrays, config, prev = read_instruction(content)
-        rnd = _int(config, ROUND, 0)
+        rnd = config_int(config, ROUND, 0)
         return cls(round=rnd, phase=_phase(config.get(PHASE, "")), arrays=arrays, prev=prev,
                    sketch=_decode_sketch(config, rnd),
-                   local_steps=_int(config, LOCAL_STEPS) if LOCAL_STEPS in config else None,
+                   local_steps=config_int(config, LOCAL_STEPS) if LOCAL_STEPS in config else None,
                    lr=_float(config, LR) if LR in config else None,
-                   shuffle=ShuffleTicket(str(config[SHUFFLER_KEY]), _int(config, EXCHANGE))
+                   shuffle=ShuffleTicket(str(config[SHUFFLER_KEY]), config_int(config, EXCHANGE))
                    if SHUFFLER_KEY in config else None,
-                   evaluate_round=_int(config, EVALUATE_ROUND) if EVALUATE_ROUND in config else None,
+                   evaluate_round=config_int(config, EVALUATE_ROUND) if EVALUATE_ROUND in config else None,
                    train_gradient=bool(config.get(TRAIN_GRADIENT, False)))
 
 
@@ -125,7 +125,7 @@ def _decode_sketch(config: Mapping[str, Any], rnd: int) -> RoundSketch | None:
         return RoundSketch(kind=kind, ratio=_float(config, SKETCH_FIELDS["ratio"]),
                            epsilon=_float(config, SKETCH_FIELDS["epsilon"]),
                            layerwise=bool(config.get(SKETCH_FIELDS["layerwise"], False)),
-                           seed=_int(config, SKETCH_FIELDS["seed"]), round=rnd,
+                           seed=config_int(config, SKETCH_FIELDS["seed"]), round=rnd,
                            error_feedback=bool(config.get(SKETCH_FIELDS["error_feedback"], True)))
     except ValueError as exc:
         raise ReplyError(f"the round's sketch is malformed: {exc}") from exc
@@ -189,7 +189,7 @@ class EvaluateRequest:
     @classmethod
     def decode(cls, content: RecordDict) -> EvaluateRequest:
         arrays, config, _ = read_instruction(content)
-        return cls(_int(config, ROUND, 0), arrays, bool(config.get(TRAIN_GRADIENT, False)))
+        return cls(config_int(config, ROUND, 0), arrays, bool(config.get(TRAIN_GRADIENT, False)))
 
 
 #: EvaluateReply field -> metric name

@@ -7,7 +7,7 @@ time, and no state kept from one message to the next. A SuperNode started with
 Runtime API (``127.0.0.1:<--port>``). This module is that external executor, for silofl only:
 
     flower-supernode --isolation process --port 9094 ... --node-config "$NODE" &
-    python -m app.executor --runtime-api 127.0.0.1:9094 --node-config "$NODE"
+    python -m app.runtime.executor --runtime-api 127.0.0.1:9094 --node-config "$NODE"
 
 It asks the Runtime API for a ClientApp task every ``--poll`` seconds (Flower's own protocol:
 ``AcquireTask``, then the task's token), and runs the task here: it pulls the message and the
@@ -42,7 +42,7 @@ def _app_id() -> str:
     import tomllib
     from pathlib import Path
 
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     try:
         data = tomllib.loads(pyproject.read_text())
         publisher = data["tool"]["flwr"]["app"]["publisher"]
@@ -164,7 +164,7 @@ class Executor:
 def main(argv: list[str] | None = None) -> int:
     from flwr.common.config import parse_config_args
 
-    ap = argparse.ArgumentParser(prog="python -m app.executor", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m app.runtime.executor", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime-api", default="127.0.0.1:9094",
                     help="the SuperNode's Runtime API (flower-supernode --isolation process --port PORT)")
     ap.add_argument("--node-config", default="", help="the SuperNode's --node-config string, verbatim")

@@ -18,7 +18,7 @@ def local_superlinks(env: dict[str, str]) -> list[tuple[int, str, bool]]:
     """The running ``flower-superlink --simulation`` processes: (pid, FLWR_HOME, runtime
     dependency installation off). Linux only (reads /proc); others' processes we may not read
     are skipped."""
-    return [(s.pid, s.home, s.no_install) for s in _local_superlinks()]
+    return [(s.pid, s.home, s.no_install) for s in running_superlinks()]
 
 
 class LocalSuperLink(NamedTuple):
@@ -33,7 +33,7 @@ class LocalSuperLink(NamedTuple):
     ports: tuple[int | None, int | None]
 
 
-def _cmdline_ports(cmdline: list[bytes]) -> tuple[int | None, int | None]:
+def cmdline_ports(cmdline: list[bytes]) -> tuple[int | None, int | None]:
     """(``--port``, the port of ``--control-api-address``) of a SuperLink's command line."""
     found: dict[str, int | None] = {"--port": None, "--control-api-address": None}
     for i, part in enumerate(cmdline):
@@ -45,7 +45,7 @@ def _cmdline_ports(cmdline: list[bytes]) -> tuple[int | None, int | None]:
     return found["--port"], found["--control-api-address"]
 
 
-def _local_superlinks() -> list[LocalSuperLink]:
+def running_superlinks() -> list[LocalSuperLink]:
     """Every running ``flower-superlink --simulation`` whose command line and environment we
     may read (Linux only: /proc)."""
     proc_dir = Path("/proc")
@@ -66,13 +66,13 @@ def _local_superlinks() -> list[LocalSuperLink]:
             continue
         found.append(LocalSuperLink(int(pid_dir.name), environ.get(b"FLWR_HOME", b"").decode(),
                                     environ.get(b"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", b"") == b"1",
-                                    environ.get(b"SILOFL_FAST_POLL", b"").decode(), _cmdline_ports(cmdline)))
+                                    environ.get(b"SILOFL_FAST_POLL", b"").decode(), cmdline_ports(cmdline)))
     return found
 
 
 def own_superlink_fast_poll(env: dict[str, str]) -> list[tuple[int, str]]:
     """This checkout's running local SuperLinks and the ``SILOFL_FAST_POLL`` each was started with."""
-    return [(s.pid, s.fast_poll) for s in _local_superlinks() if s.home == env["FLWR_HOME"]]
+    return [(s.pid, s.fast_poll) for s in running_superlinks() if s.home == env["FLWR_HOME"]]
 
 
 def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
@@ -83,11 +83,11 @@ def stop_own_superlinks(env: dict[str, str], wait_s: float = 10.0, keep: set[int
     otherwise finish a run's teardown on their own); returns the SuperLinks' pids. Nothing else
     is touched, nor the SuperLinks in ``keep`` (e.g. those that ran before a test session)."""
     mine = [pid for pid, _ in own_superlink_fast_poll(env) if pid not in keep]
-    end_processes(mine + _descendants(mine, env["FLWR_HOME"]), wait_s)
+    end_processes(mine + descendants(mine, env["FLWR_HOME"]), wait_s)
     return mine
 
 
-def _descendants(pids: list[int], home: str) -> list[int]:
+def descendants(pids: list[int], home: str) -> list[int]:
     """The processes below ``pids`` (by parent pid, read from /proc) started with FLWR_HOME ``home``."""
     children: dict[int, list[int]] = {}
     for pid_dir in Path("/proc").iterdir() if pids else ():
@@ -190,7 +190,7 @@ def own_local_superlink(env: dict[str, str], wait_s: float = 10.0) -> tuple[int,
 
     with exclusive_lock(home / (PORTS_FILE + ".lock")):  # one launcher of this checkout at a time
         remembered = remembered_ports(env)
-        running = _local_superlinks()
+        running = running_superlinks()
         own = [s for s in running if s.home == env["FLWR_HOME"]]
         keep = [s for s in own
                 if remembered and s.ports == remembered and s.no_install and s.fast_poll == want_fast][:1]

@@ -6,7 +6,7 @@ start) is rebuilt every time, and importing torch alone costs seconds. The opera
 service next to the SuperNode, with the node's own config, and adds ``silo-service='<socket>'``
 to the SuperNode's node config::
 
-    python -m app.silo_service --socket /srv/silofl/state/silo-service.sock \\
+    python -m app.runtime.silo_service --socket /srv/silofl/state/silo-service.sock \\
         --node-config "partition-id=0 num-partitions=2 state-dir='/srv/silofl/state' epsilon-cap=3.0"
 
 The ClientApp (app/client_app.py) then imports no torch and forwards each message here over a
@@ -36,12 +36,12 @@ lets a request being handled finish (its ledger entry is already being written) 
 second SIGTERM exits without waiting.
 
 Memory. A frame's prefix declares its size: over ``--max-frame-bytes`` (by default derived from
-the node config's ``max-model-params``, app/silo_protocol.py :func:`default_frame_bytes`) it is
+the node config's ``max-model-params``, app/runtime/silo_protocol.py :func:`default_frame_bytes`) it is
 refused; otherwise its size is reserved from ``--memory-budget`` (2 x the frame limit by
 default; a peer process at most half) or it is refused ``busy``, in both cases before its body
 is read. Requests read or held at once never take more than the budget.
 
-The wire format and the client side are in app/silo_protocol.py.
+The wire format and the client side are in app/runtime/silo_protocol.py.
 
 This module's top level imports no torch: the ClientApp imports it for :func:`request`.
 """
@@ -64,13 +64,11 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from app.silo_protocol import (BUDGET_FRAMES, BUSY_TIMEOUT_S, HEADER_TIMEOUT_S,
-                               MAX_CONNECTIONS, MAX_PENDING, PING, REPLY, REPLY_TIMEOUT_S, REQUEST,
-                               REQUEST_TIMEOUT_S, _TICK_S, Cut, FrameError, FrameTooLarge, ServiceError,
-                               ServiceUnavailable, _recv_exact, _send_all, default_frame_bytes, encode_frame,
-                               parse_bytes, parse_request, ping, read_header, read_prefix)
-# the protocol's names that callers and tests read from here
-from app.silo_protocol import _PREFIX, CONNECT_TIMEOUT_S, MAGIC, VERSION, read_frame, request  # noqa: F401
+from app.runtime.silo_protocol import (BUDGET_FRAMES, BUSY_TIMEOUT_S, HEADER_TIMEOUT_S, MAX_CONNECTIONS, MAX_PENDING,
+                                       PING, REPLY, REPLY_TIMEOUT_S, REQUEST, REQUEST_TIMEOUT_S, TICK_S, Cut,
+                                       FrameError, FrameTooLarge, ServiceError, ServiceUnavailable, default_frame_bytes,
+                                       encode_frame, parse_bytes, parse_request, ping, read_header, read_prefix,
+                                       recv_exact, send_all)
 
 
 # -- the service ----------------------------------------------------------------------------------
@@ -228,7 +226,7 @@ class SiloService:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
         sock.listen(16)
-        sock.settimeout(_TICK_S)  # wake up to notice SIGTERM
+        sock.settimeout(TICK_S)  # wake up to notice SIGTERM
         self._ino = os.stat(self.path).st_ino
         self.sock = sock
 
@@ -397,7 +395,7 @@ class SiloService:
             header = read_header(conn, head_len, header_deadline, self._stopping)
             mtype = "".join(ch if ch.isprintable() else "?" for ch in str(header.get("type", "?"))[:40])
             if header.get("type") == PING:  # no slot and no lock: answered while requests are handled
-                _recv_exact(conn, body_len, header_deadline, self._stopping)
+                recv_exact(conn, body_len, header_deadline, self._stopping)
                 if self._leave_pending(c, slot=False):
                     return
                 self._send(conn, {"ok": True, "pid": os.getpid(), "partition-id": self.node_config.get("partition-id"),
@@ -409,7 +407,7 @@ class SiloService:
                     _log(f"run {header.get('run_id', '-')} {mtype} refused: {refused}")
                     self._refuse(conn, refused, busy=True)
                 return
-            body = _recv_exact(conn, body_len, t0 + self.request_timeout, self._stopping)
+            body = recv_exact(conn, body_len, t0 + self.request_timeout, self._stopping)
             mtype, run_id, run_config, content = parse_request(header, body, self.types)
             del body
             if not self._acquire_node(conn, run_id, mtype):
@@ -451,7 +449,7 @@ class SiloService:
         """Wait for the node (another request may be handled) up to busy_timeout or a stop;
         False (the peer told why) if it did not come free."""
         end = time.monotonic() + self.busy_timeout
-        while not self._node.acquire(timeout=_TICK_S):
+        while not self._node.acquire(timeout=TICK_S):
             if self.stopping:
                 self._refuse(conn, "the service is stopping", busy=True)
                 return False
@@ -480,7 +478,7 @@ class SiloService:
     def _send(self, conn: socket.socket, header: Mapping[str, Any], body: bytes = b"") -> bool:
         """Whether the peer took the reply within reply_timeout (else the connection is cut)."""
         try:
-            _send_all(conn, encode_frame(REPLY, header, body), time.monotonic() + self.reply_timeout,
+            send_all(conn, encode_frame(REPLY, header, body), time.monotonic() + self.reply_timeout,
                       self._stopping)
             return True
         except Cut as exc:
@@ -491,7 +489,7 @@ class SiloService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m app.silo_service", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m app.runtime.silo_service", description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", required=True, help="the Unix socket to listen on (its directory is created 0700)")
     ap.add_argument("--node-config", default="", help="this node's config, the same string as the SuperNode's "
                     "--node-config (Flower's format: \"partition-id=0 num-partitions=2 state-dir='/state' ...\")")

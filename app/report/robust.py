@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from app.report_cells import _mean_std, _unhealthy_count, _unhealthy_lines, epsilon_of
+from app.report.cells import epsilon_of, mean_std, unhealthy_count, unhealthy_lines
 from app.run_health import FINISHED, UNHEALTHY
 
 
@@ -100,7 +100,7 @@ def _rule_order(rule: str) -> tuple[int, str]:
 def _cell_text(cell: dict[str, Any]) -> str:
     acc = cell["acc"]
     if acc:
-        m, s = _mean_std(acc)
+        m, s = mean_std(acc)
         unhealthy = "".join(f", {cell[st]} {st.replace('-', ' ')}" for st in UNHEALTHY if cell.get(st))
         text = f"{m:.2%} ± {s:.2%} (n={len(acc)}{unhealthy})"
     elif cell["refused"]:
@@ -130,10 +130,10 @@ def robust_markdown(rows: list[dict[str, str]]) -> str:
     refused = sum(c["refused"] for c in cells.values())
     failed = [r for r in jobs if r["status"] == "failed" and "honest majority" not in (r.get("error") or "")]
     lines.append(f"Jobs: {len(jobs)} ({refused} refused for an honest majority, {len(failed)} failed otherwise"
-                 f"{_unhealthy_count(jobs)}). Final test accuracy, mean ± std over seeds.")
+                 f"{unhealthy_count(jobs)}). Final test accuracy, mean ± std over seeds.")
     for r in failed[:10]:
         lines.append(f"- failed job {r['job']} ({rule_of(r)}, {attack_of(r)}, ε={epsilon_of(r):g}): {r['error']}")
-    lines += _unhealthy_lines(jobs, lambda r: f"{rule_of(r)}, {attack_of(r)}, ε={epsilon_of(r):g}")
+    lines += unhealthy_lines(jobs, lambda r: f"{rule_of(r)}, {attack_of(r)}, ε={epsilon_of(r):g}")
     return "\n".join(lines)
 
 
@@ -159,7 +159,7 @@ def plot_accuracy_vs_epsilon(rows: list[dict[str, str]], path: Path) -> None:
                 for j, eps in enumerate(eps_all):
                     acc = cells.get((eps, rule, sketch, attack), {"acc": []})["acc"]
                     if acc:
-                        m, s = _mean_std(acc)
+                        m, s = mean_std(acc)
                         xs.append(j), ms.append(m), ss.append(s)
                 if xs:
                     ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, color=f"C{i % 10}",
@@ -207,7 +207,7 @@ def plot_accuracy_heatmap(rows: list[dict[str, str]], path: Path) -> None:
                 if cell is None:
                     continue
                 if cell["acc"]:
-                    m, s = _mean_std(cell["acc"])
+                    m, s = mean_std(cell["acc"])
                     grid[i, j] = m
                     ax.text(j, i, f"{m:.1%}\n±{s:.1%}", ha="center", va="center", fontsize=6.5,
                             color="white" if m < 0.45 else "black")

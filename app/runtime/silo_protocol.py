@@ -1,5 +1,5 @@
 """The silo service's protocol: length-prefixed frames over a Unix socket, and the client side
-(what the ClientApp calls: :func:`request`, :func:`ping`). The service is app/silo_service.py.
+(what the ClientApp calls: :func:`request`, :func:`ping`). The service is app/runtime/silo_service.py.
 
 Wire format (all integers big-endian): ``b"SLFS"``, version (u8), kind (u8: 0 request, 1
 reply), header length (u32), body length (u64), a JSON header, a body. A request's header is
@@ -34,7 +34,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 MAGIC = b"SLFS"
 VERSION = 1
 REQUEST, REPLY = 0, 1
-_PREFIX = struct.Struct(">4sBBIQ")  # magic, version, kind, header length, body length
+PREFIX = struct.Struct(">4sBBIQ")  # magic, version, kind, header length, body length
 MAX_HEADER_BYTES = 16 << 20
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
 PING = "ping"
@@ -56,15 +56,15 @@ HEADER_TIMEOUT_S = 2.0
 #: connections accepted but still sending their header; one more cuts the oldest of them
 MAX_PENDING = 64
 #: how often a blocked read or write looks at its deadline and at a stop
-_TICK_S = 0.25
+TICK_S = 0.25
 
-# -- frame limit and memory budget (app/silo_service.py, docs/silo-service.md) --------------------
+# -- frame limit and memory budget (app/runtime/silo_service.py, docs/silo-service.md) --------------------
 
 #: node config ``max-model-params``: the most parameters of a model this node takes messages for.
 #: 16M: the zoo's largest model, ResNet-18 (11.2M), with room to spare
 MAX_MODEL_PARAMS = 16_000_000
 #: the largest message a silo legitimately receives is a training instruction with two float32
-#: points (w_r and the second point of a difference release, app/wire_messages.py Instruction)
+#: points (w_r and the second point of a difference release, app/wire/messages.py Instruction)
 POINTS_PER_MESSAGE, BYTES_PER_PARAM = 2, 4
 #: record names, .npy headers, the instruction's config and the run config in the header
 MESSAGE_SLACK_BYTES = 1 << 20
@@ -144,7 +144,7 @@ class Cut(Exception):
 
 def encode_frame(kind: int, header: Mapping[str, Any], body: bytes = b"") -> bytes:
     head = json.dumps(dict(header), allow_nan=True, separators=(",", ":")).encode()
-    return _PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
+    return PREFIX.pack(MAGIC, VERSION, kind, len(head), len(body)) + head + body
 
 
 def _wait(sock: socket.socket, deadline: float | None, stopping: Callable[[], bool] | None, what: str) -> None:
@@ -157,10 +157,10 @@ def _wait(sock: socket.socket, deadline: float | None, stopping: Callable[[], bo
     left = deadline - time.monotonic()
     if left <= 0:
         raise Cut(f"{what} not complete by its deadline")
-    sock.settimeout(min(left, _TICK_S))
+    sock.settimeout(min(left, TICK_S))
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
                 stopping: Callable[[], bool] | None = None, what: str = "request") -> bytearray:
     """``n`` bytes, read as they come into one growing buffer (a frame that announces more than
     it sends costs only what it sent, and what arrived is held once, never twice); with a
@@ -180,7 +180,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None,
     return buf
 
 
-def _send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Callable[[], bool] | None = None) -> None:
+def send_all(sock: socket.socket, data: bytes, deadline: float, stopping: Callable[[], bool] | None = None) -> None:
     """``sock.sendall(data)`` that gives up (Cut) at ``deadline``, or when the service stops and
     the peer has not taken anything for a tick."""
     view, sent = memoryview(data), 0
@@ -202,7 +202,7 @@ def read_prefix(sock: socket.socket, kind: int, max_bytes: int, deadline: float 
     """A frame's fixed prefix: (header length, body length), checked before anything else is
     read. FrameError if it is not a frame of ``kind`` of this version; FrameTooLarge if it
     declares more than ``max_bytes`` (its header and body are never read)."""
-    magic, version, got_kind, head_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size, deadline,
+    magic, version, got_kind, head_len, body_len = PREFIX.unpack(recv_exact(sock, PREFIX.size, deadline,
                                                                                  stopping, "request header"))
     if magic != MAGIC:
         raise FrameError(f"not a silo-service frame (magic {magic!r}, expected {MAGIC!r})")
@@ -219,7 +219,7 @@ def read_header(sock: socket.socket, head_len: int, deadline: float | None = Non
                 stopping: Callable[[], bool] | None = None) -> dict[str, Any]:
     """A frame's JSON header of ``head_len`` bytes (after its prefix); FrameError if not an object."""
     try:
-        header = json.loads(_recv_exact(sock, head_len, deadline, stopping, "request header"))
+        header = json.loads(recv_exact(sock, head_len, deadline, stopping, "request header"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -234,7 +234,7 @@ def read_frame(sock: socket.socket, kind: int, max_bytes: int, deadline: float |
     frame has not arrived by ``deadline`` (time.monotonic()) or ``stopping()`` turns true."""
     head_len, body_len = read_prefix(sock, kind, max_bytes, deadline, stopping)
     header = read_header(sock, head_len, deadline, stopping)
-    return header, _recv_exact(sock, body_len, deadline, stopping)
+    return header, recv_exact(sock, body_len, deadline, stopping)
 
 
 def _scalar(value: Any) -> bool:

@@ -1,34 +1,20 @@
-"""The typed wire: every message between the server and a silo, and its Flower records.
-
-Messages are dataclasses with ``encode()`` (to a Flower ``RecordDict``) and ``decode()`` (from
-one, validated): :class:`Instruction` (server -> silo, train), :class:`TrainReply` and
-:class:`Refusal` (silo -> server), :class:`EvaluateRequest` / :class:`EvaluateReply`, the ledger
-report and the identity answer. Record and field names live only in this module. Decoding checks
-format (keys, types, shapes, finiteness); what a reply's values may be (bounds, identity,
-duplicates) is checked by the server's reply validation (strategies/replies.py).
-
-This is the only base-layer module that imports Flower. Everything that arrives from the
-network is validated here: a malformed message raises :class:`ReplyError` (the strategy then
-drops that silo for the round; a silo answers with a refusal), never anything else. The
-low-level helpers (:func:`instruction`, :func:`refusal_of`, the record names) stay public so
-tests can build and inspect hostile messages.
+"""The wire's records: the Flower record and field names, the refusal codes, the array codec
+(float arrays <-> ``ArrayRecord``, the .npy header cached per shape) and the low-level builders and
+readers the typed messages (app/wire/messages.py) and queries (app/wire/queries.py) are made of.
+Record and field names live only in this package; decoding raises :class:`ReplyError`.
 """
 
 from __future__ import annotations
 
 import functools
 import io
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from app.algorithms.base import Phase
-from app.sketch.broadcast import RoundSketch
 
 # Record keys (DESIGN.md section 3).
 ARRAYS = "arrays"  # w_r, server -> silo
@@ -229,12 +215,3 @@ SHUFFLER_KEY, EXCHANGE = "shuffler-key", "exchange"
 #: that model comes from (the previous round's result), and whether to add the training gradient
 EVALUATE_ROUND = "evaluate-round"
 
-
-# the typed messages and the queries live in modules of their own; their names are read from here as before
-from app.wire_messages import (EVALUATION_PREFIX, EvaluateReply, EvaluateRequest, Instruction,  # noqa: E402,F401
-                               Refusal, ShuffleTicket, TrainReply, evaluation_of, read_instruction, with_evaluation)
-from app.wire_messages import WITNESS, with_witnesses, witnesses_of  # noqa: E402,F401
-from app.wire_queries import (IDENTITY, IDENTITY_QUERY, KEYS, KEYS_QUERY, LEDGER, LEDGER_QUERY,  # noqa: E402,F401
-                              MAX_SEALED_BYTES, ROLE_SHUFFLER, ROLE_SILO, SEALED, SHUFFLE, SHUFFLE_QUERY, SealedReply,
-                              ShuffleReply, ShuffleRequest, identity_reply, keys_reply, ledger_reply,
-                              read_identity, read_keys, read_ledger, shuffle_context)
