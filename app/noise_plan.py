@@ -76,7 +76,7 @@ def silo_noise(s: Any, n: int, dim: int) -> list[PhaseNoise]:
     from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
     from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
 
-    plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
+    plan = release_plan(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip)
     z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
                                    s.privacy.epsilon, s.delta_for(n))
     return [PhaseNoise(n, str(r.phase), r.batch, r.count, z * r.weight * r.sensitivity, s.privacy.clip, dim)

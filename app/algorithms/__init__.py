@@ -16,8 +16,8 @@ import importlib
 import pkgutil
 
 from app.algorithms.base import (
-    TRAINING_PHASES, Algorithm, Phase, ReleaseSpec, evaluation_rounds, planned_evaluations, planned_release_counts,
-    release_plan,
+    TRAINING_PHASES, Algorithm, AlgorithmOptions, Phase, ReleaseSpec, evaluation_rounds, planned_evaluations,
+    planned_release_counts, release_plan,
 )
 
 
@@ -45,5 +45,5 @@ def get_algorithm(name: str) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "TRAINING_PHASES", "Algorithm", "Phase", "ReleaseSpec", "evaluation_rounds", "get_algorithm",
-           "planned_evaluations", "planned_release_counts", "release_plan"]
+__all__ = ["ALGORITHMS", "TRAINING_PHASES", "Algorithm", "AlgorithmOptions", "Phase", "ReleaseSpec", "evaluation_rounds",
+           "get_algorithm", "planned_evaluations", "planned_release_counts", "release_plan"]
