@@ -127,11 +127,11 @@ def preflight(cfg: dict[str, Any]) -> Any:
                                  "assumed from gradbant.silo-records (the smallest and the largest silo)" if bounds
                                  else "unknown to the server (the silos' own records): shown for a few sizes")
                 return settings
-            _, splits, _, _ = silo_splits(settings)
+            _, splits, _, _ = silo_splits(settings, settings.seed, settings.robust.trust_size)
         except SchemaError as exc:
             raise ConfigError(str(exc)) from None
     else:
-        _, splits, _, _ = silo_splits(settings)
+        _, splits, _, _ = silo_splits(settings, settings.seed, settings.robust.trust_size)
     check_silo_sizes(settings, [len(train) for train, _ in splits])
     print_noise_plan(settings, [len(train) for train, _ in splits], "from the run's partition")
     from app.config import MODELS

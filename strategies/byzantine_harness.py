@@ -123,7 +123,7 @@ class Attacked:
 
     def bind(self, owner: Any) -> None:
         self.s: Settings = owner.s
-        self.byzantine = byzantine_indices(owner.s)
+        self.byzantine = byzantine_indices(owner.s.attack, owner.s.num_silos, owner.s.seed)
         self.inner.bind(owner)
 
     def prepare(self, grid: Any, timeout: float) -> None:

@@ -52,7 +52,7 @@ def silo_record_bounds(s: Settings) -> tuple[int, int]:
     from app.data.sources import DataUnavailableError
 
     try:
-        sizes = [len(train) for train, _ in silo_splits(s)[1]]
+        sizes = [len(train) for train, _ in silo_splits(s, s.seed, s.robust.trust_size)[1]]
     except (OSError, DataUnavailableError) as exc:
         raise ConfigError(f"gradbant.noise-aware = true needs the silos' record counts, but the server cannot read "
                           f"{s.dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None

@@ -44,7 +44,7 @@ def silo_inputs(overrides: dict) -> list[dict]:
 
     cfg = merged_run_config([]) | {"dataset": "digits", "privacy.mode": "shuffle"} | overrides
     s = parse_settings(resolve_presets(cfg))
-    _, splits, _, num_classes = silo_splits(s)
+    _, splits, _, num_classes = silo_splits(s, s.seed, s.robust.trust_size)
     out = []
     for index, (train, _) in enumerate(splits):
         n = len(train)
