@@ -87,7 +87,7 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
 
     def delta_for(self, n: int) -> float:
         """The silo's delta: the configured one, or 1/n^2 (the paper's choice)."""
-        return self.privacy.delta if self.privacy.delta is not None else 1.0 / (n * n)
+        return self.privacy.delta_for(n)
 
     def algorithm_options(self) -> AlgorithmOptions:
         """What the run's algorithm reads (app/algorithms/base.py): R, the planned rounds, K, Q,
@@ -109,6 +109,10 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
 
     def planned_rounds(self) -> int:
         return self.privacy.planned_rounds or self.num_rounds
+
+    def aggregation_rule(self) -> str:
+        """The run's aggregation rule: ``aggregator`` with ``auto`` resolved (strategies/options.py)."""
+        return effective_aggregator(self)
 
 
 _DECLARED = declared(Settings)

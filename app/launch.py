@@ -58,7 +58,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # re-exported: these were this module's (the local SuperLink; staging and following a flwr run)
 from app.flwr_run import (  # noqa: F401
@@ -67,6 +67,9 @@ from app.local_superlink import (  # noqa: F401
     FLOWER_LOCAL_PORTS, LOCAL_PORT_ENV, PORTS_FILE, LocalSuperLink, _cmdline_ports, _descendants, _local_superlinks,
     end_processes, free_port, local_superlinks, own_local_superlink, own_superlink_fast_poll, port_free,
     remembered_ports, stop_own_superlinks)
+
+if TYPE_CHECKING:
+    from app.noise_plan import NoiseRun
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,8 +152,17 @@ def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) ->
     from app.noise_plan import preflight_lines
 
     dim = sum(math.prod(shape) for shape in model_layout(settings).values())
-    for line in preflight_lines(settings, sizes, dim, sizes_from):
+    for line in preflight_lines(noise_run(settings), sizes, dim, sizes_from):
         print(line, flush=True)
+
+
+def noise_run(settings: Any) -> NoiseRun:
+    """What the noise plan reads of the run ``settings`` (app/noise_plan.py ``NoiseRun``)."""
+    from app.config import effective_aggregator
+    from app.noise_plan import NoiseRun
+
+    return NoiseRun(settings.algorithm, settings.algorithm_options(), settings.privacy, effective_aggregator(settings),
+                    settings.silos_per_round)
 
 
 def toml_value(v: Any) -> str:

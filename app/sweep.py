@@ -50,7 +50,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
+from app.config import (
+    AGGREGATORS, ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets,
+)
 from app.engine_patches import (  # noqa: F401  (re-exported: the patches were this module's)
     FAST_POLL_ENV, FAST_POLL_S, LEAN_RAY_ENV, PATCHED_FLWR, PROMPT_WAIT_S, RAY_ADDRESS_ENV, fast_poll,
     fast_poll_setting, keep_engine_warm, lean_ray_start, prompt_engine_stop)
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.hydra_options import register
 
     argv = sys.argv[1:] if argv is None else argv
-    register()  # algorithm=<name>, +aggregator=<rule> for the registered ones conf/ has no file for
+    register(ALGORITHMS, AGGREGATORS)  # algorithm=<name>, +aggregator=<rule>: the registered ones conf/ has no file for
 
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:
