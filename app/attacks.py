@@ -12,14 +12,9 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from app.options import choice, number, option
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 def _check_num_classes(num_classes: object) -> int:
@@ -207,14 +202,15 @@ DATA_ATTACKS = tuple(name for name, info in ATTACKS.items() if info.level == "da
 MODEL_ATTACKS = tuple(name for name, info in ATTACKS.items() if info.level == "update")
 
 
-def byzantine_indices(s: "Settings") -> set[int]:
-    """The Byzantine silos of an experiment, from (seed, attack.fraction): public in an experiment,
-    computed the same way by the silos and by the server's harness."""
+def byzantine_indices(attack: AttackSettings, num_silos: int, seed: int) -> set[int]:
+    """The Byzantine silos of an experiment of ``num_silos`` silos, from (``seed``,
+    ``attack.fraction``): public in an experiment, computed the same way by the silos and by the
+    server's harness."""
     from app.seeding import np_rng
 
-    if s.attack.kind == "none" or s.attack.fraction == 0:
+    if attack.kind == "none" or attack.fraction == 0:
         return set()
-    return {int(i) for i in byzantine_silos(s.num_silos, s.attack.fraction, np_rng(s.seed, "byzantine"))}
+    return {int(i) for i in byzantine_silos(num_silos, attack.fraction, np_rng(seed, "byzantine"))}
 
 
 # -- the attack.* run-config options, declared once (app/options.py) -----------------------------

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, get_algorithm
+from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, AlgorithmOptions, get_algorithm
 from app.algorithms.options import (  # noqa: F401 (re-exported)
     ALGORITHM_ALIASES, MODELS, OUTPUTS, ProxSettings, TrainingOptions,
 )
@@ -88,14 +88,20 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
 
     def delta_for(self, n: int) -> float:
         """The silo's delta: the configured one, or 1/n^2 (the paper's choice)."""
-        return self.privacy.delta if self.privacy.delta is not None else 1.0 / (n * n)
+        return self.privacy.delta_for(n)
+
+    def algorithm_options(self) -> AlgorithmOptions:
+        """What the run's algorithm reads (app/algorithms/base.py): R, the planned rounds, K, Q,
+        C_diff, the anchors' budget split and the algorithms' own groups."""
+        return AlgorithmOptions(num_rounds=self.num_rounds, planned_rounds=self.planned_rounds(),
+                                batch_size=self.batch_size, local_steps=self.local_steps, diff_clip=self.diff_clip,
+                                anchor_noise_ratio=self.privacy.anchor_noise_ratio, spider=self.spider,
+                                svrg=self.svrg, plsvrg=self.plsvrg)
 
     def batch_for(self, n: int) -> int:
         """K for a silo with n training records: ``batch-size``, or when it is 0 the algorithm's
         default (the full batch K = n; for proxsgd K = floor(n / R), disjoint blocks)."""
-        if self.batch_size:
-            return self.batch_size
-        return get_algorithm(self.algorithm).default_batch(self, n)
+        return get_algorithm(self.algorithm).batch(self.algorithm_options(), n)
 
     def simulation_nodes(self) -> int:
         """Nodes a simulation starts: one per silo, plus the shuffler in shuffle mode (the last
@@ -104,6 +110,10 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
 
     def planned_rounds(self) -> int:
         return self.privacy.planned_rounds or self.num_rounds
+
+    def aggregation_rule(self) -> str:
+        """The run's aggregation rule: ``aggregator`` with ``auto`` resolved (strategies/options.py)."""
+        return effective_aggregator(self)
 
 
 _DECLARED = declared(Settings)

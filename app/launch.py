@@ -58,10 +58,13 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.runtime.flwr_run import follow_run, run_status, stage_app
 from app.runtime.local_superlink import own_local_superlink, stop_own_superlinks
+
+if TYPE_CHECKING:
+    from app.noise_plan import NoiseRun
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,11 +125,11 @@ def preflight(cfg: dict[str, Any]) -> Any:
                                  "assumed from gradbant.silo-records (the smallest and the largest silo)" if bounds
                                  else "unknown to the server (the silos' own records): shown for a few sizes")
                 return settings
-            _, splits, _, _ = silo_splits(settings)
+            _, splits, _, _ = silo_splits(settings, settings.seed, settings.robust.trust_size)
         except SchemaError as exc:
             raise ConfigError(str(exc)) from None
     else:
-        _, splits, _, _ = silo_splits(settings)
+        _, splits, _, _ = silo_splits(settings, settings.seed, settings.robust.trust_size)
     check_silo_sizes(settings, [len(train) for train, _ in splits])
     print_noise_plan(settings, [len(train) for train, _ in splits], "from the run's partition")
     from app.config import MODELS
@@ -144,8 +147,17 @@ def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) ->
     from app.noise_plan import preflight_lines
 
     dim = sum(math.prod(shape) for shape in model_layout(settings).values())
-    for line in preflight_lines(settings, sizes, dim, sizes_from):
+    for line in preflight_lines(noise_run(settings), sizes, dim, sizes_from):
         print(line, flush=True)
+
+
+def noise_run(settings: Any) -> NoiseRun:
+    """What the noise plan reads of the run ``settings`` (app/noise_plan.py ``NoiseRun``)."""
+    from app.config import effective_aggregator
+    from app.noise_plan import NoiseRun
+
+    return NoiseRun(settings.algorithm, settings.algorithm_options(), settings.privacy, effective_aggregator(settings),
+                    settings.silos_per_round)
 
 
 def toml_value(v: Any) -> str:

@@ -179,7 +179,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
             _SILOS[key] = RefusingSilo(index, model_refused, wire.REFUSED_POLICY)
             return _SILOS[key]
         n = data.n
-        if (s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s)
+        if (s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s.attack, s.num_silos, s.seed)
                 and not policy.safe):  # a simulated Byzantine silo poisons its labels; a real one never
             data = poison_labels(data, s, num_classes)
         ledger_budget = None
@@ -282,7 +282,8 @@ def silo_records(s: Settings, node: Mapping[str, Any], index: int, deployed: boo
         schema = silo_schema(s, node, require_pin)
         limits = DataLimits.from_node(node.get("data-min-records"), node.get("data-max-records"),
                                       node.get("data-max-bytes"))
-        data = own_silo_data(s, own_file, str(node.get("data-format", "") or ""), index, limits, schema=schema)
+        data = own_silo_data(s, s.seed, own_file, str(node.get("data-format", "") or ""), index, limits,
+                             schema=schema)
         return data, schema.num_classes, schema.feature_shape
     if s.data_schema and deployed:
         raise SchemaError("this run trains on the silos' own records (data.schema) and this node config names no "
@@ -292,7 +293,7 @@ def silo_records(s: Settings, node: Mapping[str, Any], index: int, deployed: boo
             raise SchemaError("data.simulation-file names a file on the server's side; a deployed silo reads only "
                               "its own records (node config data-file)")
         s = replace(s, data_dir=str(node.get("data-dir", "") or ""))  # "": the source's default place
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     return fed.silos[index], fed.num_classes, fed.feature_shape
 
 

@@ -36,7 +36,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from app.algorithms import AlgorithmOptions
+    from app.privacy.settings import PrivacySettings
 
 #: illustrative silo sizes when the server cannot know n (the silos' own records)
 ILLUSTRATIVE_N = (30, 100, 300, 1000)
@@ -70,26 +74,37 @@ class PhaseNoise:
         return self.sigma * math.sqrt(self.dim) / self.clip
 
 
-def silo_noise(s: Any, n: int, dim: int) -> list[PhaseNoise]:
-    """The training releases a silo with ``n`` records plans for the run ``s`` and their sigma,
+@dataclass(frozen=True)
+class NoiseRun:
+    """What the noise plan reads of a run: its algorithm (a registered name) and that algorithm's
+    options, the privacy settings, the aggregation rule in effect (``aggregator`` with ``auto``
+    resolved) and M = ``silos-per-round``. The entrypoint builds it (app/launch.py ``noise_run``)."""
+
+    algorithm: str
+    options: AlgorithmOptions
+    privacy: PrivacySettings
+    rule: str
+    silos_per_round: int
+
+
+def silo_noise(run: NoiseRun, n: int, dim: int) -> list[PhaseNoise]:
+    """The training releases a silo with ``n`` records plans for the ``run`` and their sigma,
     calibrated as clients/silo.py calibrates (no private evaluations, no pre-processing release)."""
     from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
     from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
 
-    plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
+    plan = release_plan(get_algorithm(run.algorithm), run.options, n, run.privacy.clip)
     z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
-                                   s.privacy.epsilon, s.delta_for(n))
-    return [PhaseNoise(n, str(r.phase), r.batch, r.count, z * r.weight * r.sensitivity, s.privacy.clip, dim)
+                                   run.privacy.epsilon, run.privacy.delta_for(n))
+    return [PhaseNoise(n, str(r.phase), r.batch, r.count, z * r.weight * r.sensitivity, run.privacy.clip, dim)
             for r in plan if r.phase in TRAINING_PHASES]
 
 
-def cannot_learn(s: Any, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[str], list[str]]:
+def cannot_learn(run: NoiseRun, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[str], list[str]]:
     """(why the plan cannot learn, why the rule weighs noise), each empty when it does not hold,
     by the module docstring's criteria, for ``silos`` (each silo's :func:`silo_noise`)."""
-    from app.config import effective_aggregator
-
-    rule = effective_aggregator(s)
-    per_message = rule != "mean" or s.algorithm == "robust"
+    rule = run.rule
+    per_message = rule != "mean" or run.algorithm == "robust"
     learn, weighs = [], []
     for phase in sorted({p.phase for silo in silos for p in silo}):
         rows = [p for silo in silos for p in silo if p.phase == phase]
@@ -102,7 +117,7 @@ def cannot_learn(s: Any, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[st
                               + (" and the paper's score gives 0" if rule == "gradbant" else ""))
         # the rule's output averages at most M messages (the mean: M = silos-per-round; a rule that
         # may keep one message: M = 1, no averaging assumed)
-        m = min(s.silos_per_round, len(rows)) if not per_message else 1
+        m = min(run.silos_per_round, len(rows)) if not per_message else 1
         rounds = max(p.count for p in rows)
         sigmas = sorted(p.sigma for p in rows)[:m]  # the M least noisy silos: the best case
         rho = math.sqrt(sum(x * x for x in sigmas)) / m * math.sqrt(rows[0].dim * rounds) / (rounds * rows[0].clip)
@@ -113,20 +128,20 @@ def cannot_learn(s: Any, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[st
     return learn, weighs
 
 
-def preflight_lines(s: Any, sizes: Sequence[int] | None, dim: int, sizes_from: str) -> list[str]:
+def preflight_lines(run: NoiseRun, sizes: Sequence[int] | None, dim: int, sizes_from: str) -> list[str]:
     """The pre-flight's console lines. ``sizes``: each silo's n (None: unknown to the server);
     ``sizes_from``: where they come from, in words."""
-    if not s.privacy.enabled:
+    if not run.privacy.enabled:
         return []
     head = "[silofl] pre-flight"
-    if s.privacy.mode != "isrl":
-        return [f"{head}: privacy.mode={s.privacy.mode}: the noise is the shuffle protocol's binomial trials "
+    if run.privacy.mode != "isrl":
+        return [f"{head}: privacy.mode={run.privacy.mode}: the noise is the shuffle protocol's binomial trials "
                 "(docs/privacy.md); no Gaussian noise-to-signal is shown"]
     unknown = sizes is None
     shown = list(ILLUSTRATIVE_N) if unknown else list(sizes)
-    silos = [silo_noise(s, n, dim) for n in shown]
-    lines = [f"{head}: planned noise per silo (ISRL-DP privacy.epsilon={s.privacy.epsilon:g} over "
-             f"{s.planned_rounds()} planned round(s), clip={s.privacy.clip:g}, d={dim} parameters; n {sizes_from}; "
+    silos = [silo_noise(run, n, dim) for n in shown]
+    lines = [f"{head}: planned noise per silo (ISRL-DP privacy.epsilon={run.privacy.epsilon:g} over "
+             f"{run.options.planned_rounds} planned round(s), clip={run.privacy.clip:g}, d={dim} parameters; n {sizes_from}; "
              "assumes no private evaluations and no standardize=dp release, each of which only adds noise)"]
     for i, (n, silo) in enumerate(zip(shown, silos, strict=True)):
         who = f"n={n}" if unknown else f"silo {i} n={n}"
@@ -139,7 +154,7 @@ def preflight_lines(s: Any, sizes: Sequence[int] | None, dim: int, sizes_from: s
                      "its file by default (test-fraction); set gradbant.silo-records=\"smallest,largest\" to check "
                      "those sizes")
         return lines
-    learn, weighs = cannot_learn(s, silos)
+    learn, weighs = cannot_learn(run, silos)
     for w in learn:
         lines.append(f"{head}: WARNING this plan cannot learn from the silos' records (their noise drowns their "
                      f"signal): {w}; see docs/your-data.md#small-silos (full batches, fewer rounds)")

@@ -192,7 +192,7 @@ def unchanged_reason(unchanged: int, n: int, counts: Mapping[str, int]) -> str:
 
 def diagnose(rows: Sequence[Mapping[str, Any]], s: Any, num_classes: int | None = None,
              refusals: Iterable[str] = ()) -> Health:
-    """The verdict on a run from its round rows and its Settings ``s`` (app/config.py), with the
+    """The verdict on a run from its round rows and its settings ``s`` (built by the ServerApp), with the
     setting most likely to blame. ``num_classes``: C for the ln C floor of the growth rule
     (None: no floor); ``refusals``: the distinct reasons silos gave for refusing ("code: reason"),
     for a run whose rounds had no valid update."""
@@ -264,10 +264,8 @@ def _attacked(s: Any) -> bool:
 
 
 def _rule(s: Any) -> str:
-    """The run's aggregation rule (``auto`` resolved)."""
-    from app.config import effective_aggregator
-
-    return effective_aggregator(s)
+    """The run's aggregation rule (``auto`` resolved, ``Settings.aggregation_rule``)."""
+    return s.aggregation_rule()
 
 
 def _blame_divergence(s: Any) -> Blame:
@@ -358,7 +356,7 @@ def _blame_gradbant(s: Any, rows: Sequence[Mapping[str, Any]]) -> Blame:
     """Every Grad-BANT score theta_i = [<g0, u_i> - (L gamma / 2) max(||u_i||^2 - c, 0)]_+ was 0:
     the penalty's factor L gamma, else what inflates ||u||^2 beyond <g0, u> (DP noise, the
     sketch's lift, minibatch sampling noise), which the noise-aware score subtracts."""
-    from app.config import NOISE_AWARE_SKETCH_KINDS
+    from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
 
     smooth, named = _smoothness(s, rows)
     noise_aware = s.robust.gradbant_noise_aware

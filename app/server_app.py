@@ -85,7 +85,7 @@ def validate(run_config: dict[str, Any]) -> Settings:
                               else str(exc)) from None
 
     try:
-        _, splits, _, _ = silo_splits(s)
+        _, splits, _, _ = silo_splits(s, s.seed, s.robust.trust_size)
     except (OSError, DataUnavailableError) as exc:
         log(INFO, "the server cannot read %s (%s); the silos check K <= n themselves",
             "the silos' own records" if s.data_schema else s.dataset, exc)
@@ -272,7 +272,7 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[silofl] run {name}: {s.algorithm} on {s.dataset} ({s.num_silos} silos, {s.silos_per_round} per round), "
           f"privacy {s.privacy.mode} eps={s.privacy.epsilon:g} delta={'1/n^2' if s.privacy.delta is None else s.privacy.delta}"
           f" clip={s.privacy.clip:g}; outputs -> {out}", flush=True)
-    preprocessing = preprocessing_steps(s)
+    preprocessing = preprocessing_steps(s, s.privacy.enabled)
     if preprocessing["caveat"]:
         print(f"[silofl] CAVEAT: {preprocessing['caveat']}", flush=True)
     # the silos' ledger witnesses, kept across runs in the outputs-dir (app/privacy/ledger_witness.py)

@@ -11,20 +11,23 @@ server has none sets ``server-device = "cpu"`` (or ``"auto"``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from app.options import ConfigError
+
+if TYPE_CHECKING:
+    from app.runtime_options import RuntimeOptions
 
 
-def server_device_name(s: Any) -> str:
+def server_device_name(s: RuntimeOptions) -> str:
     """``server-device`` with "device" replaced by the run's ``device`` (cpu | cuda | auto)."""
     return s.device if s.server_device == "device" else s.server_device
 
 
-def server_device(s: Any) -> Any:
-    """The ``torch.device`` the server computes on for settings ``s``; ConfigError (one line) for
+def server_device(s: RuntimeOptions) -> Any:
+    """The ``torch.device`` the server computes on for the runtime options ``s``; ConfigError (one line) for
     "cuda" where torch sees no CUDA device."""
     import torch
-
-    from app.config import ConfigError
 
     want = server_device_name(s)
     if want == "auto":

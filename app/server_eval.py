@@ -10,16 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.config import ConfigError, Settings
+from app.options import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
+    from app.data.options import DataOptions
 
-def load_server_test(s: Settings) -> tuple["torch.Tensor", "torch.Tensor"] | None:
+
+def load_server_test(data: DataOptions) -> tuple["torch.Tensor", "torch.Tensor"] | None:
     """(x, y) of ``server.test-file``, pre-processed like the server's trust file; None when the
     run names none; ConfigError (one line) when it cannot be read or does not match the schema."""
-    if not s.server_test_file:
+    if not data.server_test_file:
         return None
     import torch
 
@@ -27,7 +29,7 @@ def load_server_test(s: Settings) -> tuple["torch.Tensor", "torch.Tensor"] | Non
     from app.data.schema import SchemaError
 
     try:
-        x, y = server_records(s, s.server_test_file)
+        x, y = server_records(data, data.server_test_file)
     except SchemaError as exc:
         raise ConfigError(f"server.test-file: {exc}") from None
     return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)

@@ -50,7 +50,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
+from app.config import (
+    AGGREGATORS, ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets,
+)
 from app.federation import (  # noqa: F401
     EngineLost, engine_backend_config, engine_env, retry_config, run_federation, simulation_apps)
 from app.presets import PRESET_KEYS
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.hydra_options import register
 
     argv = sys.argv[1:] if argv is None else argv
-    register()  # algorithm=<name>, +aggregator=<rule> for the registered ones conf/ has no file for
+    register(ALGORITHMS, AGGREGATORS)  # algorithm=<name>, +aggregator=<rule>: the registered ones conf/ has no file for
 
     @hydra.main(config_path=str(ROOT / "conf"), config_name="config", version_base=None)
     def _job(cfg: DictConfig) -> None:

@@ -182,8 +182,8 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         to its sensitivity. Proxsgd's secret block permutation is drawn here and stored with the
         calibration, so every process serving this silo uses the same disjoint blocks."""
         private_eval = self.evaluation == "private" and self.private and not self.shuffle
-        evaluations = planned_evaluations(self.s) if private_eval else 0
-        plan = release_plan(get_algorithm(self.s.algorithm), self.s, self.n, self.clip, evaluations,
+        evaluations = planned_evaluations(self.s.eval_every, self.s.num_rounds, self.s.output) if private_eval else 0
+        plan = release_plan(get_algorithm(self.s.algorithm), self.s.algorithm_options(), self.n, self.clip, evaluations,
                             self.evaluation_noise_ratio)
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}

@@ -134,7 +134,7 @@ class Attacked:
 
     def bind(self, owner: Any) -> None:
         self.s = owner.s  # the run's settings, read for the attack, seed and silos
-        self.byzantine = byzantine_indices(owner.s)
+        self.byzantine = byzantine_indices(owner.s.attack, owner.s.num_silos, owner.s.seed)
         self.inner.bind(owner)
 
     def prepare(self, grid: Any, timeout: float) -> None:

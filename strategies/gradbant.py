@@ -154,7 +154,7 @@ class RobustAggregator:
         #: where the trust-set gradients are computed (server-device; app/server_device.py)
         self.device = server_device(s)
         if trust is None and s.robust.aggregator in TRUST_AGGREGATORS:
-            trust = build_trust_set(s)
+            trust = build_trust_set(s, s.seed, s.robust.trust_size, s.robust.trust_classes, s.robust.trust_shift)
         self.trust = trust if s.robust.aggregator in TRUST_AGGREGATORS else None
         if self.trust is not None and self.device.type != "cpu":
             self.trust = replace(self.trust, x=self.trust.x.to(self.device), y=self.trust.y.to(self.device))

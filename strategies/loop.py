@@ -197,7 +197,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
 
     def scheduled_phase(self, rnd: int) -> Phase:
         """The (first) phase round ``rnd`` asks for in the algorithm's schedule."""
-        return self.algorithm.round_phases(self.s, rnd)[0]
+        return self.algorithm.round_phases(self.s.algorithm_options(), rnd)[0]
 
     # -- the state a checkpoint holds -------------------------------------------------------------
     def optimizer_state(self) -> dict[str, Any]:

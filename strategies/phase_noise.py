@@ -52,7 +52,7 @@ def silo_record_bounds(s: Settings) -> tuple[int, int]:
     from app.data.sources import DataUnavailableError
 
     try:
-        sizes = [len(train) for train, _ in silo_splits(s)[1]]
+        sizes = [len(train) for train, _ in silo_splits(s, s.seed, s.robust.trust_size)[1]]
     except (OSError, DataUnavailableError) as exc:
         raise ConfigError(f"gradbant.noise-aware = true needs the silos' record counts, but the server cannot read "
                           f"{s.dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None
@@ -78,7 +78,7 @@ def phase_batch(s: Settings, phase: Phase, n: int) -> int:
     (SPIDER's anchor: K1 = ``spider.anchor-batch`` or n; SVRG's snapshot: n; else ``batch-size``)."""
     from app.algorithms import get_algorithm
 
-    return get_algorithm(s.algorithm).release(phase, s, n, s.privacy.clip, 1).batch
+    return get_algorithm(s.algorithm).release(phase, s.algorithm_options(), n, s.privacy.clip, 1).batch
 
 
 def honest_noise_variance(s: Settings, phase: Phase | None = None) -> float:
@@ -96,7 +96,7 @@ def honest_noise_variance(s: Settings, phase: Phase | None = None) -> float:
     from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
 
     n = silo_record_bounds(s)[1]
-    plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip)
+    plan = release_plan(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip)
     spec = next((r for r in plan if (r.phase == phase if phase is not None else r.phase in TRAINING_PHASES)), None)
     if spec is None:
         return 0.0

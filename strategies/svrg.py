@@ -57,7 +57,7 @@ class FedProxPLSVRG(FedProxSVRG):
     knob_group = "plsvrg"
 
     def exchanges(self, rnd: int, w: Params) -> Round:
-        length = stage_length(self.s)
+        length = stage_length(self.s.num_rounds, self.s.plsvrg.restarts)
         if rnd == 1 or (rnd - 1) % length:
             return (yield from super().exchanges(rnd, w))
         stage = (rnd - 1) // length + 1

@@ -25,9 +25,10 @@ from tests.helpers import FlowerStarted, missing_data, run
 
 def pytest_configure(config: pytest.Config) -> None:
     """Hydra's options for the registered algorithms and rules without a file in conf/ (as app.sweep)."""
+    from app.config import AGGREGATORS, ALGORITHMS
     from app.hydra_options import register
 
-    register()
+    register(ALGORITHMS, AGGREGATORS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

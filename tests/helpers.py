@@ -79,7 +79,7 @@ def logistic_objective(settings, lam: float):
 
     from app.data.federated import build_federated_data
 
-    fed = build_federated_data(settings)
+    fed = build_federated_data(settings, settings.seed, settings.robust.trust_size)
     data = [(s.train_x.double(), s.train_y) for s in fed.silos]
 
     def f(theta: np.ndarray) -> tuple[float, np.ndarray]:

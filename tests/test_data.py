@@ -491,8 +491,9 @@ def test_validation_records_come_out_of_the_training_split() -> None:
     from app.config import parse_settings
     from app.data.federated import build_federated_data
 
-    plain = build_federated_data(parse_settings({}))
-    held = build_federated_data(parse_settings({"validation-fraction": 0.25}))
+    plain_s, held_s = parse_settings({}), parse_settings({"validation-fraction": 0.25})
+    plain = build_federated_data(plain_s, plain_s.seed, plain_s.robust.trust_size)
+    held = build_federated_data(held_s, held_s.seed, held_s.robust.trust_size)
     for a, b in zip(plain.silos, held.silos, strict=True):
         assert b.n + len(b.val_y) == a.n  # training records = train + validation of the plain split
         assert torch.equal(a.test_y, b.test_y)  # the test split is untouched
@@ -506,7 +507,7 @@ def test_pca_setting_changes_the_feature_shape() -> None:
     from app.data.federated import build_federated_data, dataset_meta
 
     s = parse_settings({"pca": 7})
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     assert fed.feature_shape == (7,) == dataset_meta(s)[0]
     assert fed.silos[0].train_x.shape[1] == 7
 
@@ -554,13 +555,14 @@ def test_digits_records_after_standardising_stay_within_what_integer_pixels_allo
 
     s = parse_settings({"algorithm": "robust", "dataset": "digits", "partition": "iid", "num-silos": 10,
                         "silos-per-round": 10, "aggregator": "fltrust", "trust.size": 100, "seed": 0})
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     train = np.concatenate([d.train_x.numpy() for d in fed.silos])
     n = len(train)
     raw = load_digits().data
     assert np.all(raw == np.round(raw)) and raw.min() == 0 and raw.max() == 16
     bound = 16 * n / np.sqrt(n - 1)
     for name, x in [("train", train), ("test", np.concatenate([d.test_x.numpy() for d in fed.silos])),
-                    ("trust", build_trust_set(s).x.numpy())]:
+                    ("trust", build_trust_set(s, s.seed, s.robust.trust_size, s.robust.trust_classes,
+                                              s.robust.trust_shift).x.numpy())]:
         assert np.abs(x).max() <= bound, (name, float(np.abs(x).max()), bound)
     assert np.all(train[:, 24] == 0)  # the constant-in-training feature of this split

@@ -123,8 +123,8 @@ def test_trust_set_is_disjoint_from_every_silo() -> None:
     from app.data.federated import build_federated_data, build_trust_set
 
     s = parse_settings(ROBUST)
-    trust = build_trust_set(s)
-    fed = build_federated_data(s)
+    trust = build_trust_set(s, s.seed, s.robust.trust_size, s.robust.trust_classes, s.robust.trust_shift)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     assert len(trust.y) == 60 and len(np.unique(trust.y.numpy())) == 10  # stratified: all 10 digits
     trust_rows = {tuple(np.round(r, 5)) for r in trust.x.numpy()}
     for silo in fed.silos:

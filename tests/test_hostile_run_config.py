@@ -108,7 +108,7 @@ def drive(run_config: dict[str, Any], node_config: dict[str, Any]) -> tuple[list
                   run_config=dict(run_config))
     try:
         s = parse_settings(run_config)
-        phases = [get_algorithm(s.algorithm).round_phases(s, r)[0] for r in (1, 2, 3)]
+        phases = [get_algorithm(s.algorithm).round_phases(s.algorithm_options(), r)[0] for r in (1, 2, 3)]
     except Exception:  # noqa: BLE001 - a config the launcher would refuse: a hostile server sends it anyway
         phases = [wire.Phase.GRAD] * 3
     refusals, released = [], []

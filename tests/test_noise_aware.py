@@ -210,7 +210,7 @@ def test_a_server_that_cannot_read_the_partition_needs_public_record_bounds(monk
     from app.data.sources import DataUnavailableError
     from strategies.gradbant import honest_noise_variance, silo_record_bounds
 
-    def unreadable(_s):
+    def unreadable(*_args):
         raise DataUnavailableError("the data lives on the silos")
 
     monkeypatch.setattr(federated, "silo_splits", unreadable)

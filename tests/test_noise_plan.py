@@ -18,7 +18,8 @@ from tests.helpers import analytic_gaussian_delta
 
 
 def settings(**over):
-    return parse_settings(merged_run_config([]) | over)
+    """What the noise plan reads of the run config ``over`` (app.launch.noise_run)."""
+    return launch.noise_run(parse_settings(merged_run_config([]) | over))
 
 
 ONE_RELEASE = {"algorithm": "mbsgd", "num-rounds": 1, "eval-every": 0, "batch-size": 0, "privacy.mode": "isrl",

@@ -131,9 +131,11 @@ def test_a_simulation_file_is_split_like_the_built_in_data(tmp_path: Path) -> No
     df, names, _, _ = wbcd_frame()
     df.to_csv(tmp_path / "all.csv", index=False)
     base = {"num-silos": 3, "silos-per-round": 3, "partition": "dirichlet", "seed": 4, "standardize": "pooled"}
-    own = build_federated_data(parse_settings(base | {"data.schema": write_schema(tmp_path, names),
-                                                      "data.simulation-file": str(tmp_path / "all.csv")}))
-    builtin = build_federated_data(parse_settings(base))
+    own_s = parse_settings(base | {"data.schema": write_schema(tmp_path, names),
+                                   "data.simulation-file": str(tmp_path / "all.csv")})
+    own = build_federated_data(own_s, own_s.seed, own_s.robust.trust_size)
+    builtin_s = parse_settings(base)
+    builtin = build_federated_data(builtin_s, builtin_s.seed, builtin_s.robust.trust_size)
     assert own.num_classes == 2 and own.feature_shape == (30,)
     for a, b in zip(own.silos, builtin.silos, strict=True):
         np.testing.assert_allclose(a.train_x.numpy(), b.train_x.numpy(), atol=1e-5)
@@ -210,9 +212,13 @@ def test_the_servers_trust_file_gives_a_stratified_trust_size_and_a_bad_test_fil
     df.to_csv(tmp_path / "trust.csv", index=False)
     cfg = {"data.schema": write_schema(tmp_path, names), "server.trust-file": str(tmp_path / "trust.csv"),
            "algorithm": "robust", "trust.size": 10}
-    trust = build_trust_set(parse_settings(cfg))
+    def trust_set(config: dict) -> object:
+        s = parse_settings(config)
+        return build_trust_set(s, s.seed, s.robust.trust_size, s.robust.trust_classes, s.robust.trust_shift)
+
+    trust = trust_set(cfg)
     assert np.bincount(trust.y.numpy()).tolist() == [4, 6]
-    assert len(build_trust_set(parse_settings(cfg | {"trust.size": 0})).y) == 569  # 0: all of it
+    assert len(trust_set(cfg | {"trust.size": 0}).y) == 569  # 0: all of it
     df.drop(columns=["diagnosis"]).to_csv(tmp_path / "test.csv", index=False)
     with pytest.raises(ConfigError) as info:
         load_server_test(parse_settings(cfg | {"server.test-file": str(tmp_path / "test.csv")}))

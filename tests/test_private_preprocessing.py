@@ -150,12 +150,12 @@ def test_public_pca_is_fitted_on_records_no_silo_holds() -> None:
     from app.data.federated import _splits, data_key
 
     s = parse_settings({"dataset": "digits", "pca": 8, "num-silos": 3, "silos-per-round": 3})
-    _, splits, _, _, vals, trust, public = _splits(data_key(s))
+    _, splits, _, _, vals, trust, public = _splits(data_key(s, s.seed, s.robust.trust_size))
     held = np.concatenate([np.concatenate([tr, te]) for tr, te in splits] + vals)
     assert len(public) == min(500, (1797 - len(trust)) // 10) and not np.intersect1d(public, held).size
     old = parse_settings({"dataset": "digits", "pca": 8, "num-silos": 3, "silos-per-round": 3, "pca-fit": "pooled",
                           "standardize": "pooled"})
-    assert len(_splits(data_key(old))[6]) == 0  # the reproducing mode carves nothing out
+    assert len(_splits(data_key(old, old.seed, old.robust.trust_size))[6]) == 0  # the reproducing mode carves nothing out
 
 
 @pytest.mark.parametrize("noise_seed", ["run", "os"])
@@ -170,7 +170,7 @@ def test_a_restarted_silo_reuses_its_charged_preprocessing(tmp_path: Path, noise
 
     s = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "standardize": "dp",
                         "privacy.noise-seed": noise_seed})
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     first = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k")
     again = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k")
     other = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path / "b", "k")
@@ -188,7 +188,7 @@ def test_the_preprocessing_release_is_planned_as_it_is_released(tmp_path: Path) 
     from clients.silo import Silo
 
     s = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0, "standardize": "dp"})
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     report = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k").ledger_report()
     planned = {r["phase"]: r for r in report["planned"]}
     released = {r["kind"]: r for r in report["releases"]}
@@ -198,6 +198,6 @@ def test_the_preprocessing_release_is_planned_as_it_is_released(tmp_path: Path) 
         assert planned[PREPROCESS_KIND][key] == released[PREPROCESS_KIND][key]
     assert "grad" in planned
     plain = parse_settings({"privacy.mode": "isrl", "privacy.epsilon": 3.0})
-    fed = build_federated_data(plain)
+    fed = build_federated_data(plain, plain.seed, plain.robust.trust_size)
     report = Silo(plain, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path / "b", "k").ledger_report()
     assert PREPROCESS_KIND not in {r["phase"] for r in report["planned"]}

@@ -76,12 +76,15 @@ def test_without_public_scaling_auto_is_dp_and_public_is_refused(tmp_path: Path)
 def test_summary_names_the_own_records_scaling(tmp_path: Path) -> None:
     from app.data.preprocessing_report import preprocessing_steps
 
+    def steps(config: dict) -> dict:
+        s = parse_settings(config)
+        return preprocessing_steps(s, s.privacy.enabled)
+
     base = {"features": ["a", "b", "c"], "label": "y", "classes": ["no", "yes"]}
-    public = preprocessing_steps(parse_settings({"data.schema": json.dumps(base | {"statistics": {"mean": 0,
-                                                                                                  "std": 1}})}))
+    public = steps({"data.schema": json.dumps(base | {"statistics": {"mean": 0, "std": 1}})})
     assert public["covered_by_eps"] and public["steps"][-1]["mode"] == "public"
     assert "data.schema" in public["steps"][-1]["how"]
-    dp = preprocessing_steps(parse_settings({"data.schema": json.dumps(base)}))
+    dp = steps({"data.schema": json.dumps(base)})
     assert dp["steps"][-1]["mode"] == "dp" and dp["covered_by_eps"]
-    local = preprocessing_steps(parse_settings({"data.schema": json.dumps(base), "standardize": "local"}))
+    local = steps({"data.schema": json.dumps(base), "standardize": "local"})
     assert not local["covered_by_eps"] and "NOT covered" in local["caveat"]

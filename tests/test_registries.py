@@ -90,6 +90,7 @@ def test_hydra_options_come_from_the_registries_where_conf_has_no_file(tmp_path:
 
     from hydra.core.config_store import ConfigStore
 
+    from app.config import AGGREGATORS, ALGORITHMS
     from app.hydra_options import register
 
     store = ConfigStore.instance()
@@ -98,6 +99,6 @@ def test_hydra_options_come_from_the_registries_where_conf_has_no_file(tmp_path:
     shutil.copytree(CONF, tmp_path / "conf")
     (tmp_path / "conf" / "algorithm" / "spider.yaml").unlink()
     (tmp_path / "conf" / "aggregator" / "krum.yaml").unlink()
-    stored = register(tmp_path / "conf")
+    stored = register(ALGORITHMS, AGGREGATORS, tmp_path / "conf")
     assert {"algorithm/spider", "aggregator/krum"} <= set(stored)
     assert not {"algorithm/mbsgd", "algorithm/localsgd", "aggregator/mean"} & set(stored)  # their files win

@@ -188,7 +188,7 @@ def _pooled_logistic_objective(settings, lam: float):
 
     from app.data.federated import build_federated_data
 
-    fed = build_federated_data(settings)
+    fed = build_federated_data(settings, settings.seed, settings.robust.trust_size)
     x = torch.cat([s.train_x for s in fed.silos]).double()
     y = torch.cat([s.train_y for s in fed.silos])
 

@@ -33,7 +33,7 @@ T = 120  # difference releases in the Monte Carlo
 
 def _silo(tmp_path: Path, overrides: dict[str, Any]) -> tuple[Silo, Any]:
     s = parse_settings(merged_run_config([]) | overrides)
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     return Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "t"), s
 
 

@@ -36,7 +36,7 @@ def _silo(tmp_path: Path, overrides: dict[str, Any], *, index: int = 0, record: 
     """Silo ``index`` of the run config; ``record`` = (i, j) replaces training record i by a copy
     of record j (the neighbouring dataset D')."""
     s = parse_settings(merged_run_config([]) | overrides)
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     data = fed.silos[index]
     if record is not None:
         x, y = data.train_x.clone(), data.train_y.clone()

@@ -5,8 +5,9 @@ Flower, no torch). The registry is built from the modules of this package, each 
 Adding an algorithm ``foo``: ``app/algorithms/foo.py`` with ``ALGORITHM = Foo()`` (its phases,
 ``round_phases`` and, if its releases differ from a plain minibatch gradient, ``release``), its
 server step as a ``FederatedOptimizer`` subclass with ``algorithms = ("foo",)`` in ``strategies/foo.py``
-(its options, if any: a dataclass of ``app.options.option`` fields in foo.py and one ``group`` line in
-``app.config.Settings``, then ``python -m app.config_sync --write``). Hydra's ``algorithm=foo`` needs
+(its options, if any: a dataclass of ``app.options.option`` fields in foo.py, one ``group`` line in
+``app.config.Settings`` and one field of :class:`AlgorithmOptions` that ``Settings.algorithm_options``
+fills, then ``python -m app.config_sync --write``). Hydra's ``algorithm=foo`` needs
 no file (app/hydra_options.py); ``conf/algorithm/foo.yaml`` only to set more. Nothing else lists algorithms.
 """
 
@@ -16,8 +17,8 @@ import importlib
 import pkgutil
 
 from app.algorithms.base import (
-    TRAINING_PHASES, Algorithm, Phase, ReleaseSpec, evaluation_rounds, planned_evaluations, planned_release_counts,
-    release_plan,
+    TRAINING_PHASES, Algorithm, AlgorithmOptions, Phase, ReleaseSpec, evaluation_rounds, planned_evaluations,
+    planned_release_counts, release_plan,
 )
 
 
@@ -45,5 +46,5 @@ def get_algorithm(name: str) -> Algorithm:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}") from None
 
 
-__all__ = ["ALGORITHMS", "TRAINING_PHASES", "Algorithm", "Phase", "ReleaseSpec", "evaluation_rounds", "get_algorithm",
-           "planned_evaluations", "planned_release_counts", "release_plan"]
+__all__ = ["ALGORITHMS", "TRAINING_PHASES", "Algorithm", "AlgorithmOptions", "Phase", "ReleaseSpec", "evaluation_rounds",
+           "get_algorithm", "planned_evaluations", "planned_release_counts", "release_plan"]

@@ -3,12 +3,15 @@ and the silo's release plan. Base layer: no Flower, no torch.
 
 An :class:`Algorithm` answers three questions:
 
-* ``round_phases(s, rnd)``: which releases round ``rnd`` asks each sampled silo for, in order
+* ``round_phases(o, rnd)``: which releases round ``rnd`` asks each sampled silo for, in order
   (no dropout). The server's strategy follows it (apart from the extra anchors it asks for after
   a round in which no silo answered); each silo counts it to plan its noise before round 1.
-* ``release(phase, s, n, clip, count)``: the :class:`ReleaseSpec` of ``count`` releases of one
+* ``release(phase, o, n, clip, count)``: the :class:`ReleaseSpec` of ``count`` releases of one
   kind by a silo with n records: its batch K, replace-one sensitivity and budget-split weight.
 * ``prox_step``: whether the server step is a prox step (composite losses, ``prox.kind``).
+
+``o`` is the run's :class:`AlgorithmOptions`: only what an algorithm reads (R, K, Q, ...), built by
+the entrypoint from its settings (``Settings.algorithm_options()``); no algorithm sees the root settings.
 
 Adding an algorithm: a module here with an ``ALGORITHM`` instance (found by the registry in
 ``app/algorithms/__init__.py``), its server step in ``strategies/`` and ``conf/algorithm/<name>.yaml``.
@@ -24,7 +27,9 @@ from typing import TYPE_CHECKING
 from app.privacy.sensitivity import EVAL_SENSITIVITY, mean_sensitivity
 
 if TYPE_CHECKING:
-    from app.config import Settings
+    from app.algorithms.plsvrg import PLSVRGSettings
+    from app.algorithms.spider import SpiderSettings
+    from app.algorithms.svrg import SVRGSettings
 
 
 class Phase(StrEnum):
@@ -63,6 +68,26 @@ class ReleaseSpec:
         return 0.0 if self.noise_multiplier == 0 else self.noise_multiplier * self.sensitivity
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmOptions:
+    """What an algorithm reads of a run to plan its releases: R, the rounds a silo plans its noise
+    for, K (``batch-size``; 0: the algorithm's default), Q (``local-steps``), C_diff
+    (``diff-clip``), the anchors' budget split (``privacy.anchor-noise-ratio``) and the algorithms'
+    own groups (``spider.*``, ``svrg.*``, ``plsvrg.*``). Every field is required: the entrypoint
+    builds it from the run's settings (``Settings.algorithm_options()``), so no default is copied."""
+
+    num_rounds: int
+    #: ``privacy.planned-rounds``, or R when it is 0
+    planned_rounds: int
+    batch_size: int
+    local_steps: int
+    diff_clip: float
+    anchor_noise_ratio: float
+    spider: SpiderSettings
+    svrg: SVRGSettings
+    plsvrg: PLSVRGSettings
+
+
 class Algorithm:
     """Defaults shared by the gradient-release algorithms; each module overrides what differs."""
 
@@ -70,16 +95,21 @@ class Algorithm:
     #: the server step is prox_{eta f1}(w - eta * estimate) (composite losses allowed)
     prox_step: bool = True
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         raise NotImplementedError
 
-    def default_batch(self, s: Settings, n: int) -> int:
+    def default_batch(self, o: AlgorithmOptions, n: int) -> int:
         """K when ``batch-size`` is 0: the full batch."""
         return n
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
-        """A gradient release on the silo's batch of K = ``s.batch_for(n)`` records."""
-        batch = s.batch_for(n)
+    def batch(self, o: AlgorithmOptions, n: int) -> int:
+        """K for a silo with n training records: ``batch-size``, or when it is 0 the algorithm's
+        default (:meth:`default_batch`)."""
+        return o.batch_size or self.default_batch(o, n)
+
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
+        """A gradient release on the silo's batch of K = :meth:`batch` records."""
+        batch = self.batch(o, n)
         return ReleaseSpec(phase, batch, count, mean_sensitivity(clip, batch))
 
 
@@ -88,36 +118,37 @@ def check_round(rnd: int) -> None:
         raise ValueError(f"rounds are numbered from 1, got {rnd}")
 
 
-def planned_release_counts(algorithm: Algorithm, s: Settings, rounds: int) -> Counter[Phase]:
+def planned_release_counts(algorithm: Algorithm, o: AlgorithmOptions, rounds: int) -> Counter[Phase]:
     """How many releases of each phase a silo sampled in every one of ``rounds`` rounds makes."""
     counts: Counter[Phase] = Counter()
     for rnd in range(1, rounds + 1):
-        counts.update(algorithm.round_phases(s, rnd))
+        counts.update(algorithm.round_phases(o, rnd))
     return counts
 
 
-def release_plan(algorithm: Algorithm, s: Settings, n: int, clip: float, evaluations: int = 0,
+def release_plan(algorithm: Algorithm, o: AlgorithmOptions, n: int, clip: float, evaluations: int = 0,
                  evaluation_weight: float = 1.0) -> list[ReleaseSpec]:
     """Every kind of release ``algorithm`` will ask a silo with n records for over
     ``planned_rounds`` rounds (the silo plans for being sampled in every round), plus
     ``evaluations`` private evaluations, ordered by kind. z is filled in by calibration;
     ``weight`` is each kind's relative noise multiplier (the budget split)."""
-    counts: Counter[Phase] = planned_release_counts(algorithm, s, s.planned_rounds())
+    counts: Counter[Phase] = planned_release_counts(algorithm, o, o.planned_rounds)
     if evaluations:
         counts[Phase.EVAL] = evaluations
     return [ReleaseSpec(Phase.EVAL, n, count, EVAL_SENSITIVITY, weight=evaluation_weight) if phase == Phase.EVAL
-            else algorithm.release(phase, s, n, clip, count) for phase, count in sorted(counts.items())]
+            else algorithm.release(phase, o, n, clip, count) for phase, count in sorted(counts.items())]
 
 
-def evaluation_rounds(s: Settings) -> list[int]:
-    """The rounds after which the server evaluates the model (``eval-every``; always the last)."""
-    if not s.eval_every:
+def evaluation_rounds(eval_every: int, num_rounds: int) -> list[int]:
+    """The rounds after which the server evaluates the model: every ``eval-every``-th of the R =
+    ``num_rounds`` rounds, and always the last (none when ``eval_every`` is 0)."""
+    if not eval_every:
         return []
-    return [r for r in range(1, s.num_rounds + 1) if r % s.eval_every == 0 or r == s.num_rounds]
+    return [r for r in range(1, num_rounds + 1) if r % eval_every == 0 or r == num_rounds]
 
 
-def planned_evaluations(s: Settings) -> int:
+def planned_evaluations(eval_every: int, num_rounds: int, output: str) -> int:
     """How many evaluation requests a silo plans for: one per evaluation round, plus one of the
     output iterate when ``output`` = random. A silo answering privately calibrates for these."""
-    rounds = len(evaluation_rounds(s))
-    return rounds + (1 if rounds and s.output == "random" else 0)
+    rounds = len(evaluation_rounds(eval_every, num_rounds))
+    return rounds + (1 if rounds and output == "random" else 0)

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, check_round
-
-if TYPE_CHECKING:
-    from app.config import Settings
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, check_round
 
 
 class MinibatchSGD(Algorithm):
     name = "mbsgd"
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
         return (Phase.GRAD,)
 

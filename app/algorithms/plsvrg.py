@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
+from app.algorithms.base import AlgorithmOptions
 from app.algorithms.svrg import FedProxSVRG
 from app.options import number, option
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 @dataclass(frozen=True)
@@ -23,16 +19,16 @@ class PLSVRGSettings:
                            only=("algorithm", ("plsvrg",)))
 
 
-def stage_length(s: Settings) -> int:
-    """Rounds per PL-SVRG stage: ceil(R / S)."""
-    return math.ceil(s.num_rounds / s.plsvrg.restarts)
+def stage_length(num_rounds: int, restarts: int) -> int:
+    """Rounds per PL-SVRG stage: ceil(R / S), R = ``num_rounds``, S = ``plsvrg.restarts``."""
+    return math.ceil(num_rounds / restarts)
 
 
 class FedProxPLSVRG(FedProxSVRG):
     name = "plsvrg"
 
-    def epoch_position(self, s: Settings, rnd: int) -> int:
-        return (rnd - 1) % stage_length(s)
+    def epoch_position(self, o: AlgorithmOptions, rnd: int) -> int:
+        return (rnd - 1) % stage_length(o.num_rounds, o.plsvrg.restarts)
 
 
 ALGORITHM = FedProxPLSVRG()

@@ -3,28 +3,23 @@ round's own block of K = floor(n / R) records of a secret permutation (parallel 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, ReleaseSpec, check_round
 from app.privacy.sensitivity import mean_sensitivity
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 class NoisyProxSGD(Algorithm):
     name = "proxsgd"
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
         return (Phase.DISJOINT,)
 
-    def default_batch(self, s: Settings, n: int) -> int:
-        """batch-size 0 means K = floor(n / R): the R rounds use disjoint blocks."""
-        return n // s.planned_rounds()
+    def default_batch(self, o: AlgorithmOptions, n: int) -> int:
+        """batch-size 0 means K = floor(n / R): the R (planned) rounds use disjoint blocks."""
+        return n // o.planned_rounds
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
-        batch = s.batch_for(n)
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
+        batch = self.batch(o, n)
         return ReleaseSpec(Phase.DISJOINT, batch, count, mean_sensitivity(clip, batch), disjoint=True)
 
 

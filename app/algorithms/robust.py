@@ -4,27 +4,22 @@ turns into a pseudo-gradient. The server aggregates with its rule, not a prox st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, ReleaseSpec, check_round
 from app.algorithms.localsgd import local_release
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 class ByzantineRobust(Algorithm):
     name = "robust"
     prox_step = False
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
-        return (Phase.LOCAL,) if s.local_steps > 1 else (Phase.GRAD,)
+        return (Phase.LOCAL,) if o.local_steps > 1 else (Phase.GRAD,)
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
         if phase == Phase.LOCAL:
-            return local_release(s, n, clip, count)
-        return super().release(phase, s, n, clip, count)
+            return local_release(self.batch(o, n), o.local_steps, clip, count)
+        return super().release(phase, o, n, clip, count)
 
 
 ALGORITHM = ByzantineRobust()

@@ -5,14 +5,9 @@ otherwise."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, ReleaseSpec, check_round
 from app.options import number, option
 from app.privacy.sensitivity import difference_sensitivity, mean_sensitivity
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 @dataclass(frozen=True)
@@ -26,30 +21,29 @@ class SpiderSettings:
                                "K1, the anchor's records (0: K1 = n)", only=("algorithm", ("spider",)))
 
 
-def difference_release(s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
-    """``count`` difference releases on K2 = ``s.batch_for(n)`` records (sensitivity 4L/K2, or
-    2C/K2 with ``diff-clip`` C > 0)."""
-    batch = s.batch_for(n)
-    return ReleaseSpec(Phase.DIFF, batch, count, difference_sensitivity(clip, s.diff_clip, batch))
+def difference_release(batch: int, diff_clip: float, clip: float, count: int) -> ReleaseSpec:
+    """``count`` difference releases on K2 = ``batch`` records (sensitivity 4L/K2, or 2C/K2 with
+    ``diff-clip`` C = ``diff_clip`` > 0)."""
+    return ReleaseSpec(Phase.DIFF, batch, count, difference_sensitivity(clip, diff_clip, batch))
 
 
-def anchor_release(s: Settings, n: int, clip: float, count: int, batch: int) -> ReleaseSpec:
+def anchor_release(batch: int, anchor_noise_ratio: float, clip: float, count: int) -> ReleaseSpec:
     """``count`` full-gradient releases on ``batch`` records, noise ``privacy.anchor-noise-ratio``
     times the differences' multiplier (the budget split)."""
-    return ReleaseSpec(Phase.ANCHOR, batch, count, mean_sensitivity(clip, batch), weight=s.privacy.anchor_noise_ratio)
+    return ReleaseSpec(Phase.ANCHOR, batch, count, mean_sensitivity(clip, batch), weight=anchor_noise_ratio)
 
 
 class FedProxSPIDER(Algorithm):
     name = "spider"
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
-        return (Phase.ANCHOR,) if (rnd - 1) % s.spider.q == 0 else (Phase.DIFF,)
+        return (Phase.ANCHOR,) if (rnd - 1) % o.spider.q == 0 else (Phase.DIFF,)
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
         if phase == Phase.ANCHOR:
-            return anchor_release(s, n, clip, count, min(s.spider.anchor_batch or n, n))
-        return difference_release(s, n, clip, count)
+            return anchor_release(min(o.spider.anchor_batch or n, n), o.anchor_noise_ratio, clip, count)
+        return difference_release(self.batch(o, n), o.diff_clip, clip, count)
 
 
 ALGORITHM = FedProxSPIDER()

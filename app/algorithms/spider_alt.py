@@ -5,26 +5,21 @@ so R rounds make R gradient and R - 1 difference releases."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, ReleaseSpec, check_round
 from app.algorithms.spider import difference_release
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 class FedSPIDERAlt(Algorithm):
     name = "spider-alt"
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
         return (Phase.GRAD,) if rnd == 1 else (Phase.DIFF, Phase.GRAD)
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
         if phase == Phase.DIFF:
-            return difference_release(s, n, clip, count)
-        return replace(super().release(phase, s, n, clip, count), weight=s.privacy.anchor_noise_ratio)
+            return difference_release(self.batch(o, n), o.diff_clip, clip, count)
+        return replace(super().release(phase, o, n, clip, count), weight=o.anchor_noise_ratio)
 
 
 ALGORITHM = FedSPIDERAlt()

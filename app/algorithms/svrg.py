@@ -5,14 +5,9 @@ others are inner-step ``diff`` releases against the snapshot."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from app.algorithms.base import Algorithm, Phase, ReleaseSpec, check_round
+from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, ReleaseSpec, check_round
 from app.algorithms.spider import anchor_release, difference_release
 from app.options import number, option
-
-if TYPE_CHECKING:
-    from app.config import Settings
 
 
 @dataclass(frozen=True)
@@ -26,18 +21,18 @@ class SVRGSettings:
 class FedProxSVRG(Algorithm):
     name = "svrg"
 
-    def epoch_position(self, s: Settings, rnd: int) -> int:
+    def epoch_position(self, o: AlgorithmOptions, rnd: int) -> int:
         """Rounds since the start of the run (since the stage's start for PL-SVRG)."""
         return rnd - 1
 
-    def round_phases(self, s: Settings, rnd: int) -> tuple[Phase, ...]:
+    def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
-        return (Phase.ANCHOR,) if self.epoch_position(s, rnd) % (s.svrg.inner_steps + 1) == 0 else (Phase.DIFF,)
+        return (Phase.ANCHOR,) if self.epoch_position(o, rnd) % (o.svrg.inner_steps + 1) == 0 else (Phase.DIFF,)
 
-    def release(self, phase: Phase, s: Settings, n: int, clip: float, count: int) -> ReleaseSpec:
+    def release(self, phase: Phase, o: AlgorithmOptions, n: int, clip: float, count: int) -> ReleaseSpec:
         if phase == Phase.ANCHOR:  # the snapshot: the full local gradient, K = n
-            return anchor_release(s, n, clip, count, n)
-        return difference_release(s, n, clip, count)
+            return anchor_release(n, o.anchor_noise_ratio, clip, count)
+        return difference_release(self.batch(o, n), o.diff_clip, clip, count)
 
 
 ALGORITHM = FedProxSVRG()

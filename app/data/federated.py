@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.config import Settings
 from app.data.partition import even_odd_labels, make_partition
 from app.data.preprocess import Standardizer, fit_pca, fit_standardizer, standardize_silos
 from app.data.scaling import PUBLIC_RANGES, DPStatsStep, clip_records, range_scaler, resolve_scaling
@@ -28,6 +27,8 @@ from app.seeding import np_rng
 
 if TYPE_CHECKING:
     import torch
+
+    from app.data.options import DataOptions
 
 
 @dataclass(frozen=True)
@@ -66,34 +67,37 @@ class FederatedData:
 AUTO_PUBLIC = -1
 
 
-def data_key(s: Settings) -> tuple:
-    """The settings that determine the data (used for caching)."""
-    trust_size = 0 if s.server_trust_file else s.robust.trust_size  # the server's own file: nothing carved out
-    own = (s.data_schema, s.data_simulation_file) if s.data_schema else None
+def data_key(data: DataOptions, seed: int, trust_size: int) -> tuple:
+    """What determines the data (used for caching): the data options, the run ``seed`` and the
+    ``trust.size`` records carved out for the server's trust set before the partition (none when
+    the server brings its own ``server.trust-file``)."""
+    trust_size = 0 if data.server_trust_file else trust_size  # the server's own file: nothing carved out
+    own = (data.data_schema, data.data_simulation_file) if data.data_schema else None
     # own records resolve auto as a deployed silo does (app/data/own_data.py): public, else dp
     if own is None:
-        mode = resolve_scaling(s.standardize, s.dataset)
+        mode = resolve_scaling(data.standardize, data.dataset)
     else:
         from app.data.own_data import own_mode, run_schema
 
-        mode = own_mode(s, run_schema(s))
-    needs_public = mode == "server" or (s.pca and (s.pca_fit == "public" or mode == "public"))
-    public = (s.public_size or AUTO_PUBLIC) if needs_public else 0
-    return (s.dataset, s.data_dir, s.partition, s.partition_alpha, s.partition_p, mode,
-            s.test_fraction, s.num_silos, s.seed, s.validation_fraction, s.pca, trust_size,
-            s.pca_fit, public, s.preprocess_share, s.preprocess_clip, own)
+        mode = own_mode(data, run_schema(data))
+    needs_public = mode == "server" or (data.pca and (data.pca_fit == "public" or mode == "public"))
+    public = (data.public_size or AUTO_PUBLIC) if needs_public else 0
+    return (data.dataset, data.data_dir, data.partition, data.partition_alpha, data.partition_p, mode,
+            data.test_fraction, data.num_silos, seed, data.validation_fraction, data.pca, trust_size,
+            data.pca_fit, public, data.preprocess_share, data.preprocess_clip, own)
 
 
-def build_federated_data(s: Settings) -> FederatedData:
+def build_federated_data(data: DataOptions, seed: int, trust_size: int) -> FederatedData:
     """Load, partition, split and standardise; cached per process by :func:`data_key`."""
-    return _build(data_key(s))
+    return _build(data_key(data, seed, trust_size))
 
 
-def silo_splits(s: Settings) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
+def silo_splits(data: DataOptions, seed: int,
+                trust_size: int) -> tuple[object, list[tuple[np.ndarray, np.ndarray]], np.ndarray, int]:
     """(source, [(train indices, test indices) per silo], task labels, num classes), numpy only
     (the launcher's pre-flight check uses this without importing torch). The train indices
     exclude the validation records (:func:`validation_indices`)."""
-    source, splits, labels, num_classes, _, _, _ = _splits(data_key(s))
+    source, splits, labels, num_classes, _, _, _ = _splits(data_key(data, seed, trust_size))
     return source, splits, labels, num_classes
 
 
@@ -231,40 +235,41 @@ class TrustSet:
     y: "torch.Tensor"
 
 
-def build_trust_set(s: Settings) -> TrustSet:
-    """``trust.size`` records drawn stratified by label before the silos' partition (so no silo
-    holds them), restricted to ``trust.classes`` if given, with the ``trust.shift`` applied; or
-    the server's own ``server.trust-file`` (all of it, or a stratified ``trust.size`` of it)."""
-    if s.server_trust_file:  # the server's own file, checked against the run's schema
+def build_trust_set(data: DataOptions, seed: int, size: int, classes: tuple[int, ...], shift: str) -> TrustSet:
+    """``size`` (``trust.size``) records drawn stratified by label before the silos' partition (so
+    no silo holds them), restricted to ``classes`` (``trust.classes``) if given, with the ``shift``
+    (``trust.shift``) applied; or the server's own ``server.trust-file`` (all of it, or a
+    stratified ``size`` of it). ``seed``: the run seed."""
+    if data.server_trust_file:  # the server's own file, checked against the run's schema
         from app.data.own_data import server_records
 
-        tx, ty = server_records(s, s.server_trust_file)
-        if s.robust.trust_size and s.robust.trust_size < len(ty):
-            keep = stratified_sample(ty, s.robust.trust_size, np_rng(s.seed, "trust-set"))
+        tx, ty = server_records(data, data.server_trust_file)
+        if size and size < len(ty):
+            keep = stratified_sample(ty, size, np_rng(seed, "trust-set"))
             tx, ty = tx[keep], ty[keep]
-        return _trust_set(s, tx, ty)
-    _, _, labels, _, _, trust, _ = _splits(data_key(s))
+        return _trust_set(seed, classes, shift, tx, ty)
+    _, _, labels, _, _, trust, _ = _splits(data_key(data, seed, size))
     if not len(trust):
         raise ValueError("trust.size = 0: this run has no trust set")
-    x, scalers, dp_step = _features(data_key(s))
+    x, scalers, dp_step = _features(data_key(data, seed, size))
     scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity; public/server: shared)
     tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
     if dp_step is not None:  # dp: the silos' clipping, then the server's own statistics of its own records
         tx = clip_records(tx, dp_step.clip)
         tx = fit_standardizer(tx).apply(tx).astype(np.float32)
-    return _trust_set(s, tx, ty)
+    return _trust_set(seed, classes, shift, tx, ty)
 
 
-def _trust_set(s: Settings, tx: np.ndarray, ty: np.ndarray) -> TrustSet:
+def _trust_set(seed: int, classes: tuple[int, ...], shift: str, tx: np.ndarray, ty: np.ndarray) -> TrustSet:
     """The trust set restricted to ``trust.classes`` and with ``trust.shift`` applied."""
     import torch
 
-    if s.robust.trust_classes:
-        keep = np.isin(ty, s.robust.trust_classes)
+    if classes:
+        keep = np.isin(ty, classes)
         if not keep.any():
-            raise ValueError(f"trust.classes = {list(s.robust.trust_classes)} leaves no trust record")
+            raise ValueError(f"trust.classes = {list(classes)} leaves no trust record")
         tx, ty = tx[keep], ty[keep]
-    tx = apply_shift(tx, s.robust.trust_shift, np_rng(s.seed, "trust-shift"))
+    tx = apply_shift(tx, shift, np_rng(seed, "trust-shift"))
     return TrustSet(torch.from_numpy(np.ascontiguousarray(tx)), torch.from_numpy(ty))
 
 
@@ -303,17 +308,17 @@ SOURCE_META: dict[str, tuple[tuple[int, ...], int]] = {
 }
 
 
-def dataset_meta(s: Settings) -> tuple[tuple[int, ...], int]:
-    """(feature shape, number of classes) of the task the settings describe."""
-    if s.data_schema:  # own records: the schema is the public metadata
+def dataset_meta(data: DataOptions) -> tuple[tuple[int, ...], int]:
+    """(feature shape, number of classes) of the task the data options describe."""
+    if data.data_schema:  # own records: the schema is the public metadata
         from app.data.schema import load_schema
 
-        schema = load_schema(s.data_schema)
+        schema = load_schema(data.data_schema)
         shape, classes = schema.feature_shape, schema.num_classes
     else:
-        shape, classes = SOURCE_META[s.dataset]
-    if s.pca:
-        shape = (s.pca,)
-    if s.partition == "even-odd-pairs":
+        shape, classes = SOURCE_META[data.dataset]
+    if data.pca:
+        shape = (data.pca,)
+    if data.partition == "even-odd-pairs":
         classes = 2
     return shape, classes

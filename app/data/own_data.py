@@ -26,15 +26,15 @@ from app.data.split import train_test_split_indices
 from app.seeding import np_rng
 
 if TYPE_CHECKING:
-    from app.config import Settings
     from app.data.federated import SiloData
+    from app.data.options import DataOptions
 
 
-def run_schema(s: "Settings") -> DataSchema:
+def run_schema(data: DataOptions) -> DataSchema:
     """The run's ``data.schema`` (SchemaError, one line, when it is missing or malformed)."""
-    if not s.data_schema:
+    if not data.data_schema:
         raise SchemaError("a silo's own data-file needs the run's data.schema (the schema it must match)")
-    return load_schema(s.data_schema)
+    return load_schema(data.data_schema)
 
 
 def simulation_source(schema_value: str, path: str) -> Dataset:
@@ -55,24 +55,24 @@ def public_scaler(schema: DataSchema, shape: tuple[int, ...]) -> Standardizer | 
     return None if ranges is None else range_scaler(*ranges, shape)
 
 
-def own_mode(s: "Settings", schema: DataSchema | None) -> str:
+def own_mode(data: DataOptions, schema: DataSchema | None) -> str:
     """``standardize`` for own records: ``auto`` is ``public`` when the schema declares public
     statistics or ranges, else ``dp`` (no server sample on a silo; app/data/scaling.py); any
     other mode as given. ``schema`` None: one that could not be read (nothing declared)."""
-    if s.standardize != "auto":
-        return s.standardize
+    if data.standardize != "auto":
+        return data.standardize
     declared = schema is not None and (schema.statistics is not None or schema.ranges is not None)
     return "public" if declared else "dp"
 
 
-def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:
+def own_scaler(data: DataOptions, schema: DataSchema, train_x: np.ndarray) -> tuple[Standardizer, DPStatsStep | None]:
     """The silo's pre-processing of its own records: ``public`` from the schema alone
     (:func:`public_scaler`); ``dp`` (noisy statistics of the silo's own records, charged to its
     ledger by the silo before anything else, after the public ranges if declared); ``local`` and
     ``none`` from its own records alone (``local`` is outside epsilon). ``pooled`` and ``server``
     need records the silo does not hold: refused with one line. Returns the scaler applied now
     and, for ``dp``, the step the silo still does itself."""
-    mode = own_mode(s, schema)
+    mode = own_mode(data, schema)
     if mode in ("pooled", "server"):
         raise SchemaError(f"standardize = {mode!r} needs records a silo with its own data-file does not hold "
                           "(every silo's, or the server's public sample); set standardize = 'auto' (public "
@@ -88,15 +88,15 @@ def own_scaler(s: "Settings", schema: DataSchema, train_x: np.ndarray) -> tuple[
     if mode == "dp":
         ranges = schema.range_arrays()
         pre = Standardizer.identity(shape) if ranges is None else range_scaler(*ranges, shape)
-        return pre, DPStatsStep(s.preprocess_clip, s.preprocess_share, pre)
+        return pre, DPStatsStep(data.preprocess_clip, data.preprocess_share, pre)
     return standardize_silos(None, [train_x], mode)[0], None
 
 
-def own_silo_data(s: "Settings", path: str, fmt: str, index: int, limits: DataLimits | None = None,
+def own_silo_data(data: DataOptions, seed: int, path: str, fmt: str, index: int, limits: DataLimits | None = None,
                   schema: DataSchema | None = None) -> "SiloData":
     """Silo ``index``'s records from its own file: checked against the schema and the node's
     ``limits`` (:class:`app.data.own_files.DataLimits`, defaults when None), split into train /
-    test (``test-fraction``) and validation (``validation-fraction``) with the run seed, and
+    test (``test-fraction``) and validation (``validation-fraction``) with the run ``seed``, and
     pre-processed with its own training records. SchemaError (one line), and never another
     exception type, for a file that does not fit, fewer training records than
     ``data-min-records``, or a run whose pre-processing needs records the silo does not have or
@@ -105,18 +105,18 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int, limits: DataLi
 
     from app.data.federated import SiloData
 
-    if s.pca:
-        raise SchemaError(f"pca = {s.pca} is fitted on every silo's pooled records, which a silo with its own "
+    if data.pca:
+        raise SchemaError(f"pca = {data.pca} is fitted on every silo's pooled records, which a silo with its own "
                           "data-file does not hold; set pca = 0")
     limits = limits or DataLimits()
-    schema = run_schema(s) if schema is None else schema
+    schema = run_schema(data) if schema is None else schema
     x, y = read_records(path, schema, fmt, limits)
-    mode = own_mode(s, schema)
+    mode = own_mode(data, schema)
     try:
-        tr, te = train_test_split_indices(np.arange(len(y)), s.test_fraction, np_rng(s.seed, "split", index))
-        tr, va = train_test_split_indices(tr, s.validation_fraction, np_rng(s.seed, "validation", index))
-        check_min_records(path, len(y), len(tr), limits.min_records, s)
-        scaler, dp_step = own_scaler(s, schema, x[tr])
+        tr, te = train_test_split_indices(np.arange(len(y)), data.test_fraction, np_rng(seed, "split", index))
+        tr, va = train_test_split_indices(tr, data.validation_fraction, np_rng(seed, "validation", index))
+        check_min_records(path, len(y), len(tr), limits.min_records, data)
+        scaler, dp_step = own_scaler(data, schema, x[tr])
     except SchemaError:
         raise
     except Exception as exc:  # e.g. ValueError: mean/std contain non-finite values; never a ClientApp failure
@@ -129,7 +129,7 @@ def own_silo_data(s: "Settings", path: str, fmt: str, index: int, limits: DataLi
     return SiloData(index, train_x, train_y, test_x, test_y, val_x, val_y, dp_step)
 
 
-def check_min_records(path: str, records: int, n: int, minimum: int, s: "Settings") -> None:
+def check_min_records(path: str, records: int, n: int, minimum: int, data: DataOptions) -> None:
     """SchemaError when the silo would train on ``n`` < ``minimum`` records (node config
     ``data-min-records``): δ = 1/n² is 1 at n = 1 (a guarantee of nothing) and a batch K <= n of a
     handful of records says more about each record than the plan assumes."""
@@ -140,7 +140,7 @@ def check_min_records(path: str, records: int, n: int, minimum: int, s: "Setting
         raise SchemaError(f"data-file {path}: holds {records} records ({n} for training, {delta}); this node trains "
                           f"on at least data-min-records = {minimum} (node config)")
     raise SchemaError(f"data-file {path}: the run keeps {n} of its {records} records for training (test-fraction "
-                      f"{s.test_fraction:g}, validation-fraction {s.validation_fraction:g}; {delta}); this node trains "
+                      f"{data.test_fraction:g}, validation-fraction {data.validation_fraction:g}; {delta}); this node trains "
                       f"on at least data-min-records = {minimum} (node config)")
 
 
@@ -168,15 +168,15 @@ def preprocessing_error(path: str, mode: str, exc: Exception) -> SchemaError:
     return SchemaError(f"data-file {path}: pre-processing (standardize = {mode!r}) failed: {what}")
 
 
-def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
+def server_records(data: DataOptions, path: str) -> tuple[np.ndarray, np.ndarray]:
     """The server's own file (trust or test set) as (x float32, y int64), checked against the
     schema and scaled as the silos scale theirs (:func:`own_scaler`): the schema's public
     scaling for ``public``; for ``dp`` the ranges (if any), the silos' clipping, then the
     server's own statistics of its own records (its data are public to it); ``none`` leaves them;
     otherwise (``local``) its own statistics."""
-    schema = run_schema(s)
+    schema = run_schema(data)
     x, y = read_records(path, schema)
-    mode = own_mode(s, schema)
+    mode = own_mode(data, schema)
     shape = tuple(x.shape[1:])
     try:
         if mode == "none":
@@ -188,7 +188,7 @@ def server_records(s: "Settings", path: str) -> tuple[np.ndarray, np.ndarray]:
                 ranges = schema.range_arrays()
                 if ranges is not None:
                     x = range_scaler(*ranges, shape).apply(x)
-                x = clip_records(x, s.preprocess_clip)
+                x = clip_records(x, data.preprocess_clip)
             scaler = fit_standardizer(x)
     except Exception as exc:  # one line, like a file that does not match
         raise preprocessing_error(path, mode, exc) from None

@@ -8,10 +8,12 @@ each silo's ledger (``dp`` in a private run); false for the modes kept to reprod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from app.config import Settings
 from app.data.scaling import PUBLIC_RANGES, UNCOVERED_MODES, resolve_scaling
+
+if TYPE_CHECKING:
+    from app.data.options import DataOptions
 
 _HOW = {
     "public": "public ranges (x - lo) / (hi - lo); no record read",
@@ -23,27 +25,28 @@ _HOW = {
 }
 
 
-def preprocessing_steps(s: Settings) -> dict[str, Any]:
-    """{"steps": [...], "covered_by_eps": all steps covered, "caveat": None or why not}."""
-    own = bool(s.data_schema)  # the silos' own records: scaled as app/data/own_data.py says
-    mode = _own_mode(s) if own else resolve_scaling(s.standardize, s.dataset)
+def preprocessing_steps(data: DataOptions, private: bool) -> dict[str, Any]:
+    """{"steps": [...], "covered_by_eps": all steps covered, "caveat": None or why not} of the run's
+    data options; ``private``: the run charges a ledger (``dp`` statistics are covered only then)."""
+    own = bool(data.data_schema)  # the silos' own records: scaled as app/data/own_data.py says
+    mode = _own_mode(data) if own else resolve_scaling(data.standardize, data.dataset)
     steps: list[dict[str, Any]] = []
-    if s.pca:
-        steps.append({"step": "pca", "components": s.pca, "fit": s.pca_fit,
-                      "how": ("fitted on the server's public sample" if s.pca_fit == "public"
+    if data.pca:
+        steps.append({"step": "pca", "components": data.pca, "fit": data.pca_fit,
+                      "how": ("fitted on the server's public sample" if data.pca_fit == "public"
                               else "fitted on all silos' pooled training records"),
-                      "covered_by_eps": s.pca_fit == "public"})
+                      "covered_by_eps": data.pca_fit == "public"})
     how = _HOW[mode]
-    if mode == "public" and s.pca:
+    if mode == "public" and data.pca:
         how = "mean/std of the server's public sample after PCA; no silo record read"
     elif mode == "public" and own:
         how = "the public statistics (else ranges) data.schema declares; no silo record read"
     elif mode == "public":
-        how += f" {PUBLIC_RANGES.get(s.dataset)}"
+        how += f" {PUBLIC_RANGES.get(data.dataset)}"
     elif mode == "dp":
-        how += f", clip {s.preprocess_clip:g}, {s.preprocess_share:g} of epsilon"
-    covered = mode not in UNCOVERED_MODES and (mode != "dp" or s.privacy.enabled)
-    steps.append({"step": "scaling", "standardize": s.standardize, "mode": mode, "how": how, "covered_by_eps": covered})
+        how += f", clip {data.preprocess_clip:g}, {data.preprocess_share:g} of epsilon"
+    covered = mode not in UNCOVERED_MODES and (mode != "dp" or private)
+    steps.append({"step": "scaling", "standardize": data.standardize, "mode": mode, "how": how, "covered_by_eps": covered})
     bad = [st for st in steps if not st["covered_by_eps"]]
     caveat = None
     if bad:
@@ -53,12 +56,12 @@ def preprocessing_steps(s: Settings) -> dict[str, Any]:
     return {"steps": steps, "covered_by_eps": not bad, "caveat": caveat}
 
 
-def _own_mode(s: Settings) -> str:
+def _own_mode(data: DataOptions) -> str:
     from app.data.own_data import own_mode, run_schema
     from app.data.schema import SchemaError
 
     try:
-        schema = run_schema(s)
+        schema = run_schema(data)
     except SchemaError:  # a schema the ServerApp cannot read: as if nothing public were declared
         schema = None
-    return own_mode(s, schema)
+    return own_mode(data, schema)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.config import ConfigError
+from app.options import ConfigError
 from app.model_spec import ENTRY_POINT_GROUP, model_kwargs
 
 #: where a refusal sends the reader

@@ -53,6 +53,10 @@ class PrivacySettings:
     def enabled(self) -> bool:
         return self.mode != "off" and not math.isinf(self.epsilon)
 
+    def delta_for(self, n: int) -> float:
+        """The delta of a silo with n records: ``privacy.delta``, or 1/n^2 (the paper's choice)."""
+        return self.delta if self.delta is not None else 1.0 / (n * n)
+
 
 @dataclass(frozen=True)
 class ShuffleSettings:

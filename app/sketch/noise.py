@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.config import NOISE_AWARE_SKETCH_KINDS as EXACT_KINDS  # the kinds with an exact factor (+ "none")
+from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS as EXACT_KINDS  # the kinds with an exact factor (+ "none")
 from app.sketch.base import IdentityOperator, LinearSketch, Sketch
 
 

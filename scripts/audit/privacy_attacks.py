@@ -70,7 +70,7 @@ def epsilon_lower(tp: int, fp: int, trials: int, delta: float, alpha: float = 0.
 
 def build(tmp: str, overrides: dict[str, Any], neighbour: bool, target: int, **silo_kwargs: Any) -> Silo:
     s = parse_settings(merged_run_config([]) | overrides)
-    fed = build_federated_data(s)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     data = fed.silos[0]
     if neighbour:
         x, y = data.train_x.clone(), data.train_y.clone()
@@ -82,7 +82,7 @@ def build(tmp: str, overrides: dict[str, Any], neighbour: bool, target: int, **s
 
 def target_record(overrides: dict[str, Any]) -> tuple[int, int]:
     s = parse_settings(merged_run_config([]) | overrides)
-    x = build_federated_data(s).silos[0].train_x.numpy()
+    x = build_federated_data(s, s.seed, s.robust.trust_size).silos[0].train_x.numpy()
     j = int(np.argmax(x.max(axis=0)))
     return int(np.argmax(x[:, j])), j
 

@@ -44,14 +44,14 @@ def silo_inputs(overrides: dict) -> list[dict]:
 
     cfg = merged_run_config([]) | {"dataset": "digits", "privacy.mode": "shuffle"} | overrides
     s = parse_settings(resolve_presets(cfg))
-    _, splits, _, num_classes = silo_splits(s)
+    _, splits, _, num_classes = silo_splits(s, s.seed, s.robust.trust_size)
     out = []
     for index, (train, _) in enumerate(splits):
         n = len(train)
         feature_shape = (64,) if s.dataset == "digits" else None
         model = build_model(s.model, feature_shape, num_classes, hidden=s.model_hidden)
         dim = sum(p.numel() for p in model.parameters())
-        plan = release_plan(get_algorithm(s.algorithm), s, n, s.privacy.clip, 0, 1.0)
+        plan = release_plan(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip, 0, 1.0)
         planned = [PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan]
         out.append({"silo": index, "n": n, "planned": planned, "epsilon": s.privacy.epsilon,
                     "delta": s.delta_for(n), "p": s.shuffle.p, "levels": s.shuffle.levels_for(dim), "dim": dim,
