@@ -39,7 +39,7 @@ ENTRYPOINTS = (
     "app.runtime.silo_service", "app.runtime.executor", "app.executor",
 )
 #: the assembler of the root Settings from the owners' declarations
-ASSEMBLER = ("app.config", "app.config_sync", "app.hydra_options")
+ASSEMBLER = ("app.config", "app.config_robust", "app.config_sync", "app.hydra_options")
 
 LAYER_NAMES = {0: "base", 1: "strategies", 2: "clients", 3: "assembler", 4: "entrypoints"}
 
