@@ -90,14 +90,14 @@ class NoiseRun:
 def silo_noise(run: NoiseRun, n: int, dim: int) -> list[PhaseNoise]:
     """The training releases a silo with ``n`` records plans for the ``run`` and their sigma,
     calibrated as clients/silo.py calibrates (no private evaluations, no pre-processing release)."""
-    from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
-    from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
+    from app.algorithms import TRAINING_PHASES, get_algorithm
+    from app.privacy.release_plan import ReleasePlan
 
-    plan = release_plan(get_algorithm(run.algorithm), run.options, n, run.privacy.clip)
-    z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
-                                   run.privacy.epsilon, run.privacy.delta_for(n))
-    return [PhaseNoise(n, str(r.phase), r.batch, r.count, z * r.weight * r.sensitivity, run.privacy.clip, dim)
-            for r in plan if r.phase in TRAINING_PHASES]
+    plan = ReleasePlan.of(get_algorithm(run.algorithm), run.options, n, run.privacy.clip, run.privacy.epsilon,
+                          run.privacy.delta_for(n))
+    z = plan.calibrate()
+    return [PhaseNoise(n, str(r.phase), r.batch, r.count, r.sigma, run.privacy.clip, dim)
+            for r in plan.calibrated(z).values() if r.phase in TRAINING_PHASES]
 
 
 def cannot_learn(run: NoiseRun, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[list[str], list[str]]:

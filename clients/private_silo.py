@@ -41,10 +41,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from app import refusal, wire
 from app.admission import Rejection, check_evaluate_request, check_instruction, silo_terms, sketch_error
-from app.algorithms import Phase
 from app.config import SCHEMA, ConfigError, Settings, parse_settings
 from app.data.federated import SiloData
-from app.privacy.accounting import Release, epsilon_spent
+from app.privacy.accounting import epsilon_spent
 from app.privacy.ledger import BUDGET_RTOL, LedgerError
 from app.privacy.policy import NodePolicy, PolicyError, node_policy, policy_violation
 from app.sketch.broadcast import build_sketch
@@ -279,7 +278,7 @@ class PrivateSilo:
         ins = check_instruction(content, silo_terms(silo))
         if isinstance(ins, Rejection):
             return wire.Refusal(ins.code, ins.reason, spent)
-        new = next_releases(silo, ins)
+        new = silo.gaussian_releases(ins)
         if isinstance(new, str):
             return wire.Refusal(wire.REFUSED_BUDGET, new, spent)
         ledger = silo.ledger
@@ -305,19 +304,6 @@ class _Refusing(RefusingSilo):
         return wire.Refusal(self.code, self.reason, math.nan).encode()
 
     evaluate = train
-
-
-def next_releases(silo: Silo, ins: wire.Instruction) -> list[Release] | str:
-    """The ledger rows ``silo`` would record for the admitted instruction ``ins`` (as its
-    ``_release`` does), or why the plan holds none."""
-    spec = silo.plan[ins.phase]
-    if ins.phase == Phase.DISJOINT:
-        blocks = silo.n // spec.batch
-        if not 1 <= ins.round <= blocks:
-            return f"round {ins.round} has no block of K={spec.batch} records left (n={silo.n}: {blocks} blocks)"
-        return [Release(silo.disjoint_kind, silo.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
-    steps = (ins.local_steps or 1) if ins.phase == Phase.LOCAL else 1
-    return [Release(ins.phase, silo.n, spec.batch, spec.noise_multiplier, steps)]
 
 
 class SketchMod:

@@ -47,17 +47,17 @@ from flwr.common import log
 from app import wire
 from app.refusal import PublicError
 from app.admission import Rejection, check_instruction, silo_terms
-from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations, release_plan
+from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec, get_algorithm, planned_evaluations
 from app.config import Settings
 from app.data.federated import SiloData, apply_dp_stats
 from app.models import build_model
 from app.privacy import silo_sampling
-from app.privacy.accounting import (PlannedRelease, Release, calibrate_noise_multiplier, calibrate_trial_scale,
-                                    group_releases, trials_for)
+from app.privacy.accounting import Release, calibrate_trial_scale, group_releases, trials_for
 from app.privacy.amplification_choice import resolve_amplification
 from app.privacy.envelope import StaticKeys
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from app.privacy.preprocessing import calibrate_after, preprocess_plan
+from app.privacy.preprocessing import preprocess_plan
+from app.privacy.release_plan import ReleasePlan
 from app.privacy.shuffle import trials_per_record
 from app.seeding import derive_seed
 from app.sketch.broadcast import build_sketch
@@ -183,8 +183,9 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         calibration, so every process serving this silo uses the same disjoint blocks."""
         private_eval = self.evaluation == "private" and self.private and not self.shuffle
         evaluations = planned_evaluations(self.s.eval_every, self.s.num_rounds, self.s.output) if private_eval else 0
-        plan = release_plan(get_algorithm(self.s.algorithm), self.s.algorithm_options(), self.n, self.clip, evaluations,
-                            self.evaluation_noise_ratio)
+        run_plan = ReleasePlan.of(get_algorithm(self.s.algorithm), self.s.algorithm_options(), self.n, self.clip,
+                                  self.run_epsilon, self.delta, evaluations, self.evaluation_noise_ratio)
+        plan = run_plan.releases
         key = {"plan": [[r.phase, r.batch, r.count, r.weight, r.disjoint] for r in plan], "n": self.n,
                "epsilon": str(self.run_epsilon), "delta": self.delta}
         pre_fixed = self._preprocess_plan(key)
@@ -198,7 +199,6 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
             self.block_seed = int(cal.get("block_seed", 0))
             self.preprocess_seed = int(cal.get("preprocess_seed", 0))
         else:
-            planned = [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan]
             if not self.private:
                 scale = 0.0
             elif self.shuffle:  # the exchange's noise trials, from the exact binomial accountant
@@ -206,14 +206,10 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
                     "accountant (seconds for small models; it grows with g * sqrt(trials)); record-level "
                     "amplification: %s", self.data.index, self.levels, self.dim, self.s.shuffle.p,
                     self.amplification_why)
-                scale = calibrate_trial_scale(planned, self.run_epsilon, self.delta, p=self.s.shuffle.p,
+                scale = calibrate_trial_scale(run_plan.planned(), self.run_epsilon, self.delta, p=self.s.shuffle.p,
                                          levels=self.levels, dim=self.dim, amplification=self.s.shuffle.amplification)
-            elif pre_fixed:  # training calibrated with the pre-processing release composed in
-                scale = calibrate_after(pre_fixed, planned, self.run_epsilon, self.delta)
-            else:
-                scale = calibrate_noise_multiplier(
-                    [PlannedRelease(r.phase, self.n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
-                    self.run_epsilon, self.delta)
+            else:  # with the pre-processing release, if any, composed in before training
+                scale = run_plan.calibrate(pre_fixed)
             self.block_seed = (secrets.randbits(63) if self.s.privacy.noise_seed == "os"
                                else derive_seed(self.s.seed, "silo", self.data.index, "disjoint-blocks"))
             calibration = {"key": key, "noise_multiplier": scale, "block_seed": self.block_seed}
@@ -231,7 +227,7 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
         self.disjoint_kind = f"disjoint:{hashlib.sha256(str(self.block_seed).encode()).hexdigest()[:12]}"
         if self.shuffle:
             return {r.phase: replace(r, trials=trials_for(int(scale), r.weight)) for r in plan}
-        return {r.phase: replace(r, noise_multiplier=scale * r.weight) for r in plan}
+        return run_plan.calibrated(scale)
 
     def _preprocess_plan(self, key: dict[str, Any]) -> list[Release]:
         """standardize = "dp": its release's rows, its multiplier in ``key`` (app/privacy/preprocessing.py)."""
@@ -282,18 +278,28 @@ class Silo(SiloEvaluation, SiloShuffle, SiloGradients):
                 del kept[next(iter(kept))]
         return reply
 
+    def gaussian_releases(self, ins: wire.Instruction) -> list[Release] | str:
+        """The ledger rows the admitted instruction ``ins`` costs under the Gaussian mechanism
+        (what :meth:`_release` records, and what PrivateSilo's policy mod prices before the
+        handler runs), or why the plan holds none: Algorithm 6's round r uses block r of the
+        secret permutation, once; Q local steps are Q releases of the same batch size."""
+        spec = self.plan[ins.phase]
+        if ins.phase == Phase.DISJOINT:
+            blocks = self.n // spec.batch
+            if not 1 <= ins.round <= blocks:
+                return (f"round {ins.round} has no block of K={spec.batch} records left: the n={self.n} records hold "
+                        f"{blocks} disjoint blocks (rounds 1..{blocks})")
+            return [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
+        steps = (ins.local_steps or 1) if ins.phase == Phase.LOCAL else 1
+        return [Release(ins.phase, self.n, spec.batch, spec.noise_multiplier, steps)]
+
     def _release(self, ins: wire.Instruction, spec: ReleaseSpec, w0: dict[str, torch.Tensor],
                  w_prev: dict[str, torch.Tensor] | None, steps: int, lr: float) -> RecordDict:
         """Record, compute, privatise and sketch one training release (or refuse)."""
         phase, rnd = ins.phase, ins.round
-        if phase == Phase.DISJOINT:  # Algorithm 6: round r uses block r of the secret permutation, once
-            releases = [Release(self.disjoint_kind, self.n, spec.batch, spec.noise_multiplier, 1, disjoint=True)]
-            blocks = self.n // spec.batch
-            if not 1 <= rnd <= blocks:
-                return self._refuse(wire.REFUSED_BUDGET, f"round {rnd} has no block of K={spec.batch} records left: "
-                                    f"the n={self.n} records hold {blocks} disjoint blocks (rounds 1..{blocks})")
-        else:
-            releases = [Release(phase, self.n, spec.batch, spec.noise_multiplier, steps)]
+        releases = self.gaussian_releases(ins)
+        if isinstance(releases, str):
+            return self._refuse(wire.REFUSED_BUDGET, releases)
         try:
             spent, seq = self.ledger.record_release(releases, round_=rnd, exclusive=phase == Phase.DISJOINT)
         except BudgetExceededError as exc:

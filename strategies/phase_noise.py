@@ -92,17 +92,16 @@ def honest_noise_variance(s: Settings, phase: Phase | None = None) -> float:
     the plan does not hold (the conservative side: no allowance)."""
     if not s.privacy.enabled:
         return 0.0
-    from app.algorithms import TRAINING_PHASES, get_algorithm, release_plan
-    from app.privacy.accounting import PlannedRelease, calibrate_noise_multiplier
+    from app.algorithms import get_algorithm
+    from app.privacy.release_plan import ReleasePlan
 
     n = silo_record_bounds(s)[1]
-    plan = release_plan(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip)
-    spec = next((r for r in plan if (r.phase == phase if phase is not None else r.phase in TRAINING_PHASES)), None)
+    plan = ReleasePlan.of(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip, s.privacy.epsilon,
+                          s.delta_for(n))
+    spec = plan.training(phase)
     if spec is None:
         return 0.0
-    z = calibrate_noise_multiplier([PlannedRelease(r.phase, n, r.batch, r.count, r.weight, r.disjoint) for r in plan],
-                                   s.privacy.epsilon, s.delta_for(n))
-    sigma = z * spec.weight * spec.sensitivity
+    sigma = plan.calibrated(plan.calibrate())[spec.phase].sigma
     steps = s.local_steps if spec.phase == Phase.LOCAL else 1
     return steps * sigma**2
 

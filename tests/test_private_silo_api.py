@@ -330,9 +330,9 @@ def test_api_release_equals_the_built_in_silo_bit_for_bit(tmp_path: Path, algori
                                              ("proxsgd", Phase.DISJOINT), ("spider", Phase.ANCHOR)])
 def test_the_policy_mods_budget_check_prices_the_release_the_ledger_records(tmp_path: Path, algorithm: str,
                                                                            phase: Phase) -> None:
-    """The mod's pre-check (clients.private_silo.next_releases) and the silo's release must price
+    """The mod's pre-check (clients.silo.Silo.gaussian_releases) and the silo's release must price
     the same ledger rows, or the mod would admit what the ledger refuses (or the reverse)."""
-    from clients.private_silo import PrivateSilo, next_releases
+    from clients.private_silo import PrivateSilo
 
     x = torch.randn(240, 30, generator=torch.Generator().manual_seed(1))
     api = PrivateSilo(UserLogistic, (x, (x[:, 0] > 0).long()), epsilon=3.0, delta=1e-5, clip=1.0, batch_size=32,
@@ -341,7 +341,7 @@ def test_the_policy_mods_budget_check_prices_the_release_the_ledger_records(tmp_
     steps = {"local_steps": 3, "lr": 0.1} if phase == Phase.LOCAL else {}
     msg = train_msg(1, model_arrays(), phase, **steps)
     silo = api.silo(ctx)
-    predicted = next_releases(silo, wire.Instruction.decode(msg.content))
+    predicted = silo.gaussian_releases(wire.Instruction.decode(msg.content))
     assert api.admission(msg.content, ctx) is None
     assert wire.refusal_of(api.release(msg, ctx).content) is None
     assert silo.ledger.recorded() == predicted
