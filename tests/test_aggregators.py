@@ -77,8 +77,28 @@ def test_combinations_that_cannot_work_are_refused_with_one_line() -> None:
     # accepted for every optimiser: each exchange's allowance is its own release's (tests/test_spider_gradbant.py)
     assert parse_settings({"algorithm": "spider", "aggregator": "gradbant", "trust.size": 40,
                            "gradbant.noise-aware": True}).robust.gradbant_noise_aware
-    with pytest.raises(ValueError, match="unknown knob"):
+    with pytest.raises(TypeError, match="betta"):
         GradBANT(betta=0.3)
+
+
+def test_every_rule_has_a_typed_class_equal_to_its_run_config() -> None:
+    """Each rule's class, bound to a strategy, aggregates with the options the same rule gets from
+    a run config (Krum(f=2, pre=(NNM(),)) = aggregator krum, byzantine.f 2, pre-aggregators nnm)."""
+    from strategies.aggregators import ARC, NNM, RULE_CLASSES, CenteredClipping, FLTrust, Krum, Median
+    from strategies.options import AGGREGATORS
+
+    assert set(RULE_CLASSES) == set(AGGREGATORS) - {"mean"}
+    base = {"algorithm": "mbsgd", "privacy.mode": "off", "num-silos": 7, "silos-per-round": 7, "trust.size": 40,
+            "partition": "iid"}
+    cases = [(Krum(f=2, pre=(NNM(),)), {"aggregator": "krum", "byzantine.f": 2, "pre-aggregators": "nnm"}),
+             (Median(f=1, pre=(ARC(),)), {"aggregator": "median", "byzantine.f": 1, "pre-aggregators": "arc"}),
+             (CenteredClipping(tau=0.5, f=1), {"aggregator": "centered-clipping", "cc.tau": 0.5, "byzantine.f": 1}),
+             (GradBANT(beta=0.25, smoothness="auto"), {"aggregator": "gradbant", "gradbant.beta": 0.25,
+                                                       "gradbant.smoothness": "auto"}),
+             (FLTrust(trust_size=30), {"aggregator": "fltrust", "trust.size": 30})]
+    for rule, cfg in cases:
+        bound = STRATEGIES["mbsgd"](parse_settings(base), LAYOUT, aggregator=rule).aggregator.impl.s.robust
+        assert bound == parse_settings(base | cfg).robust, rule.name
 
 
 def test_gradbant_as_a_constructor_argument_overrides_the_run_config() -> None:

@@ -138,11 +138,14 @@ def test_combinations_that_cannot_work_are_refused_with_one_line(cfg, match):
 
 
 def test_rule_knob_pre_is_checked():
-    from strategies.aggregators import Rule
+    from strategies.aggregators import NNM, Bucketing, Krum
 
-    assert Rule("krum", f=2, pre="nnm").knobs["pre"] == ("nnm",)
-    with pytest.raises(ValueError, match="unknown pre-aggregator"):
-        Rule("krum", f=2, pre=("nmm",))
+    assert Krum(f=2, pre=(NNM(),)).options == {"byzantine_f": 2, "pre": ("nnm",)}
+    assert Krum(f=2, pre=(NNM(), Bucketing(size=3))).options["bucket_size"] == 3
+    with pytest.raises(TypeError, match="pre-aggregator 'nmm'"):
+        Krum(f=2, pre=("nmm",))
+    with pytest.raises(ConfigError, match="byzantine.f = -5"):
+        Krum(f=-5)
 
 
 def test_nnm_krum_under_adaptive_alie_runs_and_reports_silo_weights(tmp_path: Path):

@@ -142,19 +142,19 @@ def test_sketch_space_combinations_that_cannot_work_are_refused_with_one_line(cf
 
 
 def test_the_rule_knob_space():
-    """Flower-native: Rule(..., space="sketch") is checked at construction and refused at bind
-    with the run config's one line."""
-    from strategies.aggregators import Rule
+    """Flower-native: TrimmedMean(..., space="sketch") is checked at construction (by the option's
+    own parser) and refused at bind with the run config's one line."""
+    from strategies.aggregators import NNM, Rule, TrimmedMean
 
-    assert Rule("trimmed-mean", f=2, pre="nnm", space="sketch").knobs["space"] == "sketch"
-    with pytest.raises(ValueError, match="unknown space 'compressed'"):
-        Rule("trimmed-mean", space="compressed")
+    assert TrimmedMean(f=2, pre=(NNM(),), space="sketch").options["space"] == "sketch"
+    with pytest.raises(ConfigError, match="aggregation-space = 'compressed'"):
+        TrimmedMean(space="compressed")
     owner = types.SimpleNamespace(s=parse_settings(BASE | {"aggregator": "trimmed-mean"}), layout=LAYOUT,
                                   roster=NodeRoster(), scheduled_phase=lambda rnd: Phase.GRAD,
                                   algorithm=types.SimpleNamespace(name="robust"))
-    Rule("trimmed-mean", pre="nnm", space="sketch").bind(owner)
+    TrimmedMean(pre=(NNM(),), space="sketch").bind(owner)
     with pytest.raises(ConfigError, match="trust-set reference"):
-        Rule("fltrust", space="sketch").bind(owner)
+        Rule("fltrust", {"space": "sketch"}).bind(owner)
 
 
 def test_robajol_under_adaptive_alie_runs_through_the_server_app(tmp_path: Path):
