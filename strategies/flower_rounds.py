@@ -36,7 +36,9 @@ from strategies.evaluation import EvaluationTally, evaluation_messages
 from strategies.exchange import MultiExchangeRound, Round, RoundContext, StepResult
 
 if TYPE_CHECKING:
+    from strategies.nodes import SiloNodes
     from strategies.replies import Params
+    from strategies.server_mechanism import ServerMechanism
 
 
 def params_of(arrays: ArrayRecord) -> Params:
@@ -68,8 +70,14 @@ class _OpenRound:
 
 
 class FlowerRounds(Strategy):
-    """The Flower ``Strategy`` face of :class:`~strategies.loop.FederatedOptimizer`."""
+    """The Flower ``Strategy`` face of :class:`~strategies.loop.FederatedOptimizer`, the one class
+    that subclasses it: what it reads of the optimiser is declared here."""
 
+    s: Any  # the run's settings (app.config.Settings)
+    layout: dict[str, tuple[int, ...]]
+    nodes: SiloNodes
+    mechanism: ServerMechanism
+    prox: Any
     _flower_open: _OpenRound | None = None
     _flower_ready: bool = False
 
@@ -91,17 +99,17 @@ class FlowerRounds(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Round ``server_round``'s first exchange, to the sampled silos."""
-        if getattr(self, "relay", None) is not None:
+        if not self.mechanism.under_flower_start:
             raise MultiExchangeRound("shuffle DP (privacy.mode = shuffle) needs the shuffler relay: run the strategy "
                                      "with silofl's driver (FederatedOptimizer.run), not Strategy.start")
         if not self._flower_ready:  # once: the silo nodes, then the optimiser's preparation
-            self.wait_for_nodes(grid, at_start=True)
+            self.nodes.wait_for_nodes(grid, at_start=True)
             self.prepare(grid, self.s.round_timeout)
             self._flower_ready = True
         w = params_of(arrays)
         ctx = self.open_round(grid, server_round)
         gen = self.exchanges(server_round, w)
-        self._flower_open = op = _OpenRound(ctx, w, gen, time.perf_counter(), len(self.client_errors))
+        self._flower_open = op = _OpenRound(ctx, w, gen, time.perf_counter(), len(self.nodes.client_errors))
         try:
             ex = next(gen)
         except StopIteration as stop:  # a round that asks nothing
@@ -145,8 +153,8 @@ class FlowerRounds(Strategy):
             self._close_row(op, None)
             return []
         w = params_of(arrays)
-        op.tally = EvaluationTally(server_round, w, self.layout, self._client_error)
-        return evaluation_messages(server_round, w, self.silo_nodes(grid))
+        op.tally = EvaluationTally(server_round, w, self.layout, self.nodes.client_error)
+        return evaluation_messages(server_round, w, self.nodes.silo_nodes(grid))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The evaluation's totals (test error and loss, training loss, ||G_eta||), into the row."""
@@ -165,7 +173,7 @@ class FlowerRounds(Strategy):
         row["wall_s"] = time.perf_counter() - op.t0
         self._flower_open = None
         self._record(row)
-        self.stop_on_new_failures(row['round'], op.failures_before)
+        self.nodes.stop_on_new_failures(row['round'], op.failures_before)
 
 
 def initial_model(s: Any, seed_name: str = "init") -> tuple[dict[str, tuple[int, ...]], ArrayRecord]:

@@ -49,7 +49,6 @@ from app import wire
 from app.algorithms import Algorithm, Phase, get_algorithm
 from app.config import ConfigError, Settings, parse_settings
 from app.privacy.mechanism import server_decoder
-from app.privacy.shuffle import row_bound
 from app.seeding import np_rng
 from app.server_device import server_device
 from app.sketch.broadcast import build_sketch, round_sketch
@@ -58,6 +57,7 @@ from strategies.aggregators import Aggregator, make_aggregator, with_harness
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
+from strategies.server_mechanism import DirectReplies, ServerMechanism
 from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
                               knob_keys, same_point, with_knobs)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
@@ -69,7 +69,7 @@ Ask = Callable[..., Updates]
 Checkpointer = Callable[[int, Params], None]
 
 
-class FederatedOptimizer(SiloNodes, FlowerRounds):
+class FederatedOptimizer(FlowerRounds):
     """Sampling, messaging, validation, guarding and bookkeeping shared by all optimisers: a
     ``flwr.serverapp.strategy.Strategy``. Subclasses name the algorithms they serve and implement
     :meth:`exchanges`. Flower's own ``start`` runs a one-exchange optimiser
@@ -112,23 +112,28 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         self.s = settings
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.on_round = on_round or (lambda row: None)
-        self.node_wait_s = settings.node_wait if node_wait_s is None else node_wait_s
-        self.client_errors: list[str] = []
-        #: replies Flower gave for nodes that were gone (dropped silos, not ClientApp failures)
-        self.unavailable = 0
+        #: the privacy mechanism's server half: direct replies, or the shuffler relay (shuffle DP)
+        self.mechanism: ServerMechanism = (
+            ShuffleRelay(settings.shuffle, settings.privacy.clip, settings.diff_clip,
+                         lambda msg, what: self.nodes.client_error(msg, what))
+            if settings.privacy.enabled and settings.privacy.mode == "shuffle" else DirectReplies())
+        self.roster = NodeRoster()
+        #: the silo nodes: waiting, sampling, ClientApp failures and gone nodes
+        self.nodes = SiloNodes(num_silos=settings.num_silos, min_silos=settings.min_silos,
+                               silos_per_round=settings.silos_per_round, seed=settings.seed,
+                               node_wait_s=settings.node_wait if node_wait_s is None else node_wait_s,
+                               fail_on_client_error=settings.fail_on_client_error, mechanism=self.mechanism,
+                               roster=self.roster)
         #: the distinct reasons silos gave for refusing (for the end-of-run report)
         self.refusal_reasons: set[str] = set()
         self.rows: list[dict[str, Any]] = []
         self.prox = composite_prox(settings.prox)
-        self.roster = NodeRoster()
         self.decode = server_decoder(settings.privacy.mode) if settings.privacy.enabled else None
         #: where the server lifts sketched replies (server-device, app/server_device.py)
         self.device = server_device(settings)
         #: the model's parameter shapes and size (:meth:`bind_layout`)
         self.layout: dict[str, tuple[int, ...]] = {}
         self.n_params = 0
-        #: shuffle DP: the shuffler's id and key, and the relay of sealed contributions
-        self.relay: ShuffleRelay | None = None
         #: the Flower run id (set by the ServerApp): shuffle DP binds contributions to it
         self.run_id = 0
         self.uploads = 0.0  # G(t): cumulative uploads in full-gradient equivalents
@@ -153,14 +158,22 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             self.bind_layout(layout)
 
     def bind_layout(self, layout: dict[str, tuple[int, ...]]) -> None:
-        """Once, with the model's parameter shapes: the shuffler relay's encoding and the
-        aggregator (a trust-set rule builds its reference model for them)."""
+        """Once, with the model's parameter shapes: the mechanism's encoding (the shuffle's levels)
+        and the aggregator (a trust-set rule builds its reference model for them)."""
         self.layout = {k: tuple(int(d) for d in shape) for k, shape in layout.items()}
         self.n_params = sum(int(np.prod(shape)) for shape in self.layout.values())
-        if self.s.privacy.enabled and self.s.privacy.mode == "shuffle":
-            self.relay = ShuffleRelay(self.layout, self.s.shuffle.levels_for(self.n_params), self.s.shuffle.p,
-                                      self._client_error)
+        self.mechanism.bind(self.layout)
         self.aggregator.bind(self)
+
+    @property
+    def client_errors(self) -> list[str]:
+        """The run's ClientApp failures (node, what, the last line of the reason)."""
+        return self.nodes.client_errors
+
+    @property
+    def unavailable(self) -> int:
+        """Replies Flower gave for nodes that were gone (dropped silos, not ClientApp failures)."""
+        return self.nodes.unavailable
 
     # -- the optimiser's hooks ----------------------------------------------------------------
     def exchanges(self, rnd: int, w: Params) -> Round:
@@ -223,11 +236,11 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         """Everything the loop and the optimiser carry from round ``rnd`` to the next."""
         return {
             "round": rnd, "model": dict(w), "rows": list(self.rows), "uploads": self.uploads,
-            "client_errors": list(self.client_errors), "unavailable": self.unavailable,
+            "client_errors": list(self.nodes.client_errors), "unavailable": self.nodes.unavailable,
             "roster": {str(k): v for k, v in self.roster.slots.items()},
             "sampler": {"seen": self.sampler.seen, "round": self.sampler.round, "value": self.sampler.value,
                         "rng": self.sampler.rng},
-            "relay_exchanges": self.relay.exchanges if self.relay is not None else 0,
+            "relay_exchanges": self.mechanism.exchanges,
             "pending": self.pending,
             "optimizer": self.optimizer_state(),
         }
@@ -236,14 +249,13 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         """Restore :meth:`state`'s output; returns (its round, its model)."""
         self.rows = list(state["rows"])
         self.uploads = float(state["uploads"])
-        self.client_errors = list(state["client_errors"])
-        self.unavailable = int(state["unavailable"])
+        self.nodes.client_errors = list(state["client_errors"])
+        self.nodes.unavailable = int(state["unavailable"])
         self.roster.slots = {int(k): int(v) for k, v in state["roster"].items()}
         sampler = state["sampler"]
         self.sampler = IterateSampler(sampler["rng"])
         self.sampler.seen, self.sampler.round, self.sampler.value = sampler["seen"], sampler["round"], sampler["value"]
-        if self.relay is not None:
-            self.relay.exchanges = int(state["relay_exchanges"])
+        self.mechanism.exchanges = int(state["relay_exchanges"])
         self.pending = state.get("pending")
         self.restore_optimizer_state(state["optimizer"])
         w = {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
@@ -262,19 +274,18 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             done, w = self.load_state(resume)
             first = done + 1
             log(INFO, "resuming after round %d of %d", done, num_rounds)
-        nodes = self.wait_for_nodes(grid, at_start=True)
-        if self.relay is not None:
-            self.relay.discover(grid, nodes, timeout)
+        nodes = self.nodes.wait_for_nodes(grid, at_start=True)
+        self.mechanism.discover(grid, nodes, timeout)
         self.prepare(grid, timeout)
         try:
             for rnd in range(first, num_rounds + 1):
                 t0 = time.perf_counter()
-                failures_before = len(self.client_errors)
+                failures_before = len(self.nodes.client_errors)
                 w, row = self.round(grid, rnd, w, timeout)
                 if self.s.output == "random":  # only the random output needs the iterates
                     self.sampler.offer(rnd, w)
                 if self.s.eval_every and (rnd % self.s.eval_every == 0 or rnd == num_rounds):
-                    if rnd < num_rounds and self.relay is None and self.fold_evaluation:  # with round rnd + 1's
+                    if rnd < num_rounds and self.mechanism.folds_evaluation and self.fold_evaluation:  # with rnd + 1's
                         self.pending = row
                     else:
                         row |= self.evaluate(grid, rnd, w, timeout) or {}
@@ -283,7 +294,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
                     self._record(row)
                 if checkpoint is not None:
                     checkpoint(rnd, w)
-                self.stop_on_new_failures(rnd, failures_before)
+                self.nodes.stop_on_new_failures(rnd, failures_before)
                 if self.health_check is not None and rnd < num_rounds:
                     verdict = self.health_check(rnd, w, row)
                     if verdict is not None:  # it cannot learn: stop before more budget is spent
@@ -321,10 +332,10 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
 
     def open_round(self, grid: Grid, rnd: int) -> RoundContext:
         """Round ``rnd``'s sampled silos, sketch and reply reader."""
-        nodes = self.sample_nodes(grid, rnd)
+        nodes = self.nodes.sample_nodes(grid, rnd)
         spec = round_sketch(self.s.sketch.kind, self.s.sketch.ratio, self.s.sketch.epsilon, self.s.sketch.layerwise,
                             self.s.seed, rnd, self.s.sketch.error_feedback)
-        reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self._client_error,
+        reader = ReplyReader(self.layout, build_sketch(spec, list(self.layout.values())), self.nodes.client_error,
                              self.decode, device=self.device)
         return RoundContext(rnd, nodes, spec, reader)
 
@@ -355,11 +366,11 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         nodes = ctx.nodes
 
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
-            ticket = self.relay.ticket() if self.relay is not None else None
+            ticket = self.mechanism.ticket()
             tally = None
             if self.pending is not None:  # the evaluation of w waits for this exchange
                 if same_point(at, w):
-                    tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self._client_error)
+                    tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self.nodes.client_error)
                 else:
                     self._evaluate_pending(grid, w, timeout)
             messages = self.train_messages(ctx, Exchange(phase, at, prev), ticket,
@@ -368,16 +379,11 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
                 replies = grid.send_and_receive(messages, timeout=timeout)
             else:  # the silos not sampled get the evaluation request alone, in the same send
                 sampled = set(nodes)
-                others = [n for n in self.silo_nodes(grid) if n not in sampled]
+                others = [n for n in self.nodes.silo_nodes(grid) if n not in sampled]
                 replies = grid.send_and_receive(messages + evaluation_messages(tally.rnd, w, others), timeout=timeout)
                 replies = self._fold_evaluation(tally, replies, sampled)
                 self._finish_pending(tally.result(self.prox, self.s.lr))
-            if self.relay is not None and ticket is not None:
-                bound = row_bound(phase == Phase.DIFF, self.s.privacy.clip, self.s.diff_clip)
-                updates = self.relay.exchange(grid, rnd, str(phase), ticket, self.run_id, bound, replies, nodes,
-                                              timeout)
-            else:
-                updates = ctx.reader.classify(rnd, replies, nodes)
+            updates = self.mechanism.collect(grid, rnd, phase, ticket, replies, nodes, ctx.reader, timeout, self.run_id)
             return self.received(ctx, updates)
 
         result = self.step(rnd, w, ask)
@@ -402,12 +408,7 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
             w = {k: np.asarray(v, dtype=np.float32) for k, v in result.model.items()}
         else:
             skipped = True
-        if self.relay is not None:
-            extra_row = {"shuffle_dropped": tally.shuffle_dropped}
-            if tally.shuffle_refusal:  # the shuffler refused the sum (app/run_health.py blames it)
-                extra_row["shuffle_refused"] = tally.shuffle_refusal
-        else:
-            extra_row = {}
+        extra_row = self.mechanism.row(tally)  # e.g. the shuffler's drops and refusal
         # signs of divergence (app/run_health.py), in the row only when they happened
         non_finite = sum(reason.startswith(f"{wire.REFUSED_NON_FINITE}:") for reason in tally.refused.values())
         if non_finite:
@@ -452,8 +453,8 @@ class FederatedOptimizer(SiloNodes, FlowerRounds):
         return True
 
     def evaluate(self, grid: Grid, rnd: int, w: Params, timeout: float) -> dict[str, float] | None:
-        return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self._client_error,
-                              nodes=self.silo_nodes(grid))
+        return evaluate_point(grid, rnd, w, self.layout, self.prox, self.s.lr, timeout, self.nodes.client_error,
+                              nodes=self.nodes.silo_nodes(grid))
 
     def summary(self) -> None:
         log(INFO, "%s: %d rounds, %d of %d silos per round, lr=%g, privacy=%s eps=%g clip=%g",

@@ -1,13 +1,13 @@
 """The silo nodes of a run: waiting for them, sampling each round's M_r, telling a node that is
-gone (a dropped silo, the paper's Assumption 6) from a ClientApp failure. A mixin of
-:class:`~strategies.loop.FederatedOptimizer` (it reads ``s``, ``relay``, ``roster``,
-``node_wait_s``, ``client_errors`` and ``unavailable`` from it)."""
+gone (a dropped silo, the paper's Assumption 6) from a ClientApp failure. Held by
+:class:`~strategies.loop.FederatedOptimizer` (``self.nodes``); which nodes are silos is the
+privacy mechanism's to say (strategies/server_mechanism.py: all, or all but the shuffler)."""
 
 from __future__ import annotations
 
 import time
 from logging import WARNING
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flwr.app import Message
 from flwr.common import log
@@ -16,6 +16,10 @@ from flwr.serverapp import Grid
 from app import wire
 from app.seeding import np_rng
 from strategies.messaging import is_unavailable
+
+if TYPE_CHECKING:
+    from strategies.replies import NodeRoster
+    from strategies.server_mechanism import ServerMechanism
 
 
 class TooFewSilos(RuntimeError):
@@ -29,48 +33,48 @@ class ClientAppsFailed(RuntimeError):
 
 
 class SiloNodes:
-    """Node waiting, sampling and error bookkeeping shared by every optimiser."""
+    """The run's silo nodes: N = ``num_silos`` expected, at least ``min_silos`` needed, M =
+    ``silos_per_round`` sampled each round from (``seed``, round), waiting at most ``node_wait_s``;
+    ``mechanism`` says which nodes are silos, ``roster`` gives each silo its slot. It keeps the
+    ClientApp failures (``client_errors``) and the replies of nodes that were gone (``unavailable``)."""
 
-    s: Any
-    relay: Any
-    roster: Any
-    node_wait_s: float
-    client_errors: list[str]
-    unavailable: int
+    def __init__(self, *, num_silos: int, min_silos: int, silos_per_round: int, seed: int, node_wait_s: float,
+                 fail_on_client_error: bool, mechanism: ServerMechanism, roster: NodeRoster) -> None:
+        self.num_silos, self.min_silos, self.silos_per_round = num_silos, min_silos, silos_per_round
+        self.seed, self.node_wait_s, self.fail_on_client_error = seed, node_wait_s, fail_on_client_error
+        self.mechanism, self.roster = mechanism, roster
+        self.client_errors: list[str] = []
+        #: replies Flower gave for nodes that were gone (dropped silos, not ClientApp failures)
+        self.unavailable = 0
 
     def stop_on_new_failures(self, rnd: int, failures_before: int) -> None:
         """ClientAppsFailed when fail-on-client-error is set and round ``rnd`` added ClientApp
         failures to ``client_errors`` (which held ``failures_before`` when the round began)."""
         new = self.client_errors[failures_before:]
-        if self.s.fail_on_client_error and new:
+        if self.fail_on_client_error and new:
             raise ClientAppsFailed(f"round {rnd}: {len(new)} ClientApp failure(s), the run is stopped "
                                    f"(fail-on-client-error = true); first: {new[0]}")
 
     def silo_nodes(self, grid: Grid) -> list[int]:
         """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
-        nodes = sorted(grid.get_node_ids())
-        return self.relay.silo_nodes(nodes) if self.relay is not None else nodes
+        return self.mechanism.silo_nodes(sorted(grid.get_node_ids()))
 
     def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
         from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
-        nodes = sorted(self.wait_for_nodes(grid))
-        if self.relay is not None:
-            nodes = self.relay.silo_nodes(nodes)
-        m = min(self.s.silos_per_round, len(nodes))
-        if m < self.s.silos_per_round:
+        nodes = self.mechanism.silo_nodes(sorted(self.wait_for_nodes(grid)))
+        m = min(self.silos_per_round, len(nodes))
+        if m < self.silos_per_round:
             log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
-                server_round, len(nodes), m, self.s.silos_per_round)
-        rng = np_rng(self.s.seed, "server-sampling", server_round)
+                server_round, len(nodes), m, self.silos_per_round)
+        rng = np_rng(self.seed, "server-sampling", server_round)
         chosen = rng.choice(len(nodes), size=m, replace=False)
         return [nodes[i] for i in sorted(chosen)]
 
-    def _connected(self, grid: Grid) -> tuple[list[int], int]:
+    def connected(self, grid: Grid) -> tuple[list[int], int]:
         """(the connected nodes, how many of them are silos)."""
         nodes = list(grid.get_node_ids())
-        if self.relay is None:
-            return nodes, len(nodes)
-        return nodes, len(self.relay.silo_nodes(nodes)) if self.relay.shuffler is not None else max(len(nodes) - 1, 0)
+        return nodes, self.mechanism.silo_count(nodes)
 
     def wait_for_nodes(self, grid: Grid, at_start: bool = False) -> list[int]:
         """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
@@ -78,27 +82,26 @@ class SiloNodes:
         present if they are at least min-silos. In a round: wait only while fewer than
         min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
         deadline = time.monotonic() + self.node_wait_s
-        want = self.s.num_silos if at_start else self.s.min_silos
-        shuffler = 1 if self.relay is not None else 0  # shuffle DP: and the shuffler
+        want = self.num_silos if at_start else self.min_silos
+        shuffler = self.mechanism.helper_nodes  # shuffle DP: and the shuffler
         while True:
-            nodes, silos = self._connected(grid)
+            nodes, silos = self.connected(grid)
             if silos >= want and len(nodes) >= silos + shuffler:
                 break
             if time.monotonic() > deadline:
-                if silos >= self.s.min_silos and len(nodes) >= silos + shuffler:
+                if silos >= self.min_silos and len(nodes) >= silos + shuffler:
                     log(WARNING, "%d of %d silo nodes connected after %.0f s; going on with them (min-silos = %d)",
-                        silos, self.s.num_silos, self.node_wait_s, self.s.min_silos)
+                        silos, self.num_silos, self.node_wait_s, self.min_silos)
                     break
                 raise TooFewSilos(
                     f"only {silos} silo node(s){' and no shuffler' if shuffler and len(nodes) <= silos else ''} "
                     f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
-                    f"min-silos = {self.s.min_silos} of num-silos = {self.s.num_silos}")
+                    f"min-silos = {self.min_silos} of num-silos = {self.num_silos}")
             time.sleep(0.2)
-        self.roster.add(self.relay.silo_nodes(nodes) if self.relay is not None and self.relay.shuffler is not None
-                        else nodes)
+        self.roster.add(self.mechanism.silo_nodes(nodes))
         return nodes
 
-    def _client_error(self, msg: Message, what: str) -> str:
+    def client_error(self, msg: Message, what: str) -> str:
         """Record an error reply: a node that is gone is a dropped silo (logged), anything
         else a ClientApp failure (``client_errors``; fails the run with fail-on-client-error)."""
         if msg.has_error():

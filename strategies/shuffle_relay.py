@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -27,19 +28,29 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from app import wire
-from app.privacy.shuffle import ShuffleCode, debias, honest_mean_limit
+from app.algorithms import Phase
+from app.privacy.settings import ShuffleSettings
+from app.privacy.shuffle import ShuffleCode, debias, honest_mean_limit, row_bound
 from strategies.replies import Updates, check_bounded, sort_replies
 
 
 class ShuffleRelay:
-    """The shuffler node's id and key, the silos' sender keys, and the exchange counter."""
+    """The binomial shuffle's server half (strategies/server_mechanism.py): the shuffler node's id
+    and key, the silos' sender keys, and the exchange counter. ``clip``, ``diff_clip``: the
+    per-record bounds R of the releases' rows (app/privacy/shuffle.py ``row_bound``)."""
 
-    def __init__(self, layout: Mapping[str, tuple[int, ...]], levels: int, p: float,
+    helper_nodes = 1
+    folds_evaluation = False
+    under_flower_start = False
+
+    def __init__(self, shuffle: ShuffleSettings, clip: float, diff_clip: float,
                  client_error: Callable[[Message, str], str]) -> None:
-        self.layout = layout
-        self.dim = sum(int(np.prod(shape)) for shape in layout.values())
-        self.levels = levels
-        self.p = p
+        self.shuffle = shuffle
+        self.layout: Mapping[str, tuple[int, ...]] = {}
+        self.dim = 0
+        self.levels = 0
+        self.p = shuffle.p
+        self.clip, self.diff_clip = clip, diff_clip
         self.client_error = client_error
         self.shuffler: int | None = None
         self.shuffler_key = ""
@@ -47,6 +58,12 @@ class ShuffleRelay:
         self.exchanges = 0
         #: the shuffler's reason when it refused the last relayed sum ("" otherwise)
         self.refusal = ""
+
+    def bind(self, layout: Mapping[str, tuple[int, ...]]) -> None:
+        """The model's layout, and the encoding's g levels for its size (``shuffle.levels``)."""
+        self.layout = layout
+        self.dim = sum(int(np.prod(shape)) for shape in layout.values())
+        self.levels = self.shuffle.levels_for(self.dim)
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """Ask every node for its role and key; exactly one shuffler, else RuntimeError."""
@@ -79,6 +96,26 @@ class ShuffleRelay:
     def silo_nodes(self, nodes: Iterable[int]) -> list[int]:
         """The nodes that are not the shuffler."""
         return [n for n in nodes if n != self.shuffler]
+
+    def silo_count(self, nodes: Iterable[int]) -> int:
+        """How many of ``nodes`` are silos: all but the shuffler (one of them, before discovery)."""
+        nodes = list(nodes)
+        return len(self.silo_nodes(nodes)) if self.shuffler is not None else max(len(nodes) - 1, 0)
+
+    def collect(self, grid: Grid, rnd: int, phase: Phase, ticket: wire.ShuffleTicket, replies: Iterable[Message],
+                nodes: list[int], reader: Any, timeout: float, run_id: int) -> Updates:
+        """The exchange's sealed replies through the shuffler (:meth:`exchange`), the rows bounded
+        by R = clip (or C_diff for a difference)."""
+        bound = row_bound(phase == Phase.DIFF, self.clip, self.diff_clip)
+        return self.exchange(grid, rnd, str(phase), ticket, run_id, bound, replies, nodes, timeout)
+
+    def row(self, tally: Updates) -> dict[str, Any]:
+        """The round's row entries: contributions the shuffler dropped, and its refusal if any
+        (app/run_health.py blames it)."""
+        extra: dict[str, Any] = {"shuffle_dropped": tally.shuffle_dropped}
+        if tally.shuffle_refusal:
+            extra["shuffle_refused"] = tally.shuffle_refusal
+        return extra
 
     def ticket(self) -> wire.ShuffleTicket:
         """The next exchange's ticket (the exchange number binds the contributions' context)."""

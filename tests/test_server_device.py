@@ -127,7 +127,7 @@ def test_sketch_lifts_run_on_the_server_device(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(loop, "server_device", lambda s: torch.device("meta"))
     s = parse_settings({"sketch.kind": "srht", "model": "logistic"})
     opt = STRATEGIES["mbsgd"](s, {"linear.weight": (2, 30), "linear.bias": (2,)})
-    opt.sample_nodes = lambda grid, rnd: [1, 2]
+    opt.nodes.sample_nodes = lambda grid, rnd: [1, 2]
     reader = opt.open_round(None, 1).reader
     assert reader.device == torch.device("meta")
     seen: list[str] = []

@@ -55,6 +55,7 @@ def test_cross_run_replay_of_run_1s_context_with_one_blob_left_out_is_refused(fe
 
     from app import node_runtime
     from app.local_grid import InProcessGrid
+    from app.privacy.settings import ShuffleSettings
     from strategies.shuffle_relay import ShuffleRelay
 
     replies: list = []
@@ -78,7 +79,7 @@ def test_cross_run_replay_of_run_1s_context_with_one_blob_left_out_is_refused(fe
     def relay_in(run_id: int):
         node_runtime._SHUFFLERS.clear()  # a new process (or a restart) of the shuffler node, same state dir
         grid2 = InProcessGrid(run_config, len(grid.node_ids), str(state), run_id=run_id)
-        relay = ShuffleRelay({"w": (request.dim,)}, request.levels, 0.25, lambda msg, what: "error")
+        relay = ShuffleRelay(ShuffleSettings(p=0.25), 1.0, 1.0, lambda msg, what: "error")  # only relays here
         relay.shuffler = grid2.node_ids[-1]
         msg = Message(replay.encode(), dst_node_id=relay.shuffler, message_type=wire.SHUFFLE_QUERY)
         return relay._relay(grid2, 1, msg, timeout=60.0), grid2
