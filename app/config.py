@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, AlgorithmOptions, get_algorithm
@@ -221,11 +221,11 @@ def parse_settings(run_config: Mapping[str, Any]) -> Settings:
         group_name, _, field_name = attr.rpartition(".")
         (nested[group_name] if group_name else top)[field_name] = parsed
     settings = Settings(**top, **{name: GROUPS[name](**values) for name, values in nested.items()})
-    _check_relations(settings)
+    check_relations(settings)
     return settings
 
 
-def _check_relations(s: Settings) -> None:
+def check_relations(s: Settings) -> None:
     if s.silos_per_round > s.num_silos:
         raise ConfigError(
             f"silos-per-round = {s.silos_per_round} is out of range; allowed: [1, num-silos = {s.num_silos}]"
@@ -338,3 +338,33 @@ def unknown_key_message(key: str) -> str:
     close = difflib.get_close_matches(key, list(SCHEMA), n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(repr(k) for k in close)}?" if close else "no known key is close to it"
     return f"unknown config key {key!r}; {hint} (every key: docs/configuration.md)"
+
+
+# -- a component's constructor arguments as run-config keys (strategies/loop.py) ---------------
+
+def knob_keys(knobs: dict[str, Any], group: str = "") -> dict[str, Any]:
+    """``knobs`` as run-config keys: a name is a key with ``.`` and ``-`` written ``_``
+    (``spider_q`` -> ``spider.q``) or, for an optimiser with an option group, a key of that group
+    without its prefix (``FedProxSPIDER(q=5)``: ``spider.q``); ConfigError (one line) otherwise."""
+    names = {key.replace(".", "_").replace("-", "_"): key for key in SCHEMA}
+    keys: dict[str, Any] = {}
+    for name, value in knobs.items():
+        key = names.get(name) or (names.get(f"{group}_{name}") if group else None)
+        if key is None:
+            own = f" (or a {group}.* key without its prefix, e.g. q)" if group else ""
+            raise ConfigError(f"unknown knob {name!r}: a run-config key with '.' and '-' written '_' (e.g. spider_q){own}")
+        keys[key] = value
+    return keys
+
+
+def with_knobs(s: Settings, knobs: dict[str, Any], group: str = "") -> Settings:
+    """``s`` with run-config keys (:func:`knob_keys`) set to ``knobs``' values, each parsed and
+    the whole checked as parse_settings does (ConfigError, one line)."""
+    for key, value in knob_keys(knobs, group).items():
+        attr, parser = SCHEMA[key]
+        parsed = parser(key, value)
+        group_name, _, field_name = attr.rpartition(".")
+        s = replace(s, **({group_name: replace(getattr(s, group_name), **{field_name: parsed})} if group_name
+                          else {field_name: parsed}))
+    check_relations(s)
+    return s

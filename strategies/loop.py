@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.algorithms import Algorithm, Phase, get_algorithm
-from app.config import ConfigError, Settings, parse_settings
+from app.config import ConfigError, Settings, knob_keys, parse_settings, with_knobs
 from app.privacy.mechanism import server_decoder
 from app.seeding import np_rng
 from app.server_device import server_device
@@ -59,7 +59,7 @@ from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
 from strategies.server_mechanism import DirectReplies, ServerMechanism
 from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
-                              knob_keys, same_point, with_knobs)
+                              same_point)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 

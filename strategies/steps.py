@@ -1,5 +1,5 @@
 """Small pieces of the round loop: the proximal step, the output iterate's reservoir sample, the
-run's result, the knobs over the run config, point equality."""
+run's result, point equality."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from app.algorithms.options import ProxSettings
-from app.config import Settings
 from app.prox import Prox, make_prox
 from strategies.replies import Params
 
@@ -39,40 +38,6 @@ class RunResult:
     model: Params
     round: int
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def knob_keys(knobs: dict[str, Any], group: str = "") -> dict[str, Any]:
-    """``knobs`` as run-config keys: a name is a key with ``.`` and ``-`` written ``_``
-    (``spider_q`` -> ``spider.q``) or, for an optimiser with an option group, a key of that group
-    without its prefix (``FedProxSPIDER(q=5)``: ``spider.q``); ConfigError (one line) otherwise."""
-    from app.config import SCHEMA, ConfigError
-
-    names = {key.replace(".", "_").replace("-", "_"): key for key in SCHEMA}
-    keys: dict[str, Any] = {}
-    for name, value in knobs.items():
-        key = names.get(name) or (names.get(f"{group}_{name}") if group else None)
-        if key is None:
-            own = f" (or a {group}.* key without its prefix, e.g. q)" if group else ""
-            raise ConfigError(f"unknown knob {name!r}: a run-config key with '.' and '-' written '_' (e.g. spider_q){own}")
-        keys[key] = value
-    return keys
-
-
-def with_knobs(s: Settings, knobs: dict[str, Any], group: str = "") -> Settings:
-    """``s`` with run-config keys (:func:`knob_keys`) set to ``knobs``' values, each parsed and
-    the whole checked as parse_settings does (ConfigError, one line)."""
-    from dataclasses import replace
-
-    from app.config import SCHEMA, _check_relations
-
-    for key, value in knob_keys(knobs, group).items():
-        attr, parser = SCHEMA[key]
-        parsed = parser(key, value)
-        group_name, _, field_name = attr.rpartition(".")
-        s = replace(s, **({group_name: replace(getattr(s, group_name), **{field_name: parsed})} if group_name
-                          else {field_name: parsed}))
-    _check_relations(s)
-    return s
 
 
 def same_point(a: Params, b: Params) -> bool:
