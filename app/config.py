@@ -183,7 +183,8 @@ def resolve_presets(run_config: Mapping[str, Any]) -> dict[str, Any]:
         if _is_preset(flat, key):
             flat[key] = values[key]
     if preset_aware and flat["gradbant.noise-aware"] is True and not (
-            flat.get("aggregator", "auto") in ("auto", "gradbant") and algorithm == "robust" and mode in ("isrl", "off")
+            flat.get("aggregator", "auto") in ("auto", "gradbant") and algorithm in ALGORITHM_REGISTRY
+            and get_algorithm(algorithm).rule_step and mode in ("isrl", "off")
             and flat.get("sketch.kind", "none") in NOISE_AWARE_SKETCH_KINDS):
         flat["gradbant.noise-aware"] = False  # the preset's choice applies to Grad-BANT where it is exact only
     num_silos = flat["num-silos"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.algorithms import get_algorithm
 from app.attacks import byzantine_count
 from app.options import ConfigError
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
@@ -14,7 +15,7 @@ from strategies.aggregation import check_smea_size
 from strategies.aggregators import refuse_combination
 from strategies.composition import refuse_pre, refuse_space
 from strategies.options import (F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS,
-                                resolve_aggregator, tolerated_f)
+                                resolve_aggregator, rule_steps, tolerated_f)
 from strategies.preaggregation import rows_after
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def check_byzantine(s: Settings) -> None:
     if s.robust.pre:  # ConfigError (one line) for a pre-aggregator chain that cannot work
         refuse_pre(agg, s.robust, privacy_mode=s.privacy.mode, silos_per_round=s.silos_per_round,
                    f=tolerated_f(s.robust, s.attack, s.num_silos))
-    if s.algorithm != "robust":
+    if not rule_steps(s.algorithm):
         refuse_combination(agg, s.privacy.mode)  # ConfigError (one line) for a rule this algorithm cannot aggregate with
         if agg == "mean" and s.attack.kind == "none":
             return
@@ -90,7 +91,7 @@ def _check_byzantine_f(s: Settings) -> None:
     the silos-per-round replies it aggregates: n > 2f + 2 for Krum and Multi-Krum, n > 2f for the
     other honest-majority rules; f > 0 with no rule that tolerates Byzantine silos is refused."""
     f, rule, n = s.robust.byzantine_f, effective_aggregator(s), s.silos_per_round
-    robust = s.algorithm == "robust" or rule != "mean"
+    robust = get_algorithm(s.algorithm).weighs_each_message(rule)
     # the largest f the rule accepts from n replies (= strategies.aggregation.min_clients)
     most = (n - 3) // 2 if rule in KRUM_AGGREGATORS else (n - 1) // 2
     allowed = f"[0, {most}]" if most >= 0 else f"none (silos-per-round = {n}; {rule} needs at least 3)"

@@ -104,7 +104,9 @@ def cannot_learn(run: NoiseRun, silos: Sequence[Sequence[PhaseNoise]]) -> tuple[
     """(why the plan cannot learn, why the rule weighs noise), each empty when it does not hold,
     by the module docstring's criteria, for ``silos`` (each silo's :func:`silo_noise`)."""
     rule = run.rule
-    per_message = rule != "mean" or run.algorithm == "robust"
+    from app.algorithms import get_algorithm
+
+    per_message = get_algorithm(run.algorithm).weighs_each_message(rule)
     learn, weighs = [], []
     for phase in sorted({p.phase for silo in silos for p in silo}):
         rows = [p for silo in silos for p in silo if p.phase == phase]

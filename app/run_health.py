@@ -260,7 +260,9 @@ def _shuffler_refusals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str
 
 
 def _attacked(s: Any) -> bool:
-    return s.algorithm == "robust" and s.attack.kind != "none" and s.attack.fraction > 0
+    from app.algorithms import get_algorithm
+
+    return get_algorithm(s.algorithm).rule_step and s.attack.kind != "none" and s.attack.fraction > 0
 
 
 def _rule(s: Any) -> str:

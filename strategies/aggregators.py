@@ -151,7 +151,7 @@ class Rule(Aggregator):
             from strategies.composition import refuse_space
 
             refuse_space(self.name, s.sketch.kind)  # ... and as its aggregation-space
-        phase = owner.scheduled_phase(1) if owner.algorithm.name == "robust" else None
+        phase = owner.scheduled_phase(1) if owner.algorithm.rule_step else None
         self.impl = RobustAggregator(s, owner.layout, owner.roster, phase, trust=self.trust, model=self.model)
 
     def combine(self, rnd: int, ex: Exchange, updates: Updates) -> tuple[Params | None, dict[str, Any]]:
@@ -254,10 +254,11 @@ RULE_CLASSES: dict[str, type[Rule]] = {
 
 def make_aggregator(robust: RobustSettings, algorithm: str) -> Aggregator:
     """The run config's aggregator: the mean, or :class:`Rule` (algorithm robust: always a Rule)."""
+    from app.algorithms import get_algorithm
     from strategies.options import resolve_aggregator
 
     rule = resolve_aggregator(robust.aggregator, algorithm)
-    return Mean() if rule == "mean" and algorithm != "robust" and not robust.pre else Rule(rule)
+    return Rule(rule) if get_algorithm(algorithm).weighs_each_message(rule) or robust.pre else Mean()
 
 
 def with_harness(agg: Aggregator, attack_kind: str) -> Aggregator:

@@ -90,11 +90,19 @@ class RobustSettings:
                         inert=("sketch.kind", ("none",)))
 
 
+def rule_steps(algorithm: str) -> bool:
+    """Whether ``algorithm``'s server step is its aggregation rule (``Algorithm.rule_step``: the
+    robust line, algorithm robust and its alias gradbant): the one place that meaning is read."""
+    from app.algorithms import get_algorithm
+
+    return get_algorithm(algorithm).rule_step
+
+
 def resolve_aggregator(aggregator: str, algorithm: str) -> str:
-    """The run's aggregation rule: ``aggregator``, where ``auto`` (the default) is Grad-BANT for
-    algorithm robust and the mean for every other algorithm (strategies/aggregators.py)."""
+    """The run's aggregation rule: ``aggregator``, where ``auto`` (the default) is Grad-BANT for an
+    algorithm whose step is its rule (robust) and the mean for every other (strategies/aggregators.py)."""
     if aggregator == "auto":
-        return GRADBANT if algorithm == "robust" else "mean"
+        return GRADBANT if rule_steps(algorithm) else "mean"
     return aggregator
 
 

@@ -9,6 +9,8 @@ An :class:`Algorithm` answers three questions:
 * ``release(phase, o, n, clip, count)``: the :class:`ReleaseSpec` of ``count`` releases of one
   kind by a silo with n records: its batch K, replace-one sensitivity and budget-split weight.
 * ``prox_step``: whether the server step is a prox step (composite losses, ``prox.kind``).
+* ``rule_step``: whether the server step is its aggregation rule (the robust line): its default
+  rule is Grad-BANT and even the mean weighs each message (strategies/options.py).
 
 ``o`` is the run's :class:`AlgorithmOptions`: only what an algorithm reads (R, K, Q, ...), built by
 the entrypoint from its settings (``Settings.algorithm_options()``); no algorithm sees the root settings.
@@ -94,6 +96,12 @@ class Algorithm:
     name: str = ""
     #: the server step is prox_{eta f1}(w - eta * estimate) (composite losses allowed)
     prox_step: bool = True
+    rule_step: bool = False
+
+    def weighs_each_message(self, rule: str) -> bool:
+        """Whether the server's step weighs each silo's message under aggregation ``rule`` (a rule
+        other than the mean, or any rule when the step is the rule), so the rule sees every reply."""
+        return rule != "mean" or self.rule_step
 
     def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         raise NotImplementedError

@@ -11,6 +11,7 @@ from app.algorithms.localsgd import local_release
 class ByzantineRobust(Algorithm):
     name = "robust"
     prox_step = False
+    rule_step = True
 
     def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)
