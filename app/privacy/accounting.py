@@ -28,7 +28,7 @@ Accounting rules (all numbers come from dp-accounting):
 * Binomial releases (shuffle DP, ``mechanism = "binomial"``): the per-coordinate totals of the
   shuffler carry Bin(trials, p) noise on g levels in d coordinates; their Renyi curves and the
   delta of their truncated tails come from the exact numerical accountant in
-  app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
+  app/privacy/binomial/. A ledger holding any binomial release composes everything in RDP at
   that module's orders (Gaussian releases by their exact RDP curves). A sampled binomial
   release (K < n) claims amplification by its batch's sampling without replacement only when it
   says so (``amplification = "sampling"``, app/privacy/amplification.py); otherwise it is
