@@ -335,7 +335,7 @@ def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
     what Flower's parser would drop or misread."""
     from flwr.common.config import parse_config_args
 
-    from app.config import check_run_config_args
+    from app.run_config_args import check_run_config_args
 
     check_run_config_args(overrides)
     return parse_config_args(overrides)

@@ -37,10 +37,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from app.config import AGGREGATORS, ConfigError, parse_settings  # noqa: E402
+from app.config import ConfigError, parse_settings  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.results import load_rounds  # noqa: E402
+from strategies.options import AGGREGATORS  # noqa: E402
 
 BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
         "silos-per-round": 10, "pca": 50, "model": "mlp", "mlp-hidden": "64", "privacy.mode": "off",
