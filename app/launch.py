@@ -100,7 +100,7 @@ def default_run_config(root: Path = ROOT) -> dict[str, Any]:
 def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]:
     """pyproject's run config with the ``--run-config`` strings ``overrides`` on top;
     ConfigError (one line naming the fragment) for anything in them Flower's parser would drop
-    or misread (app.config.check_run_config_args)."""
+    or misread (app.run_config_args.check_run_config_args)."""
     parsed = parse_config_overrides(overrides)
     cfg = default_run_config(root)
     cfg.update(parsed)

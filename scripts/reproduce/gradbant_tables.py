@@ -51,7 +51,7 @@ ATTACKS = {"none": {"byzantine.f": 0}, "label flip 60%": {"attack.kind": "label-
            "sign flip 60%": {"attack.kind": "sign-flip", "attack.fraction": 0.6},
            "IPM 70%": {"attack.kind": "ipm", "attack.fraction": 0.7, "attack.ipm-epsilon": 0.5},
            "ALIE 40%": {"attack.kind": "alie", "attack.fraction": 0.4}}
-#: every registered rule (app.config.AGGREGATORS), the mean and Grad-BANT first
+#: every registered rule (strategies.options.AGGREGATORS), the mean and Grad-BANT first
 RULES = ["mean", "gradbant", *(rule for rule in AGGREGATORS if rule not in ("mean", "gradbant"))]
 SKETCHES = ["none", "gaussian", "rademacher", "srht", "countsketch", "randk"]
 
