@@ -18,32 +18,23 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from app.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, AlgorithmOptions, get_algorithm
-from app.algorithms.options import (  # noqa: F401 (re-exported)
-    ALGORITHM_ALIASES, MODELS, OUTPUTS, ProxSettings, TrainingOptions,
-)
+from app.algorithms.options import ALGORITHM_ALIASES, MODELS, ProxSettings, TrainingOptions
 from app.algorithms.plsvrg import PLSVRGSettings
 from app.algorithms.spider import SpiderSettings
 from app.algorithms.svrg import SVRGSettings
 from app.attacks import ATTACKS as ATTACK_REGISTRY, AttackSettings, byzantine_count
 from app.data.options import NODE_ONLY_KEYS, DataOptions, check_own_data
-from app.data.partition import PARTITIONS  # noqa: F401 (re-exported)
 from app.data.scaling import SCALING_MODES as STANDARDIZE_MODES, resolve_scaling
 from app.data.sources import SOURCES
 from app.options import (
     OPTION, ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
 )
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
-from app.privacy.policy import NOISE_SEEDS  # noqa: F401 (re-exported)
-from app.privacy.settings import PLANNED_PRIVACY_MODES, PRIVACY_MODES, PrivacySettings, ShuffleSettings  # noqa: F401
-from app.prox import PROX_KINDS  # noqa: F401 (re-exported)
-from app.run_config_args import RUN_CONFIG_PAIR, check_run_config_args  # noqa: F401 (re-exported)
-from app.runtime_options import DEVICES, SERVER_DEVICES, RuntimeOptions  # noqa: F401
-from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SKETCH_KINDS, SketchSettings  # noqa: F401
-from app.config_robust import check_byzantine, effective_aggregator  # noqa: F401 (re-exported)
-from strategies.options import (  # noqa: F401 (re-exported; derived from each rule's declared needs)
-    AGGREGATORS, F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS, TRUST_SHIFTS,
-    RobustSettings,
-)
+from app.privacy.settings import PrivacySettings, ShuffleSettings
+from app.runtime_options import RuntimeOptions
+from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SketchSettings
+from app.config_robust import check_byzantine, effective_aggregator
+from strategies.options import RobustSettings
 from strategies.preaggregation import PRE_AGGREGATORS as _PRE_RULES
 
 #: pre-aggregators applied before a rule (= strategies.preaggregation.PRE_AGGREGATORS)

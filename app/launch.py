@@ -100,7 +100,7 @@ def default_run_config(root: Path = ROOT) -> dict[str, Any]:
 def merged_run_config(overrides: list[str], root: Path = ROOT) -> dict[str, Any]:
     """pyproject's run config with the ``--run-config`` strings ``overrides`` on top;
     ConfigError (one line naming the fragment) for anything in them Flower's parser would drop
-    or misread (app.config.check_run_config_args)."""
+    or misread (app.run_config_args.check_run_config_args)."""
     parsed = parse_config_overrides(overrides)
     cfg = default_run_config(root)
     cfg.update(parsed)
@@ -335,7 +335,7 @@ def parse_config_overrides(overrides: list[str]) -> dict[str, Any]:
     what Flower's parser would drop or misread."""
     from flwr.common.config import parse_config_args
 
-    from app.config import check_run_config_args
+    from app.run_config_args import check_run_config_args
 
     check_run_config_args(overrides)
     return parse_config_args(overrides)

@@ -10,7 +10,7 @@ config's ``ledger-mark-dir`` (default ``<the ledger's dir>/ledger-marks``), ``le
 (default ``<the ledger's dir>/ledger.key``) and ``ledger-witness-dir`` (default: the mark dir).
 ``verify`` and ``show`` change nothing (they check the ledger against its chain, its mark and the
 witness kept on the node); ``adopt`` writes the operator's decision into the ledger's chain
-(app/privacy/ledger_adopt.py: :func:`adopt`).
+(app/privacy/ledger/adoption.py: :func:`adopt`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from app.privacy.ledger import MARK_DIR, Inspection, LedgerError, inspect, mark_path_for
-from app.privacy.ledger_adopt import adopt
-from app.privacy.ledger_witness import key_path_for, read_key, read_witness_file, witness_path_for
+from app.privacy.ledger.adoption import adopt
+from app.privacy.ledger.witness import key_path_for, read_key, read_witness_file, witness_path_for
 
 _NOTES = {"ok": "the mark agrees",
           "migrate": "a ledger from before hash chaining: adopted as it is on the next open",

@@ -13,7 +13,7 @@ Node config (the node operator's, never the run's): ``partition-id`` (this silo'
 default ``$FLWR_HOME/silofl-state``), ``ledger-mark-dir`` (the ledger's high-water marks, best on
 another volume; default ``<state-dir>/ledger-marks``), ``ledger-key-file`` (the key its ledger is
 chained and its witness MAC'd with; default ``<state-dir>/ledger.key``), ``ledger-witness-dir``
-(optional: a second place for the ledger's witness, app/privacy/ledger_witness.py), ``data-dir``
+(optional: a second place for the ledger's witness, app/privacy/ledger/witness.py), ``data-dir``
 (overrides the run's data-dir), ``data-file`` /
 ``data-format`` (the silo's own records, docs/your-data.md), ``role``, the
 shuffle-DP pins ``shuffler-public-key`` / ``silo-keys``, and the silo's own privacy policy

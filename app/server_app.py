@@ -33,7 +33,7 @@ from app.config import ConfigError, Settings, check_silo_sizes, parse_settings
 from app.data.federated import dataset_meta, silo_splits
 from app.data.preprocessing_report import preprocessing_steps
 from app.models import build_model
-from app.privacy.ledger_witness import WITNESS_FILE, WitnessStore
+from app.privacy.ledger.witness import WITNESS_FILE, WitnessStore
 from app.results import RunRecorder, run_name
 from app.run_health import NO_PROGRESS, Health, Watch, diagnose, kept_text, weighted
 from app.seeding import torch_gen
@@ -275,7 +275,7 @@ def main(grid: Grid, context: Context) -> None:
     preprocessing = preprocessing_steps(s, s.privacy.enabled)
     if preprocessing["caveat"]:
         print(f"[silofl] CAVEAT: {preprocessing['caveat']}", flush=True)
-    # the silos' ledger witnesses, kept across runs in the outputs-dir (app/privacy/ledger_witness.py)
+    # the silos' ledger witnesses, kept across runs in the outputs-dir (app/privacy/ledger/witness.py)
     grid = ExchangeGrid(grid, s.poll_interval, witnesses=WitnessStore(Path(s.outputs_dir) / WITNESS_FILE))
     if s.transcript:  # audits: keep everything the server receives
         grid = TranscriptGrid(grid, out / "transcript")

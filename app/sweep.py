@@ -50,16 +50,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.config import (
-    AGGREGATORS, ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets,
-)
-from app.federation import (  # noqa: F401
-    EngineLost, engine_backend_config, engine_env, retry_config, run_federation, simulation_apps)
+from app.config import ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
+from app.federation import EngineLost, retry_config, run_federation
 from app.presets import PRESET_KEYS
 from app.run_health import FINISHED, UNHEALTHY
 from app.sweep_progress import Progress, sweep_size
-from app.sweep_results import (  # noqa: F401  (re-exported)
-    RESULT_FIELDS, ResultsFile, acting_settings, job_key, same_federation)
+from app.sweep_results import RESULT_FIELDS, ResultsFile, job_key, same_federation
+from strategies.options import AGGREGATORS
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS_DIR = Path("outputs") / "sweeps"

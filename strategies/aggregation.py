@@ -54,7 +54,7 @@ class Aggregate:
 # validation helpers
 # ---------------------------------------------------------------------------------------------
 
-def _check_updates(updates: np.ndarray) -> np.ndarray:
+def check_updates(updates: np.ndarray) -> np.ndarray:
     """``updates`` as a float64 [m, d] array; 2-D, m >= 1, d >= 1, all finite."""
     u = np.asarray(updates)
     if u.ndim != 2:
@@ -80,7 +80,7 @@ def _check_vector(name: str, v: np.ndarray, d: int) -> np.ndarray:
     return a
 
 
-def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     """``value`` as an int in [lo, hi] (hi = None: no upper bound)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -96,7 +96,7 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
 
 def _check_honest_majority(rule: str, f: object, n: int) -> int:
     """f as an int; raises HonestMajorityRequired when f >= n/2 (i.e. 2f >= n)."""
-    fi = _check_int("f", f, 0)
+    fi = check_int("f", f, 0)
     if 2 * fi >= n:
         raise HonestMajorityRequired(
             f"{rule} needs an honest majority: f = {fi} Byzantine of n = {n} clients (f < n/2 required)")
@@ -109,7 +109,7 @@ def _check_honest_majority(rule: str, f: object, n: int) -> int:
 
 def mean(updates: np.ndarray) -> Aggregate:
     """FedAvg (McMahan et al. 2017) with equal weights: (1/m) sum_i u_i. ``weights`` = 1/m each."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     m = u.shape[0]
     return Aggregate(u.mean(axis=0), np.full(m, 1.0 / m))
 
@@ -124,7 +124,7 @@ def fltrust(updates: np.ndarray, trust_update: np.ndarray) -> Aggregate:
     ``weights`` = s_i / sum_j s_j (the normalised trust scores; note the coefficient of the raw
     u_i in ``vector`` is weights_i * ||g0|| / ||u_i||, not weights_i).
     """
-    u = _check_updates(updates)
+    u = check_updates(updates)
     m, d = u.shape
     g0 = _check_vector("trust_update", trust_update, d)
     g0_norm = float(np.linalg.norm(g0))
@@ -152,7 +152,7 @@ def _squared_distances(u: np.ndarray) -> np.ndarray:
 def krum_scores(updates: np.ndarray, f: int) -> np.ndarray:
     """Krum scores (Blanchard et al., NeurIPS 2017): score_i = sum of the squared distances from u_i
     to its n - f - 2 nearest other updates (u_i itself excluded). Needs f < n/2 and n - f - 2 >= 1."""
-    return _krum_scores(_check_updates(updates), f, "krum")
+    return _krum_scores(check_updates(updates), f, "krum")
 
 
 def _krum_scores(u: np.ndarray, f: object, rule: str) -> np.ndarray:
@@ -172,7 +172,7 @@ def _krum_scores(u: np.ndarray, f: object, rule: str) -> np.ndarray:
 def krum(updates: np.ndarray, f: int) -> Aggregate:
     """Krum (Blanchard et al. 2017): the update with the lowest :func:`krum_scores` (ties: lowest
     index). ``weights`` is one-hot on the selected client."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     scores = _krum_scores(u, f, "krum")
     i = int(np.argmin(scores))
     w = np.zeros(u.shape[0])
@@ -184,11 +184,11 @@ def multi_krum(updates: np.ndarray, f: int, m_select: int | None = None) -> Aggr
     """Multi-Krum (Blanchard et al. 2017): the mean of the ``m_select`` updates with the lowest
     :func:`krum_scores` (default m_select = n - f; ties: lowest index first).
     ``weights`` = 1/m_select on each selected client, 0 elsewhere."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
     scores = _krum_scores(u, f, "multi_krum")  # validates f
     fi = operator.index(f)
-    sel = n - fi if m_select is None else _check_int("m_select", m_select, 1, n)
+    sel = n - fi if m_select is None else check_int("m_select", m_select, 1, n)
     chosen = np.argsort(scores, kind="stable")[:sel]
     w = np.zeros(n)
     w[chosen] = 1.0 / sel
@@ -201,7 +201,7 @@ def trimmed_mean(updates: np.ndarray, f: int) -> Aggregate:
     ``weights``_i = (number of coordinates where u_i's value was kept) / (d * (n - 2f)); they sum
     to 1. Equal values are ordered by client index (stable sort), which decides whose value counts
     as kept in ``weights`` but never changes ``vector``."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n, d = u.shape
     fi = _check_honest_majority("trimmed_mean", f, n)
     order = np.argsort(u, axis=0, kind="stable")
@@ -216,7 +216,7 @@ def coordinate_median(updates: np.ndarray, *, f: int = 0) -> Aggregate:
     ``f`` is only checked (f < n/2). ``weights``: each coordinate gives one vote, to the client
     holding the middle value (odd n) or half to each of the two middle clients (even n);
     ``weights``_i = votes_i / d, summing to 1 (equal values ordered by client index)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n, d = u.shape
     _check_honest_majority("coordinate_median", f, n)
     order = np.argsort(u, axis=0, kind="stable")
@@ -246,14 +246,14 @@ def geometric_median(updates: np.ndarray, eps: float = 1e-8, max_iter: int = 10_
     ``weights`` = beta_i / sum_j beta_j at the last step, so ``vector == weights @ updates`` (a far
     row's weight is tiny, but weight times row is not: the f far rows pull with up to f unit
     vectors' worth of force)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
     _check_honest_majority("geometric_median", f, n)
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be a finite number > 0, got {eps}")
     if not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol must be a finite number >= 0, got {tol}")
-    iters = _check_int("max_iter", max_iter, 1)
+    iters = check_int("max_iter", max_iter, 1)
     z = u.mean(axis=0)
     w = np.full(n, 1.0 / n)
     for _ in range(iters):
@@ -277,13 +277,13 @@ def centered_clipping(updates: np.ndarray, center: np.ndarray, tau: float, iters
     ``weights``: the result is exactly v = a_0 * center + sum_i a_i u_i with a_0 + sum_i a_i = 1
     (each step maps a <- (1 - mean(c)) a + c/n, c_i the clip factors); ``weights`` = (a_1..a_n),
     which sum to 1 - a_0 (a_0 -> 1 as tau -> 0: the result stays at the center)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n, d = u.shape
     _check_honest_majority("centered_clipping", f, n)
     v = _check_vector("center", center, d).copy()
     if not (tau > 0) or math.isnan(tau):
         raise ValueError(f"tau must be in (0, inf], got {tau}")
-    k = _check_int("iters", iters, 1)
+    k = check_int("iters", iters, 1)
     a = np.zeros(n)  # coefficients of u_i; the center keeps 1 - sum(a)
     for _ in range(k):
         diff = u - v
@@ -328,9 +328,9 @@ def smea_max_eigenvalues(updates: np.ndarray, f: int) -> tuple[np.ndarray, np.nd
     matrix, here from the exact pairwise squared distances (C G C = -1/2 C D2 C, classical MDS),
     so no precision is lost to a large common component of the rows. Cost: n^2 d once, then
     C(n, f) symmetric eigenvalue problems of size n - f (np.linalg.eigvalsh, batched)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
-    fi = _check_int("f", f, 0, n - 1)
+    fi = check_int("f", f, 0, n - 1)
     check_smea_size(n, fi)
     m = n - fi
     sq = np.empty((n, n))
@@ -359,7 +359,7 @@ def smea(updates: np.ndarray, f: int) -> Aggregate:
     ranks the subsets as the exact values do (tests/test_byzfl_parity.py). Refused (ValueError)
     when C(n, f) > SMEA_MAX_SUBSETS.
     ``weights`` = 1/(n - f) on each client of S*, 0 elsewhere."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
     fi = _check_honest_majority("smea", f, n)
     if fi == 0:

@@ -58,7 +58,7 @@ from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
 from strategies.server_mechanism import DirectReplies, ServerMechanism
-from strategies.steps import (IterateSampler, RunResult, _mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
+from strategies.steps import (IterateSampler, RunResult, nan_mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
                               same_point)
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
@@ -419,7 +419,7 @@ class FederatedOptimizer(FlowerRounds):
             "round": rnd, "sampled": ctx.sent, "answered": tally.answered, "refused": len(tally.refused),
             "malformed": len(tally.malformed), "failed": len(tally.errors), "missing": tally.missing,
             "eps_max": tally.eps_max(),
-            "train_loss_private_batch": _mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
+            "train_loss_private_batch": nan_mean([r.loss if r.loss is not None else math.nan for r in tally.metrics]),
             "uplink_floats": ctx.floats, "uploads_G": self.uploads,
         }
         return w, row | extra_row | result.row

@@ -13,7 +13,7 @@ answers for it with an error reply whose source is the SuperLink itself
 credited to the node that was asked, so the round log names the right node. Only error replies
 are re-attributed: a content reply keeps the source Flower authenticated.
 
-It is also where the server keeps the silos' ledger witnesses (app/privacy/ledger_witness.py,
+It is also where the server keeps the silos' ledger witnesses (app/privacy/ledger/witness.py,
 issue 34): each training or evaluation instruction to a node carries the witnesses the server
 holds for it, and each witness a node's reply carries is kept (the latest per node and ledger),
 in a store that outlives the run.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.aggregation import _check_int, _check_updates
+from strategies.aggregation import check_int, check_updates
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ def nnm(updates: np.ndarray, f: int) -> Mixed:
     """Nearest-neighbour mixing: y_i = (1/(n - f)) sum_{j in N_i} u_j, N_i the n - f rows nearest
     to u_i in Euclidean distance (u_i itself at distance 0 included; ties: lowest index).
     Needs 0 <= f < n. ``mix`` has 1/(n - f) on each N_i."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
-    fi = _check_int("f", f, 0, n - 1)
+    fi = check_int("f", f, 0, n - 1)
     diff = u[:, None, :] - u[None, :, :]
     dist = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
     k = n - fi
@@ -59,9 +59,9 @@ def bucketing(updates: np.ndarray, s: int, rng: np.random.Generator | None = Non
     z_j = (1/|B_j|) sum_{i in B_j} u_{pi(i)}, B_j = positions js .. min((j+1)s, n) - 1, so
     ceil(n/s) buckets, the last one holding the n mod s leftovers when s does not divide n.
     Needs s >= 1 (s = 1: the rows permuted)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
-    size = _check_int("s", s, 1)
+    size = check_int("s", s, 1)
     if perm is None:
         if rng is None:
             raise ValueError("bucketing needs rng (a numpy Generator) or perm (a permutation of the rows)")
@@ -80,9 +80,9 @@ def arc(updates: np.ndarray, f: int) -> Mixed:
     """Adaptive robust clipping: k = floor(2 f (n - f) / n); with ||u_(1)|| <= ... <= ||u_(n)||
     (stable order), the k largest-norm rows become u_i min(1, ||u_(n-k)|| / ||u_i||); the others
     stay. Needs 0 <= f <= n (k = 0: nothing is clipped). ``mix`` = diag(clip factors)."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     n = u.shape[0]
-    fi = _check_int("f", f, 0, n)
+    fi = check_int("f", f, 0, n)
     k = int((2 * fi / n) * (n - fi))  # ByzFL's float expression: floor for these small integers
     norms = np.linalg.norm(u, axis=1)
     order = np.argsort(norms, kind="stable")
@@ -121,7 +121,7 @@ def rows_after(names: Sequence[str], n: int, bucket_size: int) -> int:
 def apply_chain(updates: np.ndarray, names: Sequence[str], f: int, bucket_size: int,
                 rng: np.random.Generator | None) -> Mixed:
     """The pre-aggregators ``names`` applied in order: rows = M_k ... M_1 u, ``mix`` their product."""
-    u = _check_updates(updates)
+    u = check_updates(updates)
     rows, mix = u, np.eye(u.shape[0])
     for name in names:
         if name == "nnm":

@@ -47,7 +47,8 @@ def same_point(a: Params, b: Params) -> bool:
     return a.keys() == b.keys() and all(a[k] is b[k] or np.array_equal(a[k], b[k]) for k in a)
 
 
-def _mean(values: list[float]) -> float:
+def nan_mean(values: list[float]) -> float:
+    """The mean of the values that are not NaN; NaN when there are none."""
     finite = [v for v in values if not math.isnan(v)]
     return float(np.mean(finite)) if finite else math.nan
 

@@ -25,8 +25,9 @@ from tests.helpers import FlowerStarted, missing_data, run
 
 def pytest_configure(config: pytest.Config) -> None:
     """Hydra's options for the registered algorithms and rules without a file in conf/ (as app.sweep)."""
-    from app.config import AGGREGATORS, ALGORITHMS
+    from app.config import ALGORITHMS
     from app.hydra_options import register
+    from strategies.options import AGGREGATORS
 
     register(ALGORITHMS, AGGREGATORS)
 

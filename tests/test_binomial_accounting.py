@@ -1,4 +1,4 @@
-"""The exact numerical accountant of the binomial mechanism (app/privacy/binomial.py), checked
+"""The exact numerical accountant of the binomial mechanism (app/privacy/binomial/), checked
 against independent facts: exact enumeration of the privacy curve of small binomial mechanisms
 (d = 1 and d = 2), brute-force Renyi divergences in plain Python (math.lgamma, math.fsum), the
 Gaussian limit, monotonicity, calibration by definition, and the paper's closed form."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.privacy import binomial as B
-from app.privacy import binomial_divergence, binomial_window
+from app.privacy.binomial import divergence, truncation
 
 
 # ------------------------------------------------------------------ independent reference code
@@ -136,12 +136,12 @@ def test_divergences_do_not_depend_on_chunking(monkeypatch):
     """One shift per block (contiguous rows) and all shifts in one block give the same numbers."""
     m, p, g = 400, 0.5, 4
     whole = B.shift_divergences(m, p, g)
-    B._divergence_table.cache_clear()
-    monkeypatch.setattr(binomial_divergence, "_CHUNK_ELEMENTS", 1)
+    divergence.divergence_table.cache_clear()
+    monkeypatch.setattr(divergence, "CHUNK_ELEMENTS", 1)
     try:
         rows = B.shift_divergences(m, p, g)
     finally:
-        B._divergence_table.cache_clear()
+        divergence.divergence_table.cache_clear()
     np.testing.assert_allclose(rows, whole, rtol=1e-13, atol=0)
     assert rows[2, B.ORDERS.index(4.0)] == pytest.approx(_brute_renyi(m, p, g, 3, 4.0), rel=1e-9)
 
@@ -268,14 +268,14 @@ def test_invalid_composition():
 
 def test_window_limit_falls_back_to_fewer_trials(monkeypatch):
     """Beyond MAX_WINDOW the curve of fewer trials is used (sound by post-processing)."""
-    monkeypatch.setattr(binomial_window, "MAX_WINDOW", 2000)
-    B._curve.cache_clear()
+    monkeypatch.setattr(truncation, "MAX_WINDOW", 2000)
+    divergence.cached_release_curve.cache_clear()
     try:
-        m_eff = B._effective_trials(10**6, 0.25, 4)
+        m_eff = truncation.effective_trials(10**6, 0.25, 4)
         lo, hi, _ = B.window(m_eff, 0.25, 4)
         assert m_eff < 10**6 and hi - lo + 1 + 8 <= 2000
         lo, hi, _ = B.window(m_eff + 1, 0.25, 4)
         assert hi - lo + 1 + 8 > 2000
         assert B.release_curve(10**6, 0.25, 4, 3) == B.release_curve(m_eff, 0.25, 4, 3)
     finally:
-        B._curve.cache_clear()
+        divergence.cached_release_curve.cache_clear()

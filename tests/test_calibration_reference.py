@@ -1,4 +1,4 @@
-"""Shuffle DP's fast calibration (app/privacy/binomial_search.py, accounting.calibrate_trial_scale)
+"""Shuffle DP's fast calibration (app/privacy/binomial/search.py, accounting.calibrate_trial_scale)
 against a slow, independent reference on a grid of plans: the same integer trials.
 
 The reference knows nothing of the fast path (lazy columns, lower bounds, decisions, hints): it
@@ -18,16 +18,19 @@ import math
 import pytest
 
 from app.privacy import binomial as B
+from app.privacy.binomial import search
+from app.privacy.binomial.amplified import cached_amplified_curve
+from app.privacy.binomial.divergence import cached_release_curve, divergence_table, prelude
 from app.privacy.accounting import PlannedRelease as P
 from app.privacy.accounting import binomial_releases, calibrate_trial_scale, epsilon_spent
 
 
 def _clear() -> None:
-    for fn in (B._curve, B._amplified, B._divergence_table, B._prelude, B.lazy_curve):
+    for fn in (cached_release_curve, cached_amplified_curve, divergence_table, prelude, B.lazy_curve):
         fn.cache_clear()
-    from app.privacy import accounting, binomial_search
+    from app.privacy import accounting
 
-    binomial_search._DECIDED.clear()
+    search.DECIDED.clear()
     accounting._calibrate_trial_scale.cache_clear()
 
 

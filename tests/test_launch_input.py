@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app import config, launch
+from app import launch
 from app.config import ConfigError, parse_settings
+from app.run_config_args import check_run_config_args
 from tests.helpers import FlowerStarted
 
 
@@ -49,7 +50,7 @@ def test_a_fragment_that_does_not_parse_exits_2_naming_it(text: str, tmp_path: P
 @pytest.mark.parametrize("text", ['num-rounds=3 dataset="digits"', "privacy.epsilon=inf seed=2",
                                   "lr=0.5 fail-on-client-error=false", "run-name='a b'", "  num-rounds=3  ", ""])
 def test_well_formed_run_configs_pass(text: str) -> None:
-    config.check_run_config_args([text])
+    check_run_config_args([text])
 
 
 def test_an_unquoted_string_names_the_key_and_shows_the_quoting(tmp_path: Path, no_flower,
@@ -58,7 +59,7 @@ def test_an_unquoted_string_names_the_key_and_shows_the_quoting(tmp_path: Path, 
     assert code == 2 and len(err.splitlines()) == 1
     assert 'dataset="digits"' in err and "dataset=digits" in err, err
     with pytest.raises(ConfigError, match="lower case"):
-        config.check_run_config_args(["checkpoint=True"])
+        check_run_config_args(["checkpoint=True"])
 
 
 def test_a_misspelt_key_gets_the_closest_keys_not_all_of_them() -> None:

@@ -99,22 +99,22 @@ def test_a_tampered_ledger_is_refused_with_its_reason_and_left_alone(tmp_path: P
 
 def _re_hash(path: Path, key: bytes | None) -> None:
     """Recompute every hash of the ledger at ``path`` (with ``key``: as its own key chains it)."""
-    from app.privacy.ledger import _canonical, _chain, _genesis
+    from app.privacy.ledger.chain import canonical, chain_hash, genesis
 
     lines = [json.loads(x) for x in _lines(path)]
-    head = _genesis(_canonical(lines[0]), key)
-    out = [_canonical(lines[0]) + b"\n"]
+    head = genesis(canonical(lines[0]), key)
+    out = [canonical(lines[0]) + b"\n"]
     for entry in lines[1:]:
         body = {k: v for k, v in entry.items() if k != "hash"}
-        head = _chain(head, _canonical(body), key)
-        out.append(_canonical(body | {"hash": head}) + b"\n")
+        head = chain_hash(head, canonical(body), key)
+        out.append(canonical(body | {"hash": head}) + b"\n")
     path.write_bytes(b"".join(out))
 
 
 def test_an_edit_re_hashed_into_a_valid_chain_still_differs_from_the_mark(tmp_path: Path) -> None:
     """Someone who edits a row and recomputes every hash after it (with the ledger key) gets a
     chain that holds, but not the head the mark recorded."""
-    from app.privacy.ledger_witness import key_path_for, read_key
+    from app.privacy.ledger.witness import key_path_for, read_key
 
     path = _ledger(tmp_path)
     _edit_noise(path)
@@ -130,7 +130,8 @@ def test_a_chain_rewritten_without_the_key_is_detected(tmp_path: Path, mark_too:
     drops rows, re-hashes the chain with SHA-256 and (``mark_too``) writes a mark that matches:
     before the keyed chain the silo took the forged ledger (epsilon of 5 releases instead of 20);
     now every entry fails its hash."""
-    from app.privacy.ledger import _canonical, _genesis, mark_path_for, read_mark, write_mark
+    from app.privacy.ledger import mark_path_for, read_mark, write_mark
+    from app.privacy.ledger.chain import canonical, genesis
 
     path = _ledger(tmp_path)
     header = json.loads(_lines(path)[0])
@@ -142,7 +143,7 @@ def test_a_chain_rewritten_without_the_key_is_detected(tmp_path: Path, mark_too:
         mark = read_mark(mark_path_for(path)) | {"entries": 6, "releases": 5, "head": lines[-1]["hash"],
                                                   "eps_spent": _eps(5), "gen": 999}
         write_mark(mark_path_for(path), mark, fresh=True)
-        assert _genesis(_canonical(header)) != ""  # (unkeyed genesis, as the forger computed it)
+        assert genesis(canonical(header)) != ""  # (unkeyed genesis, as the forger computed it)
     with pytest.raises(LedgerError, match="does not match its hash") as err:
         PrivacyLedger.open(path, BUDGET, DELTA)
     assert "\n" not in str(err.value)

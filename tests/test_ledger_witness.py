@@ -20,8 +20,8 @@ from app.refusal import LEDGER_REASON
 
 from app.privacy.accounting import epsilon_spent
 from app.privacy.ledger import LedgerError, PrivacyLedger, read_ledger
-from app.privacy.ledger_chain import _release
-from app.privacy.ledger_witness import (WITNESS_FILE, WitnessStore, key_path_for, load_or_create_key, make_witness,
+from app.privacy.ledger.chain import release_of_row
+from app.privacy.ledger.witness import (WITNESS_FILE, WitnessStore, key_path_for, load_or_create_key, make_witness,
                                         parse_witness, verified, witness_problem)
 
 CAP, DELTA = 3.0, 1e-5
@@ -71,7 +71,7 @@ class Node:
         raise AssertionError("silo 0 never refused")
 
     def real_epsilon(self) -> float:
-        return epsilon_spent([_release(r) for r in self.released], DELTA)
+        return epsilon_spent([release_of_row(r) for r in self.released], DELTA)
 
 
 def _restore(tmp_path: Path, backup: Path) -> None:

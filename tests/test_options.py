@@ -99,11 +99,11 @@ def test_a_declaration_refuses_a_mutable_default_and_a_bad_default() -> None:
     {"privacy.mode": "", "sketch.kind": "", "algorithm": "plsvrg"},
 ])
 def test_report_and_sweep_drop_the_same_settings(row: dict[str, str]) -> None:
-    """app.report.effective_settings blanks exactly the settings app.sweep.acting_settings drops
+    """app.report.effective_settings blanks exactly the settings app.sweep_results.acting_settings drops
     (privacy.epsilon excepted: the report shows inf), from the one declared relevance."""
     pd = pytest.importorskip("pandas")
     from app.report import effective_settings
-    from app.sweep import acting_settings
+    from app.sweep_results import acting_settings
 
     full = {k: str(o.default) for k, o in OPTIONS.items()} | row
     blank = {k for k, v in effective_settings(pd.DataFrame([full])).iloc[0].items() if v == ""}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import config
+from app import config, sketch_settings
 from app.algorithms import ALGORITHMS
 from app.config import ConfigError, parse_settings
 from app.data.federated import TRUST_SHIFTS
@@ -15,11 +15,12 @@ from app.data.partition import PARTITIONS
 from app.data.scaling import PCA_FITS, SCALING_MODES
 from app.data.sources import SOURCES
 from app.models import MODELS
+from app.privacy import settings as privacy_settings
 from app.privacy.mechanism import MECHANISMS
 from app.privacy.policy import NOISE_SEEDS
 from app.prox import PROX_KINDS
 from app.sketch import SKETCH_KINDS
-from strategies import STRATEGIES
+from strategies import STRATEGIES, options
 from strategies.aggregation import F_RULES, KRUM_RULES, RULES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -56,13 +57,13 @@ def test_every_registered_option_is_accepted_and_nothing_else(key: str) -> None:
 
 def test_copied_option_lists_equal_their_registries() -> None:
     # the rule lists are derived from each rule's declared needs (strategies/options.py)
-    assert config.AGGREGATORS == ("gradbant", *RULES)
-    assert config.KRUM_AGGREGATORS == KRUM_RULES == ("krum", "multi-krum")  # n > 2f + 2, Blanchard et al. 2017
-    assert config.F_AGGREGATORS == F_RULES and all("f" in RULES[r].inputs for r in F_RULES)
+    assert options.AGGREGATORS == ("gradbant", *RULES)
+    assert options.KRUM_AGGREGATORS == KRUM_RULES == ("krum", "multi-krum")  # n > 2f + 2, Blanchard et al. 2017
+    assert options.F_AGGREGATORS == F_RULES and all("f" in RULES[r].inputs for r in F_RULES)
     assert {"krum", "multi-krum", "trimmed-mean"} <= set(F_RULES) and "mean" not in F_RULES
-    assert config.TRUST_AGGREGATORS == ("gradbant", "fltrust")
-    assert config.MODELS == MODELS and config.SKETCH_KINDS == ("none", *SKETCH_KINDS)
-    assert config.PRIVACY_MODES == ("off", *MECHANISMS) and config.TRUST_SHIFTS == TRUST_SHIFTS
+    assert options.TRUST_AGGREGATORS == ("gradbant", "fltrust")
+    assert config.MODELS == MODELS and sketch_settings.SKETCH_KINDS == ("none", *SKETCH_KINDS)
+    assert privacy_settings.PRIVACY_MODES == ("off", *MECHANISMS) and options.TRUST_SHIFTS == TRUST_SHIFTS
 
 
 def test_every_algorithm_has_a_server_step_and_a_hydra_option() -> None:
@@ -74,11 +75,11 @@ def test_every_algorithm_has_a_server_step_and_a_hydra_option() -> None:
     for name, cls in STRATEGIES.items():
         assert name in cls.algorithms
     assert {p.stem for p in (CONF / "algorithm").glob("*.yaml")} <= set(ALGORITHMS)
-    assert {p.stem for p in (CONF / "aggregator").glob("*.yaml")} <= set(config.AGGREGATORS)
+    assert {p.stem for p in (CONF / "aggregator").glob("*.yaml")} <= set(options.AGGREGATORS)
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         for name in ALGORITHMS:
             assert compose("config", overrides=[f"algorithm={name}"])["algorithm"] == name
-        for rule in config.AGGREGATORS:
+        for rule in options.AGGREGATORS:
             cfg = compose("config", overrides=[f"+aggregator={rule}"])
             assert (cfg["algorithm"], cfg["aggregator"]) == ("robust", rule)
 
@@ -90,8 +91,9 @@ def test_hydra_options_come_from_the_registries_where_conf_has_no_file(tmp_path:
 
     from hydra.core.config_store import ConfigStore
 
-    from app.config import AGGREGATORS, ALGORITHMS
+    from app.config import ALGORITHMS
     from app.hydra_options import register
+    from strategies.options import AGGREGATORS
 
     store = ConfigStore.instance()
     monkeypatch.setattr(store, "repo", copy.deepcopy(store.repo))  # this test's entries go with it

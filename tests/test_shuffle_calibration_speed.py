@@ -1,5 +1,5 @@
 """Shuffle DP's calibration (issue 24, "calibration <= 1 s per silo"): the search that computes
-only the Renyi orders that decide each step (app/privacy/binomial.py: fast_epsilon, LazyCurve)
+only the Renyi orders that decide each step (app/privacy/binomial/: fast_epsilon, LazyCurve)
 must return the SAME trials as the search before it, and its epsilon must be the accountant's
 number bit for bit.
 
@@ -19,6 +19,8 @@ import time
 import pytest
 
 from app.privacy import binomial as B
+from app.privacy.binomial.amplified import cached_amplified_curve
+from app.privacy.binomial.divergence import cached_release_curve, divergence_table, prelude
 from app.privacy.accounting import PlannedRelease as P
 from app.privacy.accounting import binomial_releases, calibrate_trial_scale, epsilon_spent
 
@@ -37,7 +39,7 @@ SLOW_REFERENCE = ("digits silo 8, eps 0.75", [P("grad", 139, 139, 15)], 0.75, 1 
 
 
 def _clear() -> None:
-    for fn in (B._curve, B._divergence_table, B._prelude, B.lazy_curve):
+    for fn in (cached_release_curve, divergence_table, prelude, B.lazy_curve):
         fn.cache_clear()
 
 
@@ -90,5 +92,5 @@ def test_calibrated_trials_meet_the_budget_and_one_fewer_does_not():
 def test_fast_epsilon_of_amplified_releases_is_the_accountants_number(m, g, d, gamma, count, delta):
     full = B.epsilon_from_curves([(B.amplified_release_curve(m, 0.25, g, d, gamma), count)], delta)
     _clear()
-    B._amplified.cache_clear()
+    cached_amplified_curve.cache_clear()
     assert B.fast_epsilon([(m, 0.25, g, d, count, gamma)], delta) == full

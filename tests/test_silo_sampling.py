@@ -107,12 +107,12 @@ def test_ledger_row_records_q_and_the_accountant_applies_it() -> None:
     from app.privacy.accounting import Release, epsilon_spent
     from app.privacy.binomial import epsilon_from_curves
     from app.privacy.binomial import BinomialCurve
-    from app.privacy.ledger_chain import _release, _row
+    from app.privacy.ledger.chain import release_of_row, row_of_release
 
     plain = Release("grad", 100, 10, 0.0, 20, False, "binomial", 20_000, 16, 0.5, 30)
     sampled = Release("grad", 100, 10, 0.0, 20, False, "binomial", 20_000, 16, 0.5, 30, silo_sampling=0.2)
-    assert "silo_sampling" not in _row(plain)
-    assert _row(sampled)["silo_sampling"] == 0.2 and _release(_row(sampled)) == sampled
+    assert "silo_sampling" not in row_of_release(plain)
+    assert row_of_release(sampled)["silo_sampling"] == 0.2 and release_of_row(row_of_release(sampled)) == sampled
     curve = release_curve(20_000, 0.5, 16, 30)
     mixed = [float(np.logaddexp(math.log(0.8), math.log(0.2) + (a - 1) * r) / (a - 1)) if math.isfinite(r) else r
              for a, r in zip(ORDERS, curve.rdp)]

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, Message
 
 from app import wire
-from app.config import SKETCH_KINDS
+from app.sketch_settings import SKETCH_KINDS
 
 D = 30 * 5 + 5 + 5 * 2 + 2  # MLP 30-5-2
 

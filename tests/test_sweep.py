@@ -13,6 +13,7 @@ import pytest
 
 import app.sweep as sweep
 from app import report
+from app.federation import engine_backend_config
 from app.launch import default_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +132,7 @@ def test_the_simulation_client_app_answers_every_query_the_server_sends(tmp_path
 
     from app import wire
     from app.launch import merged_run_config
-    from app.sweep import simulation_apps
+    from app.federation import simulation_apps
 
     cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "o")}
     _, client = simulation_apps(cfg)
@@ -233,15 +234,15 @@ def test_the_engine_joins_an_existing_ray_cluster_and_takes_its_resources(monkey
     RAY_ADDRESS) Ray is joined with no CPU count of ours (ray.init refuses num_cpus then, and Flower
     sizes its actor pool from every node's CPUs); per-actor resources come from the sweep."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    local = sweep.engine_backend_config(3)
+    local = engine_backend_config(3)
     assert local["init_args"] == {"address": "local", "num_cpus": min(os.cpu_count() or 1, 3)}  # a Ray of its own
     assert local["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
-    assert sweep.engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
-    cfg = sweep.engine_backend_config(3, {"ray-address": "auto", "client-cpus": 2, "client-gpus": 0.5})
+    assert engine_backend_config(3)["init_args"] == {"address": "10.0.0.5:6379"}
+    cfg = engine_backend_config(3, {"ray-address": "auto", "client-cpus": 2, "client-gpus": 0.5})
     assert cfg == {"client_resources": {"num_cpus": 2.0, "num_gpus": 0.5}, "init_args": {"address": "auto"}}
     with pytest.raises(sweep.ConfigError, match="client-cpus"):
-        sweep.engine_backend_config(3, {"client-cpus": -1})
+        engine_backend_config(3, {"client-cpus": -1})
 
 
 def test_jobs_that_differ_only_in_settings_that_do_not_act_run_once(tmp_path: Path,

@@ -28,7 +28,7 @@ Accounting rules (all numbers come from dp-accounting):
 * Binomial releases (shuffle DP, ``mechanism = "binomial"``): the per-coordinate totals of the
   shuffler carry Bin(trials, p) noise on g levels in d coordinates; their Renyi curves and the
   delta of their truncated tails come from the exact numerical accountant in
-  app/privacy/binomial.py. A ledger holding any binomial release composes everything in RDP at
+  app/privacy/binomial/. A ledger holding any binomial release composes everything in RDP at
   that module's orders (Gaussian releases by their exact RDP curves). A sampled binomial
   release (K < n) claims amplification by its batch's sampling without replacement only when it
   says so (``amplification = "sampling"``, app/privacy/amplification.py); otherwise it is
@@ -354,7 +354,7 @@ def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, r
     answer not fit, the reference search (dp-accounting at every order, every step) runs instead."""
     if not any(r.count > 0 and r.batch < r.n and not r.disjoint for r in plan):
         return calibrate_reference(plan, epsilon, delta, rtol)  # no RDP involved: already fast
-    scale = _bisect(lambda s: _epsilon_fast([r.at(s) for r in plan], delta), epsilon, delta, rtol)
+    scale = bisect_scale(lambda s: epsilon_fast([r.at(s) for r in plan], delta), epsilon, delta, rtol)
     if epsilon_spent([r.at(scale) for r in plan], delta) <= epsilon:
         return scale
     logger.warning("fast calibration's answer z=%r is over budget by the certified accountant (epsilon=%r, "
@@ -365,11 +365,11 @@ def _calibrate(plan: tuple[PlannedRelease, ...], epsilon: float, delta: float, r
 def calibrate_reference(plan: Sequence[PlannedRelease], epsilon: float, delta: float, rtol: float = 1e-3) -> float:
     """The bisection with dp-accounting at every step (the fallback, and the tests' reference):
     the algorithm before the fast search, with the accountant's curves at every order."""
-    return _bisect(lambda s: epsilon_spent_reference([r.at(s) for r in plan], delta), float(epsilon), float(delta),
+    return bisect_scale(lambda s: epsilon_spent_reference([r.at(s) for r in plan], delta), float(epsilon), float(delta),
                    float(rtol))
 
 
-def _bisect(eps_at: Callable[[float], float], epsilon: float, delta: float, rtol: float) -> float:
+def bisect_scale(eps_at: Callable[[float], float], epsilon: float, delta: float, rtol: float) -> float:
     """Smallest scale with eps_at(scale) <= epsilon, to relative tolerance rtol, rounded up:
     doubling (or halving) from 1, then geometric bisection."""
     lo, hi = 0.0, 1.0
@@ -390,7 +390,7 @@ def _bisect(eps_at: Callable[[float], float], epsilon: float, delta: float, rtol
     return float(hi)
 
 
-def _epsilon_fast(releases: Sequence[Release], delta: float) -> float:
+def epsilon_fast(releases: Sequence[Release], delta: float) -> float:
     """:func:`epsilon_spent` for Gaussian releases with at least one sampled kind, with the
     vectorised RDP curves (used by the calibration's search only, never for a reported number)."""
     live = _live(releases)

@@ -4,7 +4,7 @@ The silo draws each release's batch of K of its n records uniformly WITHOUT repl
 (``app.data.split.fixed_size_batch``, from secret randomness in a deployment); neighbouring
 datasets X, X' differ by REPLACING one record i. gamma = K / n.
 
-What is bounded. app/privacy/binomial.py accounts for one binomial release on a fixed batch by
+What is bounded. app/privacy/binomial/ accounts for one binomial release on a fixed batch by
 a curve rho(alpha) >= D_alpha(I(Y) || R(Y')) for every pair of neighbouring batches Y, Y', where
 R is the real mechanism (sum of the batch's rounded levels + Bin(m, p) on each of d coordinates)
 and I the *ideal* one (every noise coordinate conditioned on the window W, tail mass q each;

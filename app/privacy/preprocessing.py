@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from app.privacy.accounting import (PlannedRelease, Release, _bisect, _epsilon_fast, calibrate_noise_multiplier,
+from app.privacy.accounting import (PlannedRelease, Release, bisect_scale, calibrate_noise_multiplier, epsilon_fast,
                                     epsilon_spent, epsilon_spent_reference)
 
 #: the ledger kind of the pre-processing release
@@ -50,12 +50,12 @@ def calibrate_after(fixed: Sequence[Release], plan: Sequence[PlannedRelease], ep
         return epsilon_spent(fixed + [r.at(s) for r in plan], delta)
 
     if sampled:
-        scale = _bisect(lambda s: _epsilon_fast(fixed + [r.at(s) for r in plan], delta), epsilon, delta, rtol)
+        scale = bisect_scale(lambda s: epsilon_fast(fixed + [r.at(s) for r in plan], delta), epsilon, delta, rtol)
         if certified(scale) <= epsilon:
             return scale
-        return _bisect(lambda s: epsilon_spent_reference(fixed + [r.at(s) for r in plan], delta), epsilon, delta,
+        return bisect_scale(lambda s: epsilon_spent_reference(fixed + [r.at(s) for r in plan], delta), epsilon, delta,
                        rtol)
-    return _bisect(certified, epsilon, delta, rtol)
+    return bisect_scale(certified, epsilon, delta, rtol)
 
 
 def preprocess_plan(step, n: int, private: bool, shuffle: bool, epsilon: float, delta: float,

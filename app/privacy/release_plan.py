@@ -8,7 +8,7 @@ The silo calibrates its noise with :meth:`ReleasePlan.calibrate` (clients/silo.p
 ``PrivateSilo``); the server's noise-aware Grad-BANT (strategies/phase_noise.py) and the
 launcher's pre-flight (app/noise_plan.py) compute an honest silo's sigma with the very same call
 from public quantities (n, the plan), never from a reply. Shuffle DP calibrates the same plan's
-noise trials with its own accountant (clients/silo.py, app/privacy/binomial.py).
+noise trials with its own accountant (clients/silo.py, app/privacy/binomial/).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ o is unbiased: E[T_j] = sum_i a_ij + p m and sum_i a_ij = (g / 2R) (sum_i x_ij +
 variance per coordinate is (2R / g)^2 (sum_i f_ij (1 - f_ij) + m p (1 - p)), f_ij the fractional
 part of a_ij (:func:`estimate_variance`). Replacing one record changes the integer vector
 sum_i r_i by Delta with |Delta_j| <= g and ||Delta||_2 <= g + sqrt(d) (coupled rounding; see
-app/privacy/binomial.py, which accounts for it exactly).
+app/privacy/binomial/, which accounts for it exactly).
 
 Bounds every honest release obeys (:func:`count_slack`, :func:`honest_mean_limit`): sum_i r_ij lies
 in [0, N g], and by Hoeffding's inequality |Bin(m, p) - p m| < t = sqrt(m ln(2d / alpha) / 2) on

@@ -29,7 +29,7 @@ secret, only that the server cannot choose or bias it. eps' is non-decreasing in
 upper bound on eps_B gives an upper bound on eps'. For small (a - 1) eps_B it is ~ q eps_B
 (linear in q: weaker than record-level sampling's q^2, which needs A and B to be neighbours).
 
-Ideal vs real. app/privacy/binomial.py bounds D_a(I(Y) || R(Y')), I the release with silo i's
+Ideal vs real. app/privacy/binomial/ bounds D_a(I(Y) || R(Y')), I the release with silo i's
 noise conditioned on its window, TV(I, R) <= d * tail. The same argument with B_I(D) in place of
 B(D) holds (A does not contain silo i's noise, so its ideal and real forms coincide), and
 TV((1-q) A + q B_I, (1-q) A + q B_R) <= q d tail <= d tail: the tail is charged as before. A

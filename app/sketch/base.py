@@ -67,7 +67,8 @@ class PayloadError(ValueError):
 # helpers
 
 
-def _as_int(value: object, name: str) -> int:
+def as_int(value: object, name: str) -> int:
+    """``value`` as a Python int (numpy integers too; a bool or a non-integer is a ValueError)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
@@ -85,7 +86,7 @@ def normalize_layout(layout: Sequence[Sequence[int]]) -> Layout:
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
         try:
-            dims = tuple(_as_int(d, "dimension") for d in shape)
+            dims = tuple(as_int(d, "dimension") for d in shape)
         except (TypeError, ValueError):
             raise ValueError(f"layout[{i}] must be a tuple of positive ints, got {shape!r}") from None
         if any(d <= 0 for d in dims):
@@ -136,8 +137,8 @@ class Sketch(ABC):
         self.layer_offsets: list[int] = [0]
         for m in self.layer_sizes[:-1]:
             self.layer_offsets.append(self.layer_offsets[-1] + m)
-        self.seed: int = _as_int(seed, "seed")
-        self.round: int = _as_int(round, "round")
+        self.seed: int = as_int(seed, "seed")
+        self.round: int = as_int(round, "round")
         if self.round < 0:
             raise ValueError(f"round must be >= 0, got {self.round}")
         self.device: torch.device | None = torch.device(device) if device is not None else None
@@ -327,7 +328,7 @@ class LinearSketch(Sketch):
         if isinstance(k, Sequence) and not isinstance(k, (str, bytes)):
             if allocation is not None or energy is not None:
                 raise ValueError("give either per-layer k or an allocation, not both")
-            ks = [_as_int(v, "k") for v in k]
+            ks = [as_int(v, "k") for v in k]
             if len(ks) != len(self.layout):
                 raise ValueError(f"got {len(ks)} per-layer k for {len(self.layout)} layers")
             for i, (kl, nl) in enumerate(zip(ks, self.layer_sizes)):
@@ -340,7 +341,7 @@ class LinearSketch(Sketch):
                 raise ValueError(f"ratio must be in (0, 1], got {ratio}")
             total = max(1, round(ratio * self.n))
         else:
-            total = _as_int(k, "k")
+            total = as_int(k, "k")
             if not 1 <= total <= self.n:
                 raise ValueError(f"k must be in [1, n = {self.n}], got {total}")
         if not self.layerwise:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from app.sketch.base import Layout, Sketch, _as_int, cpu_generator, normalize_layout
+from app.sketch.base import Layout, Sketch, as_int, cpu_generator, normalize_layout
 from app.sketch.kronecker import matrix_shape
 
 
@@ -72,7 +72,7 @@ class PowerSGDSketch(Sketch):
             raise ValueError("powersgd: give exactly one of rank or ratio")
         if ratio is not None and not 0.0 < float(ratio) <= 1.0:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-        if rank is not None and _as_int(rank, "rank") < 1:
+        if rank is not None and as_int(rank, "rank") < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
         if state is None:
             state = PowerSGDState(self.layout)
@@ -88,7 +88,7 @@ class PowerSGDSketch(Sketch):
             spec = None
             if rc is not None:
                 r, c = rc
-                rk = (_as_int(rank, "rank") if rank is not None
+                rk = (as_int(rank, "rank") if rank is not None
                       else max(1, math.floor(float(ratio) * r * c / (r + c))))
                 rk = min(rk, r, c)
                 if rk * (r + c) < r * c:

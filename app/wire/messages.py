@@ -265,7 +265,7 @@ def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[s
     return arrays, dict(content.config_records[CONFIG]), prev
 
 
-#: the ledger witnesses (app/privacy/ledger_witness.py): the silo's own with its reply, the ones
+#: the ledger witnesses (app/privacy/ledger/witness.py): the silo's own with its reply, the ones
 #: the server holds for the node with an instruction; a ConfigRecord {"witnesses": [text, ...]}
 WITNESS = "ledger-witness"
 #: the most witnesses a message carries, and the longest one (longer ones are not witnesses)

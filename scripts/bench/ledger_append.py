@@ -6,7 +6,7 @@ Raw I/O, one release = the bytes a release writes, made durable as each scheme d
 
 * ``append+fsync`` (the ledger before hash chaining): one JSON line appended, one fsync;
 * ``chained, mark in place``: the chained line appended + fsync, then the high-water mark's slot
-  rewritten in place without a sync (what app/privacy/ledger.py does);
+  rewritten in place without a sync (what app/privacy/ledger/ does);
 * ``chained, mark fdatasync``: the same with the mark's slot fdatasynced (two syncs);
 * ``chained, mark atomic``: the mark replaced whole (tmp file + fsync + rename + dir fsync);
 * ``sqlite WAL FULL``: one INSERT in a transaction (journal_mode=WAL, synchronous=FULL);

@@ -2,7 +2,7 @@
 
 Each silo of a shuffle-mode run calibrates its noise trials once, in ``Silo._calibrate``:
 ``calibrate_trial_scale(plan, epsilon, delta = 1/n^2, p, levels, dim)`` with the exact binomial
-accountant (app/privacy/binomial.py). This script rebuilds every silo's inputs exactly as the
+accountant (app/privacy/binomial/). This script rebuilds every silo's inputs exactly as the
 silo does (run config -> settings -> silo sizes -> release plan; d from the model) and times the
 calibrations one after another in one process, as a simulation runs them:
 

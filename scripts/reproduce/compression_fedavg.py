@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from app.config import SKETCH_KINDS  # noqa: E402
+from app.sketch_settings import SKETCH_KINDS  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.results import load_rounds  # noqa: E402

@@ -37,10 +37,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from app.config import AGGREGATORS, ConfigError, parse_settings  # noqa: E402
+from app.config import ConfigError, parse_settings  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.results import load_rounds  # noqa: E402
+from strategies.options import AGGREGATORS  # noqa: E402
 
 BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
         "silos-per-round": 10, "pca": 50, "model": "mlp", "mlp-hidden": "64", "privacy.mode": "off",
@@ -50,7 +51,7 @@ ATTACKS = {"none": {"byzantine.f": 0}, "label flip 60%": {"attack.kind": "label-
            "sign flip 60%": {"attack.kind": "sign-flip", "attack.fraction": 0.6},
            "IPM 70%": {"attack.kind": "ipm", "attack.fraction": 0.7, "attack.ipm-epsilon": 0.5},
            "ALIE 40%": {"attack.kind": "alie", "attack.fraction": 0.4}}
-#: every registered rule (app.config.AGGREGATORS), the mean and Grad-BANT first
+#: every registered rule (strategies.options.AGGREGATORS), the mean and Grad-BANT first
 RULES = ["mean", "gradbant", *(rule for rule in AGGREGATORS if rule not in ("mean", "gradbant"))]
 SKETCHES = ["none", "gaussian", "rademacher", "srht", "countsketch", "randk"]
 

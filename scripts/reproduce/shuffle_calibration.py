@@ -3,7 +3,7 @@
 For each (epsilon, d, N messages) at delta = 1e-5 and one release: the closed form's choice
 (Cheu, Joseph, Mao and Peng 2021 as the paper's Appendix D uses it, as we read it:
 g = max(2 sqrt(N), d, 4), p = 1/4, b = 24e4 g^2 ln^2(4 (d^2 + 1) / delta) / (epsilon^2 N) noise
-bits per message) and the smallest b the exact accountant (app/privacy/binomial.py) certifies at
+bits per message) and the smallest b the exact accountant (app/privacy/binomial/) certifies at
 the same g and p. The noise standard deviation scales with sqrt(N b), so sqrt of the ratio is how
 much less noise exact accounting adds.
 

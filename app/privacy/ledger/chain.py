@@ -1,6 +1,6 @@
 """The ledger's file format (version 3, and reading versions 1 and 2): canonical JSON entries
 chained by SHA-256 hashes, parsed and checked line by line. The format is described in
-app/privacy/ledger.py's module doc; this module only reads and encodes rows."""
+app/privacy/ledger/__init__.py's module doc; this module only reads and encodes rows."""
 
 from __future__ import annotations
 
@@ -27,20 +27,22 @@ class LedgerError(RuntimeError):
 
 # -- the chain ----------------------------------------------------------------------------------
 
-def _canonical(obj: Any) -> bytes:
+def canonical(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, no spaces, UTF-8 (a row's bytes as hashed and written)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _chain(prev: str, body: bytes, key: bytes | None = None) -> str:
+def chain_hash(prev: str, body: bytes, key: bytes | None = None) -> str:
     """The hash of an entry after ``prev``: SHA-256, or HMAC-SHA256 with the ledger's ``key``
-    (a ledger whose header names a key, app/privacy/ledger_witness.py)."""
+    (a ledger whose header names a key, app/privacy/ledger/witness.py)."""
     if key is None:
         return hashlib.sha256(prev.encode() + b"\n" + body).hexdigest()
     return hmac.new(key, prev.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
-def _genesis(header_line: bytes, key: bytes | None = None) -> str:
-    return _chain(_GENESIS, header_line, key)
+def genesis(header_line: bytes, key: bytes | None = None) -> str:
+    """hash_0 = HMAC-SHA256(key, "silofl-ledger-3\\n" + the header line) (SHA-256 without a key)."""
+    return chain_hash(_GENESIS, header_line, key)
 
 
 def _chain_key(path: Path, header: dict[str, Any], key: bytes | None) -> bytes | None:
@@ -49,7 +51,7 @@ def _chain_key(path: Path, header: dict[str, Any], key: bytes | None) -> bytes |
     named = header.get("key")
     if named is None:
         return None
-    from app.privacy.ledger_witness import key_id
+    from app.privacy.ledger.witness import key_id
 
     if key is None or key_id(key) != named:
         have = "no key" if key is None else f"a key with id {key_id(key)}"
@@ -59,7 +61,7 @@ def _chain_key(path: Path, header: dict[str, Any], key: bytes | None) -> bytes |
     return key
 
 
-class _Chain:
+class Chain:
     """Parses entry lines, checking each against its hash, from a head and entry count."""
 
     def __init__(self, path: Path, head: str, entries: int, releases: int, want: int | None,
@@ -88,8 +90,8 @@ class _Chain:
                 if kind not in _KINDS or not isinstance(body[kind], dict):
                     raise ValueError(f"not a ledger entry: {raw[:80]!r}")
                 if kind == "release":
-                    _release(body[kind])  # a row the accountant can read
-                expected = _chain(self.head, _canonical(body), self.key)
+                    release_of_row(body[kind])  # a row the accountant can read
+                expected = chain_hash(self.head, canonical(body), self.key)
             except (ValueError, KeyError, TypeError) as exc:
                 raise LedgerError(f"privacy ledger {self.path} is unreadable: entry {k} (line {k + 1}): {exc}; "
                                   + RECOVERY.format(path=self.path)) from exc
@@ -112,7 +114,7 @@ class _Chain:
         return rows, calibration, adopts, last
 
 
-def _parse_v3(path: Path, data: bytes, want: int | None, key: bytes | None = None, *,
+def parse_v3(path: Path, data: bytes, want: int | None, key: bytes | None = None, *,
               heads: list[str] | None = None) -> tuple:
     """A version-3 file's (version, id, budget, delta, rows, calibration, adoptions, entries, head,
     last kind, bytes used, torn bytes, head after ``want`` entries or None), its chain checked
@@ -125,11 +127,11 @@ def _parse_v3(path: Path, data: bytes, want: int | None, key: bytes | None = Non
         header = json.loads(lines[0])
         if header.get("ledger") != LEDGER_VERSION or not isinstance(header.get("id"), str):
             raise ValueError(f"no version-{LEDGER_VERSION} ledger header: {lines[0][:80]!r}")
-        eps, delta = _decode_float(header["epsilon_budget"]), float(header["delta"])
+        eps, delta = decode_float(header["epsilon_budget"]), float(header["delta"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
     chain_key = _chain_key(path, header, key)
-    chain = _Chain(path, _genesis(_canonical(header), chain_key), 0, 0, want, chain_key)
+    chain = Chain(path, genesis(canonical(header), chain_key), 0, 0, want, chain_key)
     rows, calibration, adopts, last = chain.parse(lines[1:])
     if heads is not None:
         heads[:] = chain.heads
@@ -137,7 +139,8 @@ def _parse_v3(path: Path, data: bytes, want: int | None, key: bytes | None = Non
             used, len(data) - used, chain.head_at_want)
 
 
-def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any], list[dict[str, Any]], int, int] | None:
+def parse_legacy(path: Path, data: bytes) -> (tuple[int, float, float, dict[str, Any], list[dict[str, Any]], int, int]
+                                              | None):
     """A version-1 or -2 ledger's (version, budget, delta, calibration, rows, bytes used, torn
     bytes); None for a version-3 file. Raises LedgerError when it cannot be read."""
     first = data.split(b"\n", 1)[0]
@@ -152,8 +155,8 @@ def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any],
             doc = json.loads(data)
             rows = [dict(r) for r in doc["releases"]]
             for r in rows:
-                _release(r)
-            return (1, _decode_float(doc["epsilon_budget"]), float(doc["delta"]), dict(doc.get("calibration", {})),
+                release_of_row(r)
+            return (1, decode_float(doc["epsilon_budget"]), float(doc["delta"]), dict(doc.get("calibration", {})),
                     rows, len(data), 0)
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
@@ -167,7 +170,7 @@ def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any],
             if not isinstance(entry, dict) or len(entry) != 1:
                 raise ValueError(f"not a ledger entry: {raw[:80]!r}")
             if "release" in entry:
-                _release(entry["release"])
+                release_of_row(entry["release"])
                 rows.append(entry["release"])
             elif "calibration" in entry and isinstance(entry["calibration"], dict):
                 calibration = entry["calibration"]
@@ -176,7 +179,7 @@ def _legacy(path: Path, data: bytes) -> tuple[int, float, float, dict[str, Any],
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"privacy ledger {path} is unreadable: line {i + 2}: {exc}") from exc
     try:
-        budget, delta = _decode_float(head["epsilon_budget"]), float(head["delta"])
+        budget, delta = decode_float(head["epsilon_budget"]), float(head["delta"])
     except (ValueError, KeyError, TypeError) as exc:
         raise LedgerError(f"privacy ledger {path} is unreadable: line 1: {exc}") from exc
     return 2, budget, delta, calibration, rows, used, len(data) - used
@@ -188,14 +191,14 @@ def read_ledger(path: str | Path, key_file: str | Path | None = None) -> dict[st
     ``releases`` (a version-3 file also ``id`` and ``adoptions``; its chain is checked, with the
     ledger key in ``key_file``, default ``ledger.key`` beside it, when its header names one). An
     incomplete last line (an append in progress, or a crash's) is left out."""
-    from app.privacy.ledger_witness import key_path_for, read_key
+    from app.privacy.ledger.witness import key_path_for, read_key
 
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise LedgerError(f"privacy ledger {path} is unreadable: {exc}") from exc
-    legacy = _legacy(path, data)
+    legacy = parse_legacy(path, data)
     if legacy is not None:
         version, eps, delta, calibration, rows, _, _ = legacy
         return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows}
@@ -203,12 +206,13 @@ def read_ledger(path: str | Path, key_file: str | Path | None = None) -> dict[st
         key = read_key(key_path_for(path, key_file))
     except ValueError as exc:
         raise LedgerError(str(exc)) from exc
-    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = _parse_v3(path, data, None, key)
+    version, ledger_id, eps, delta, rows, calibration, adopts, *_ = parse_v3(path, data, None, key)
     return {"version": version, "epsilon_budget": eps, "delta": delta, "calibration": calibration, "releases": rows,
             "id": ledger_id, "adoptions": adopts}
 
 
-def _release(r: dict[str, Any]) -> Release:
+def release_of_row(r: dict[str, Any]) -> Release:
+    """The accountant's Release of a ledger row (the fields a row may lack take their defaults)."""
     return Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
                    bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
                    int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)),
@@ -219,7 +223,7 @@ _RELEASE_FIELDS = tuple(f.name for f in fields(Release))
 _BINOMIAL_FIELDS = ("mechanism", "trials", "levels", "p", "dim")
 
 
-def _row(r: Release) -> dict[str, Any]:
+def row_of_release(r: Release) -> dict[str, Any]:
     """A release as a ledger row (its fields in order, as ``asdict`` gives them: they are plain
     values); a Gaussian one without the binomial fields (unused there), and ``amplification``
     only where one is claimed (rows without it read as "none"), ``silo_sampling`` likewise (1)."""
@@ -228,19 +232,23 @@ def _row(r: Release) -> dict[str, Any]:
             and not (name == "silo_sampling" and r.silo_sampling == 1)}
 
 
-def _encode_float(x: float) -> float | str:
+def encode_float(x: float) -> float | str:
+    """A float as JSON holds it: inf as the string "inf"."""
     return "inf" if math.isinf(x) else x
 
 
-def _decode_float(x: float | str) -> float:
+def decode_float(x: float | str) -> float:
+    """The inverse of :func:`encode_float`."""
     return math.inf if x == "inf" else float(x)
 
 
-def _fmt(eps: Any) -> str:
+def format_epsilon(eps: Any) -> str:
+    """epsilon in a message: 4 significant digits, "?" when unknown (None)."""
     return "?" if eps is None else f"{float(eps):.4g}"
 
 
-def _eps_of(releases: list[Release], delta: float) -> float | None:
+def epsilon_of(releases: list[Release], delta: float) -> float | None:
+    """epsilon_spent of ``releases`` at ``delta``; None when the accountant cannot read them."""
     try:
         return epsilon_spent(releases, delta)
     except ValueError:

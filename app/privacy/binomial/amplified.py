@@ -7,16 +7,18 @@ import functools
 import math
 
 from app.privacy import amplification
-from app.privacy.binomial_divergence import _curve, _divergence_table
-from app.privacy.binomial_window import MAX_LEVELS, ORDERS, BinomialCurve, _effective_trials, _int, _prob
+from app.privacy.binomial.divergence import cached_release_curve, divergence_table
+from app.privacy.binomial.truncation import MAX_LEVELS, ORDERS, BinomialCurve, check_int, check_prob, effective_trials
 
 
 @functools.lru_cache(maxsize=4096)
-def _amplified(m: int, p: float, g: int, d: int, gamma: float) -> BinomialCurve:
-    plain = _curve(m, p, g, d)
+def cached_amplified_curve(m: int, p: float, g: int, d: int, gamma: float) -> BinomialCurve:
+    """:func:`amplified_release_curve` on checked arguments (its cached core): the plain curve's
+    Renyi values amplified by sampling at rate gamma, log c = d * c0 (app/privacy/amplification.py)."""
+    plain = cached_release_curve(m, p, g, d)
     if gamma >= 1.0:
         return plain
-    res = _divergence_table(_effective_trials(m, p, g), p, g)
+    res = divergence_table(effective_trials(m, p, g), p, g)
     if res is None:
         return plain
     log_c = d * (-math.log1p(-res[1]))
@@ -31,6 +33,6 @@ def amplified_release_curve(trials: int, p: float, levels: int, dim: int, gamma:
     gamma = float(gamma)
     if not 0 < gamma <= 1:
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-    return _amplified(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1),
-                      gamma)
+    return cached_amplified_curve(check_int("trials", trials, 1), check_prob(p),
+                                  check_int("levels", levels, 1, MAX_LEVELS), check_int("dim", dim, 1), gamma)
 

@@ -73,66 +73,30 @@ for k = 1 when m is large). D_alpha is evaluated as log1p(sum_t w_t expm1((alpha
 (alpha - 1) (relative error ~1e-12) and in log-sum-exp form where (alpha - 1) x_t is large. A
 relative slack of REL_SLACK = 1e-9 is added to every rho for the remaining rounding.
 
-Modules (each one job; this one re-exports their public names):
-binomial_window (constants, checks, the window), binomial_divergence (divergence table and
-release_curve), binomial_amplified (amplified_release_curve), binomial_compose (composition),
-binomial_lazy (curves computed per order for searches), binomial_search (calibration).
+Modules (each one job): :mod:`.truncation` (orders and constants, argument checks, step 1's
+window and the MAX_WINDOW fallback), :mod:`.divergence` (steps 3 and "Numerics": the divergence
+table and :func:`release_curve`), :mod:`.amplified` (:func:`amplified_release_curve`),
+:mod:`.compose` (step 4: composition and conversion), :mod:`.lazy` (curves computed per order for
+the searches), :mod:`.search` (calibration of the number of trials), :mod:`.closed_form` (the
+paper's parameter choice against this accountant). This module is the public API:
+``from app.privacy import binomial`` and ``binomial.X``; the modules' other public names (the
+cached cores on checked arguments, the divergence table's pieces) are imported from where they live.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from app.privacy.binomial.amplified import amplified_release_curve
+from app.privacy.binomial.closed_form import calibration_table, closed_form
+from app.privacy.binomial.compose import binomial_epsilon, epsilon_from_curves, gaussian_rdp
+from app.privacy.binomial.divergence import release_curve, shift_divergences
+from app.privacy.binomial.lazy import AmplifiedView, LazyCurve, lazy_curve
+from app.privacy.binomial.search import calibrate_trials, fast_epsilon, fast_fits
+from app.privacy.binomial.truncation import (MAX_LEVELS, MAX_WINDOW, ORDERS, REL_SLACK, TAIL, BinomialCurve,
+                                             sensitivity, window)
 
-from app.privacy.binomial_amplified import _amplified, amplified_release_curve  # noqa: F401
-from app.privacy.binomial_compose import (_order_epsilon, binomial_epsilon, epsilon_from_curves,  # noqa: F401
-                                          gaussian_rdp)
-from app.privacy.binomial_divergence import (_CHUNK_ELEMENTS, _EXP_SAFE, _columns, _curve,  # noqa: F401
-                                             _divergence_table, _prelude, _Prelude, release_curve,
-                                             shift_divergences)
-from app.privacy.binomial_lazy import _LB_MARGIN, AmplifiedView, LazyCurve, lazy_curve  # noqa: F401
-from app.privacy.binomial_search import (_crossing, _gaussian_guess, _settle, calibrate_trials,  # noqa: F401
-                                         fast_epsilon, fast_fits)
-from app.privacy.binomial_window import (_LOG_TAIL, MAX_LEVELS, MAX_WINDOW, ORDERS, REL_SLACK,  # noqa: F401
-                                         TAIL, BinomialCurve, _delta, _effective_trials, _epsilon, _extra,
-                                         _int, _largest, _prob, _window, sensitivity, window)
-
-
-# ---------------------------------------------------------------------------- closed form
-
-def closed_form(epsilon: float, delta: float, messages: int, dim: int) -> tuple[int, int, float]:
-    """The paper's parameter choice for the binomial protocol, *the closed form as we read it*
-    (Cheu, Joseph, Mao & Peng 2021; Lowy et al., Appendix D): with N = ``messages``,
-
-        g = ceil(max(2 sqrt(N), d, 4)),   p = 1/4,
-        b = ceil(24e4 * g^2 * ln(4 (d^2 + 1) / delta)^2 / (epsilon^2 * N))
-
-    noise trials PER MESSAGE, so the exchange carries N * b trials in total. Returns (g, b, p)."""
-    epsilon, delta = _epsilon(epsilon), _delta(delta)
-    n, d = _int("messages", messages, 1), _int("dim", dim, 1)
-    two_sqrt_n = math.isqrt(4 * n - 1) + 1 if n > 0 else 0  # ceil(2 sqrt(N)) exactly
-    g = max(two_sqrt_n, d, 4)
-    b = math.ceil(24e4 * g * g * math.log(4 * (d * d + 1) / delta) ** 2 / (epsilon * epsilon * n))
-    return g, int(b), 0.25
-
-
-def calibration_table(epsilons: Sequence[float] = (1.0, 3.0), dims: Sequence[int] = (10, 100, 1000),
-                      messages: Sequence[int] = (100, 1000), delta: float = 1e-5, count: int = 1,
-                      max_levels: int | None = None) -> list[dict]:
-    """Closed form against the exact accountant: for each (epsilon, d, N), the closed form's
-    (g, b, N b) and the exact accountant's minimal total trials at the SAME g and p = 1/4 for
-    ``count`` releases, with the ratio N b / m. Rows with g > ``max_levels`` get exact_trials None
-    (the exact search costs ~g sqrt(m) per evaluation)."""
-    rows = []
-    for eps in epsilons:
-        for d in dims:
-            for n in messages:
-                g, b, p = closed_form(eps, delta, n, d)
-                row = {"epsilon": eps, "dim": d, "messages": n, "levels": g, "p": p,
-                       "per_message": b, "closed_total": n * b, "exact_trials": None, "ratio": None}
-                if max_levels is None or g <= max_levels:
-                    m = calibrate_trials(eps, delta, p, g, d, count)
-                    row["exact_trials"] = m
-                    row["ratio"] = n * b / m
-                rows.append(row)
-    return rows
+__all__ = [
+    "MAX_LEVELS", "MAX_WINDOW", "ORDERS", "REL_SLACK", "TAIL", "AmplifiedView", "BinomialCurve", "LazyCurve",
+    "amplified_release_curve", "binomial_epsilon", "calibrate_trials", "calibration_table", "closed_form",
+    "epsilon_from_curves", "fast_epsilon", "fast_fits", "gaussian_rdp", "lazy_curve", "release_curve",
+    "sensitivity", "shift_divergences", "window",
+]

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 
 from app.filelock import exclusive_lock
-from app.privacy.ledger import _TAIL_BYTES, PrivacyLedger, _lock_path
-from app.privacy.ledger_chain import LedgerError, _eps_of, _fmt, _legacy, _parse_v3, _release
-from app.privacy.ledger_inspect import inspect
-from app.privacy.ledger_mark import mark_path_for, read_mark
-from app.privacy.ledger_witness import (key_path_for, load_or_create_key, read_witness_file, summary, verified,
+from app.privacy.ledger.chain import (LedgerError, epsilon_of, format_epsilon, parse_legacy, parse_v3,
+                                      release_of_row)
+from app.privacy.ledger.handle import TAIL_BYTES, PrivacyLedger, lock_path
+from app.privacy.ledger.inspection import inspect
+from app.privacy.ledger.mark import mark_path_for, read_mark
+from app.privacy.ledger.witness import (key_path_for, load_or_create_key, read_witness_file, summary, verified,
                                         witness_path_for)
 
 
@@ -39,7 +40,7 @@ def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, 
     if not reason.strip():
         raise LedgerError("adopt needs --reason: say why this ledger is the silo's record (it is written into the "
                           "ledger)")
-    with exclusive_lock(_lock_path(path)):
+    with exclusive_lock(lock_path(path)):
         insp = inspect(path, mark_path, key=key, witnesses=[witness_text] if witness_text else [])
         if insp.problem is None:
             return f"{path}: verifies ({insp.action}); nothing to adopt"
@@ -49,11 +50,11 @@ def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, 
             mark = read_mark(mark_path)
         except LedgerError:  # an unreadable mark: one that disagrees, whose numbers are unknown
             mark = None
-        legacy = _legacy(path, insp.data)
+        legacy = parse_legacy(path, insp.data)
         heads: list[str] = []
         if legacy is None:
             (_, ledger_id, eps_budget, delta, rows, calibration, adopts, entries, head, last, used, torn,
-             _) = _parse_v3(path, insp.data, None, key, heads=heads)  # raises when the ledger's own chain is broken
+             _) = parse_v3(path, insp.data, None, key, heads=heads)  # raises when the ledger's own chain is broken
         else:
             _, eps_budget, delta, calibration, rows, used, torn = legacy
         if not accept_loss:  # nothing vouches for this ledger being the whole record
@@ -64,7 +65,7 @@ def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, 
         info = {"reason": reason.strip(), "time": time.time(), "by": "python -m app.ledger adopt",
                 "accept_loss": bool(accept_loss), "problem": insp.problem,
                 "ledger": {"entries": insp.entries if legacy is None else len(rows), "releases": len(rows),
-                           "eps_spent": _eps_of([_release(r) for r in rows], delta)},
+                           "eps_spent": epsilon_of([release_of_row(r) for r in rows], delta)},
                 "mark": None if mark is None else {k: mark.get(k) for k in ("id", "entries", "releases", "eps_spent",
                                                                             "head")}}
         if witness is not None:
@@ -79,11 +80,11 @@ def adopt(path: str | Path, mark_dir: str | Path | None = None, *, reason: str, 
             led.calibration, led.adoptions = dict(calibration), list(adopts)
             led._id, led._entries, led._head, led._last_kind = ledger_id, entries, head, last
             led._ck, led._heads = led._header_key(insp.data), heads
-            led._offset, led._tail = used, insp.data[:used][-_TAIL_BYTES:]
+            led._offset, led._tail = used, insp.data[:used][-TAIL_BYTES:]
             led._append([{"adopt": info}])
             led.adoptions.append(info)
             led._mark = mark
             led._write_mark(led._eps(), fresh=True)
-        return (f"{path}: adopted ({len(rows)} releases, epsilon {_fmt(led._eps())}); the mark {mark_path} records it "
-                "now" + ("" if mark is None else f" (it had recorded {mark.get('releases')} releases, epsilon "
-                                                 f"{_fmt(mark.get('eps_spent'))})"))
+        return (f"{path}: adopted ({len(rows)} releases, epsilon {format_epsilon(led._eps())}); the mark {mark_path} "
+                "records it now" + ("" if mark is None else f" (it had recorded {mark.get('releases')} releases, epsilon "
+                                                 f"{format_epsilon(mark.get('eps_spent'))})"))

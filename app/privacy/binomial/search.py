@@ -1,8 +1,9 @@
-"""Shuffle DP's calibration search over the number of noise trials m (app/privacy/binomial.py):
-the smallest m whose composed epsilon meets the budget, computing as few Renyi columns as it can.
+"""Shuffle DP's calibration search over the number of noise trials m (the method in
+app/privacy/binomial/__init__.py): the smallest m whose composed epsilon meets the budget,
+computing as few Renyi columns as it can.
 
 * :func:`fast_epsilon`: the accountant's epsilon (epsilon_from_curves over the whole curves), bit
-  for bit, by branch and bound over the orders on :class:`app.privacy.binomial_lazy.LazyCurve`.
+  for bit, by branch and bound over the orders on :class:`app.privacy.binomial.lazy.LazyCurve`.
 * :func:`fast_fits`: ``fast_epsilon(...) <= epsilon`` decided with fewer exact columns: it stops at
   the first order whose exact epsilon meets the budget, and checks exactly only the orders whose
   lower bound meets it (the conversion is non-decreasing in the Renyi value, so an order whose
@@ -22,10 +23,10 @@ import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from app.privacy.amplification import amplified_curve
-from app.privacy.binomial_compose import _order_epsilon, epsilon_from_curves, gaussian_rdp
-from app.privacy.binomial_lazy import dependencies, lazy_curve
-from app.privacy.binomial_window import (MAX_LEVELS, ORDERS, _delta, _effective_trials, _epsilon, _extra, _int,
-                                         _largest, _prob, sensitivity)
+from app.privacy.binomial.compose import epsilon_from_curves, gaussian_rdp, order_epsilon
+from app.privacy.binomial.lazy import dependencies, lazy_curve
+from app.privacy.binomial.truncation import (MAX_LEVELS, ORDERS, check_delta, check_epsilon, check_extra_rdp,
+                                             check_int, check_prob, effective_trials, largest_true, sensitivity)
 
 
 def _items(parts: Sequence[tuple]) -> tuple[list[tuple], float]:
@@ -34,11 +35,11 @@ def _items(parts: Sequence[tuple]) -> tuple[list[tuple], float]:
     for part in parts:
         trials, p, levels, dim, count = part[:5]
         gamma = float(part[5]) if len(part) > 5 else 1.0
-        count = _int("count", count, 0)
+        count = check_int("count", count, 0)
         if count == 0:
             continue
         curve = lazy_curve(trials, p, levels)
-        items.append((curve, _int("dim", dim, 1), count, gamma))
+        items.append((curve, check_int("dim", dim, 1), count, gamma))
         tail += count * curve.tail(dim)
     return items, tail
 
@@ -69,13 +70,13 @@ def fast_fits(parts: Sequence[tuple], delta: float, epsilon: float, extra_rdp: S
               hint: int | None = None) -> bool:
     """``fast_epsilon(parts, delta, extra_rdp) <= epsilon``, exactly, with fewer exact columns
     (``hint``: an order index to try first, e.g. the stand-in's best order)."""
-    extra = tuple(float(v) for v in _extra(extra_rdp))
+    extra = tuple(float(v) for v in check_extra_rdp(extra_rdp))
     key = (tuple(tuple(part) for part in parts), float(delta), float(epsilon), extra)
-    if key not in _DECIDED:
-        if len(_DECIDED) > 4096:
-            _DECIDED.clear()
-        _DECIDED[key] = bool(_fast(parts, delta, extra_rdp, False, float(epsilon), hint))
-    return _DECIDED[key]
+    if key not in DECIDED:
+        if len(DECIDED) > 4096:
+            DECIDED.clear()
+        DECIDED[key] = bool(_fast(parts, delta, extra_rdp, False, float(epsilon), hint))
+    return DECIDED[key]
 
 
 #: relative guard on an order refuted by its deciding rows (an amplified bound is monotone in
@@ -84,13 +85,13 @@ _ROWS_GUARD = 1e-12
 
 #: fast_fits' answers (a calibration asks the same question again: accounting.calibrate_trial_scale
 #: re-checks the crossing calibrate_trials found)
-_DECIDED: dict[tuple, bool] = {}
+DECIDED: dict[tuple, bool] = {}
 
 
 def _stand_in(parts: Sequence[tuple], delta: float, extra: np.ndarray, orders: Sequence[int]) -> tuple[float, int]:
     """The search's cheap stand-in: the epsilon of the few-rows curves at ``orders`` only, and the
     index of the order that gives it (no bound claimed)."""
-    delta = _delta(delta)
+    delta = check_delta(delta)
     items, tail = _items(parts)
     if tail >= delta or any(c.empty for c, _, _, _ in items):
         return math.inf, orders[0]
@@ -104,16 +105,16 @@ def _stand_in(parts: Sequence[tuple], delta: float, extra: np.ndarray, orders: S
 
 
 def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int | None = None):
-    delta = _delta(delta)
-    extra = _extra(extra_rdp)
+    delta = check_delta(delta)
+    extra = check_extra_rdp(extra_rdp)
     items, tail = _items(parts)
     exact_value = target is None
     if not exact_value and hint is not None and tail < delta and items and not any(c.empty for c, *_ in items):
         # the decision: an order whose exact epsilon meets the target settles it (it is one of the
         # orders the minimum runs over, and the result is max(0, min) <= target then)
-        refuted = _order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, "rows"), delta - tail) \
+        refuted = order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, "rows"), delta - tail) \
             > target * (1.0 + _ROWS_GUARD)
-        if not refuted and _order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, False), delta - tail) <= target:
+        if not refuted and order_epsilon(ORDERS[hint], _rdp_at(items, extra, hint, False), delta - tail) <= target:
             return True
     if tail >= delta:
         return math.inf if exact_value else math.inf <= target
@@ -132,15 +133,15 @@ def _fast(parts, delta, extra_rdp, guess: bool, target: float | None, hint: int 
         eps = 0.0 if not any(v > 0 for v in exact) else float(compute_epsilon(ORDERS, exact, delta - tail)[0])
         return eps if exact_value else eps <= target
     d_conv = delta - tail
-    bounds = sorted((_order_epsilon(ORDERS[o], lower[o], d_conv), o) for o in range(len(ORDERS)))
+    bounds = sorted((order_epsilon(ORDERS[o], lower[o], d_conv), o) for o in range(len(ORDERS)))
     best = math.inf
     for lb, o in bounds:
         if lb >= best or (not exact_value and lb > target):
             break  # (a decision: no order left can meet the target)
-        if not exact_value and _order_epsilon(ORDERS[o], _rdp_at(items, extra, o, "rows"), d_conv) \
+        if not exact_value and order_epsilon(ORDERS[o], _rdp_at(items, extra, o, "rows"), d_conv) \
                 > target * (1.0 + _ROWS_GUARD):
             continue  # (a decision: the deciding shift's exact rows already put this order above it)
-        best = min(best, _order_epsilon(ORDERS[o], _rdp_at(items, extra, o, False), d_conv))
+        best = min(best, order_epsilon(ORDERS[o], _rdp_at(items, extra, o, False), d_conv))
         if not exact_value and max(0, best) <= target:
             return True
     return float(max(0, best)) if exact_value else max(0, best) <= target
@@ -183,9 +184,9 @@ def calibrate_trials(epsilon: float, delta: float, p: float, levels: int, dim: i
     steps out) and safeguarded interpolation / bisection over the integers. ValueError if no m
     reaches epsilon (e.g. extra_rdp alone exceeds it). ``gamma`` < 1: every release's batch is
     sampled without replacement at rate gamma (:func:`amplified_release_curve`)."""
-    epsilon, delta, p = _epsilon(epsilon), _delta(delta), _prob(p)
-    g, d, count = _int("levels", levels, 1, MAX_LEVELS), _int("dim", dim, 1), _int("count", count, 0)
-    extra = _extra(extra_rdp)
+    epsilon, delta, p = check_epsilon(epsilon), check_delta(delta), check_prob(p)
+    g, d, count = check_int("levels", levels, 1, MAX_LEVELS), check_int("dim", dim, 1), check_int("count", count, 0)
+    extra = check_extra_rdp(extra_rdp)
 
     def fits(m: int) -> bool:  # epsilon_from_curves([(release_curve(m, p, g, d), count)], ...) <= epsilon
         return fast_fits([(m, p, g, d, count, gamma)], delta, epsilon, extra_rdp=extra)
@@ -241,9 +242,9 @@ def _crossing(eps, epsilon: float, m0: int, p: float, g: int) -> int:
         if pred is not None:
             hi = max(lo + 1, min(hi, int(math.ceil(pred * (1 + _PRED_MARGIN))) + 1))
         while (e_hi := eps(hi)) > epsilon:
-            if _effective_trials(hi, p, g) < hi:  # eps is flat from here on
+            if effective_trials(hi, p, g) < hi:  # eps is flat from here on
                 raise ValueError(f"epsilon {epsilon} not reachable: the window limit MAX_WINDOW "
-                                 f"caps the accounted trials near {_effective_trials(hi, p, g)}")
+                                 f"caps the accounted trials near {effective_trials(hi, p, g)}")
             lo, e_lo = hi, e_hi
             factor *= factor
             hi = int(math.ceil(lo * factor)) + 1
@@ -292,4 +293,4 @@ def _settle(fits, near: int, epsilon: float) -> int:
                 raise ValueError(f"epsilon {epsilon} not reachable near {near} trials")
             lo, step = hi, step * 2
             hi = lo + step
-    return _largest(lambda m: not fits(m), lo, hi) + 1  # the smallest m in (lo, hi] that fits
+    return largest_true(lambda m: not fits(m), lo, hi) + 1  # the smallest m in (lo, hi] that fits

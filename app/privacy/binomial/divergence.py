@@ -1,6 +1,6 @@
-"""Divergences of shifted binomial noise and the per-release Renyi curve (app/privacy/binomial.py's
-docstring, steps 3 and "Numerics"): the log-PMF table, the divergence table f_alpha(k) and
-rho(alpha) = B^2 max_k f_alpha(k) / k^2 + d c0."""
+"""Divergences of shifted binomial noise and the per-release Renyi curve (the method in
+app/privacy/binomial/__init__.py, steps 3 and "Numerics"): the log-PMF table, the divergence
+table f_alpha(k) and rho(alpha) = B^2 max_k f_alpha(k) / k^2 + d c0."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.privacy.binomial_window import (MAX_LEVELS, ORDERS, REL_SLACK, BinomialCurve, _effective_trials, _int,
-                                         _prob, _window, sensitivity)
+from app.privacy.binomial.truncation import (MAX_LEVELS, ORDERS, REL_SLACK, BinomialCurve, cached_window, check_int,
+                                             check_prob, effective_trials, sensitivity)
 
-_CHUNK_ELEMENTS = 1 << 17  # rows * window per block of the vectorised divergence computation
+CHUNK_ELEMENTS = 1 << 17  # rows * window per block of the vectorised divergence computation
 _EXP_SAFE = 600.0  # expm1 form when (alpha - 1) * max x < this, log-sum-exp form above
 
 @dataclass(frozen=True)
-class _Prelude:
+class Prelude:
     """What every column of the divergence table of Bin(m, p) at g shares: the window's weights
     and the log-PMF table (split into float64 high and low parts)."""
 
@@ -39,7 +39,7 @@ _LOGS_KEPT = 8
 _LOGS_PAD = 0.125  # a new range is computed this much wider on each side (relative to its length)
 
 
-def _log_ints(lo: int, hi: int) -> np.ndarray:
+def log_ints(lo: int, hi: int) -> np.ndarray:
     """np.log(np.arange(lo, hi + 1, dtype=np.longdouble)), from a cached wider range when one
     holds it (a calibration search asks for overlapping ranges at nearby m; longdouble logs are
     computed element by element, so a slice of a wider range is the same numbers bit for bit)."""
@@ -55,14 +55,14 @@ def _log_ints(lo: int, hi: int) -> np.ndarray:
     return logs[lo - start:hi - start + 1]
 
 
-_log_ints.cache_clear = _LOGS.clear  # type: ignore[attr-defined]  (cleared with the lru caches)
+log_ints.cache_clear = _LOGS.clear  # type: ignore[attr-defined]  (cleared with the lru caches)
 
 
 @functools.lru_cache(maxsize=8)
 @np.errstate(divide="ignore", invalid="ignore")
-def _prelude(m: int, p: float, g: int) -> _Prelude | None:
-    """The shared part of :func:`_divergence_table` (None if the window is empty)."""
-    window = _window(m, p, g)
+def prelude(m: int, p: float, g: int) -> Prelude | None:
+    """The shared part of :func:`divergence_table` (None if the window is empty)."""
+    window = cached_window(m, p, g)
     if window is None:
         return None
     lo, hi, q = window
@@ -71,7 +71,7 @@ def _prelude(m: int, p: float, g: int) -> _Prelude | None:
     ld = np.longdouble
     # log(m - t + 1) and log(t), t = a + 1 .. hi + g: the same longdouble logs of the same integers
     # as np.log over the arrays (element by element), read from a cache shared by nearby m
-    step = _log_ints(m - hi - g + 1, m - a)[::-1] - _log_ints(a + 1, hi + g) + (np.log(ld(p)) - np.log1p(-ld(p)))
+    step = log_ints(m - hi - g + 1, m - a)[::-1] - log_ints(a + 1, hi + g) + (np.log(ld(p)) - np.log1p(-ld(p)))
     table = np.concatenate(([ld(0)], np.cumsum(step)))  # log P(a + i) - log P(a)
     hi64 = table.astype(np.float64)
     lo64 = (table - hi64.astype(np.longdouble)).astype(np.float64)
@@ -82,17 +82,17 @@ def _prelude(m: int, p: float, g: int) -> _Prelude | None:
     w = np.exp(logw)
     log_sw = math.log(float(w.sum()))
     c0 = -math.log1p(-q)
-    return _Prelude(g, n_w, q, c0, w, logw, log_sw, hi64, lo64)
+    return Prelude(g, n_w, q, c0, w, logw, log_sw, hi64, lo64)
 
 
 @np.errstate(divide="ignore", invalid="ignore")
-def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None) -> np.ndarray:
+def columns(pre: Prelude, cols: Sequence[int], rows: np.ndarray | None = None) -> np.ndarray:
     """D_alpha(Z~ || Z + s k) + c0 at ORDERS[cols] for the sliding-view rows j = g - k (s = +1)
     and g + k (s = -1), k = 1..g (``rows``: a subset of them, default all 2 g, in the order
     0..g-1, g+1..2g): shape (len(rows), len(cols)). Every entry is computed by the same
     operations whatever ``cols`` is (a column never depends on another), so a subset of columns
     is bit-identical to the same columns of the whole table; the blocks of rows depend on
-    ``rows`` and _CHUNK_ELEMENTS only. The differences x are formed once per block for all
+    ``rows`` and CHUNK_ELEMENTS only. The differences x are formed once per block for all
     ``cols``, in preallocated buffers (the same float64 operations as a fresh array)."""
     g, n_w, w, logw, log_sw = pre.g, pre.n_w, pre.w, pre.logw, pre.log_sw
     # rows j = 0..2g of the sliding view are log P(t - (g - j)), t in W; j = g - k (s = +1), g + k (s = -1)
@@ -102,7 +102,7 @@ def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None)
     if rows is None:
         rows = np.concatenate((np.arange(0, g), np.arange(g + 1, 2 * g + 1)))
     out = np.empty((len(rows), len(cols)))
-    chunk = max(1, _CHUNK_ELEMENTS // n_w)
+    chunk = max(1, CHUNK_ELEMENTS // n_w)
     nrow = min(chunk, len(rows))
     buf, xbuf, ybuf = np.empty((nrow, n_w)), np.empty((nrow, n_w)), np.empty((nrow, n_w))
     sw = math.exp(log_sw)
@@ -144,24 +144,24 @@ def _columns(pre: _Prelude, cols: Sequence[int], rows: np.ndarray | None = None)
     return out
 
 
-def _block_of(pre: _Prelude, j: int) -> np.ndarray:
+def block_of(pre: Prelude, j: int) -> np.ndarray:
     """The rows of the block of the whole table's default order (0..g-1, g+1..2g, in blocks of
-    max(1, _CHUNK_ELEMENTS // |W|)) that holds sliding-view row j: computed alone by
-    :func:`_columns`, that block goes through the very operations it goes through in the table."""
+    max(1, CHUNK_ELEMENTS // |W|)) that holds sliding-view row j: computed alone by
+    :func:`columns`, that block goes through the very operations it goes through in the table."""
     g = pre.g
     rows = np.concatenate((np.arange(0, g), np.arange(g + 1, 2 * g + 1)))
-    chunk = max(1, _CHUNK_ELEMENTS // pre.n_w)
+    chunk = max(1, CHUNK_ELEMENTS // pre.n_w)
     start = ((j if j < g else j - 1) // chunk) * chunk
     return rows[start:start + chunk]
 
 
 @functools.lru_cache(maxsize=256)
-def _divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | None:
+def divergence_table(m: int, p: float, g: int) -> tuple[np.ndarray, float] | None:
     """f_alpha(k) for k = 1..g (rows) at ORDERS (columns), and q; None if the window is empty."""
-    pre = _prelude(m, p, g)
+    pre = prelude(m, p, g)
     if pre is None:
         return None
-    out = _columns(pre, range(len(ORDERS)))
+    out = columns(pre, range(len(ORDERS)))
     f = np.maximum(out[:g][::-1], out[g:])  # row k - 1: max(s = +1 at j = g - k, s = -1 at j = g + k)
     f.setflags(write=False)
     return f, pre.q
@@ -171,16 +171,18 @@ def shift_divergences(trials: int, p: float, levels: int) -> np.ndarray:
     """f_alpha(k) = max_{s=+-1} D_alpha(Z~ || Z + s k), Z ~ Bin(trials, p), Z~ = Z given the window:
     an array of shape (levels, len(ORDERS)), row k - 1 for shift k. Raises ValueError if the
     window is empty. (Exactly at ``trials``: no MAX_WINDOW fallback.)"""
-    m, p, g = _int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS)
-    res = _divergence_table(m, p, g)
+    m, p, g = check_int("trials", trials, 1), check_prob(p), check_int("levels", levels, 1, MAX_LEVELS)
+    res = divergence_table(m, p, g)
     if res is None:
         raise ValueError(f"empty truncation window for trials={m}, p={p}, levels={g}")
     return np.array(res[0])
 
 
 @functools.lru_cache(maxsize=4096)
-def _curve(m: int, p: float, g: int, d: int) -> BinomialCurve:
-    res = _divergence_table(_effective_trials(m, p, g), p, g)
+def cached_release_curve(m: int, p: float, g: int, d: int) -> BinomialCurve:
+    """:func:`release_curve` on checked arguments (its cached core): rho(alpha) = (B^2 max_k f_alpha(k) / k^2
+    + d c0) (1 + REL_SLACK) at the effective trials, tail d q; an empty window is charged inf."""
+    res = divergence_table(effective_trials(m, p, g), p, g)
     if res is None:
         return BinomialCurve(rdp=tuple([math.inf] * len(ORDERS)), tail=1.0)
     f, q = res
@@ -194,6 +196,6 @@ def _curve(m: int, p: float, g: int, d: int) -> BinomialCurve:
 def release_curve(trials: int, p: float, levels: int, dim: int) -> BinomialCurve:
     """The Renyi curve (at ORDERS) and tail delta of ONE binomial release: Bin(trials, p) noise on
     each of ``dim`` coordinates, records on ``levels`` levels. Cached."""
-    return _curve(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS),
-                  _int("dim", dim, 1))
+    return cached_release_curve(check_int("trials", trials, 1), check_prob(p),
+                                check_int("levels", levels, 1, MAX_LEVELS), check_int("dim", dim, 1))
 

@@ -1,4 +1,4 @@
-"""Composition of binomial releases (app/privacy/binomial.py's docstring, step 4): Renyi curves
+"""Composition of binomial releases (the method in app/privacy/binomial/__init__.py, step 4): Renyi curves
 add over releases, tails add and are taken off delta, then dp-accounting's conversion."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-from app.privacy.binomial_divergence import release_curve
-from app.privacy.binomial_window import ORDERS, BinomialCurve, _delta, _extra, _int
+from app.privacy.binomial.divergence import release_curve
+from app.privacy.binomial.truncation import ORDERS, BinomialCurve, check_delta, check_extra_rdp, check_int
 
 
 def epsilon_from_curves(parts: Sequence[tuple[BinomialCurve, int]], delta: float,
@@ -18,11 +18,11 @@ def epsilon_from_curves(parts: Sequence[tuple[BinomialCurve, int]], delta: float
     """epsilon at ``delta`` of the composition of ``count`` releases of each curve in ``parts``
     (plus ``extra_rdp``, e.g. Gaussian releases' RDP at ORDERS): RDP curves add, tails add and are
     subtracted from delta before the RDP conversion; inf if the tails use up delta."""
-    delta = _delta(delta)
-    rdp = _extra(extra_rdp).copy()
+    delta = check_delta(delta)
+    rdp = check_extra_rdp(extra_rdp).copy()
     tail = 0.0
     for curve, count in parts:
-        count = _int("count", count, 0)
+        count = check_int("count", count, 0)
         if count == 0:
             continue
         rdp += count * np.asarray(curve.rdp, dtype=float)
@@ -37,7 +37,7 @@ def epsilon_from_curves(parts: Sequence[tuple[BinomialCurve, int]], delta: float
 
 def binomial_epsilon(trials: int, p: float, levels: int, dim: int, count: int, delta: float) -> float:
     """epsilon at ``delta`` of ``count`` identical binomial releases."""
-    count = _int("count", count, 0)
+    count = check_int("count", count, 0)
     return epsilon_from_curves([(release_curve(trials, p, levels, dim), count)], delta)
 
 
@@ -50,7 +50,7 @@ def gaussian_rdp(noise_multiplier: float) -> tuple[float, ...]:
     return tuple(a / (2 * z * z) for a in ORDERS)
 
 
-def _order_epsilon(alpha: float, r: float, delta: float) -> float:
+def order_epsilon(alpha: float, r: float, delta: float) -> float:
     """dp_accounting's compute_epsilon at one order (the same cases and operations)."""
     if r < 0:
         return 0.0

@@ -1,5 +1,5 @@
 """The ledger's high-water mark: two checksummed 512-byte slots in a second place
-(``<mark-dir>/<ledger file name>.mark``), written alternately in place; see app/privacy/ledger.py."""
+(``<mark-dir>/<ledger file name>.mark``), written alternately in place; see app/privacy/ledger/__init__.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.filelock import write_bytes_atomically
-from app.privacy.ledger_chain import LedgerError, _canonical
+from app.privacy.ledger.chain import LedgerError, canonical
 
 #: two slots of this many bytes, written alternately in place, each at the start of its own 4 KiB
 #: page (a page torn by a power loss spoils one slot, never both)
@@ -30,7 +30,7 @@ def mark_path_for(ledger_path: str | Path, mark_dir: str | Path | None = None) -
 
 def _mark_slot(mark: dict[str, Any]) -> bytes:
     body = {k: v for k, v in mark.items() if k != "check"}
-    text = _canonical(body | {"check": hashlib.sha256(_canonical(body)).hexdigest()})
+    text = canonical(body | {"check": hashlib.sha256(canonical(body)).hexdigest()})
     if len(text) >= MARK_SLOT:
         raise ValueError(f"high-water mark too long ({len(text)} bytes)")
     return text + b" " * (MARK_SLOT - 1 - len(text)) + b"\n"
@@ -67,7 +67,7 @@ def read_mark(path: Path) -> dict[str, Any] | None:
         try:
             slot = json.loads(data[i:i + MARK_SLOT])
             body = {k: v for k, v in slot.items() if k != "check"}
-            if slot.get("check") != hashlib.sha256(_canonical(body)).hexdigest() or body.get("mark") != 1:
+            if slot.get("check") != hashlib.sha256(canonical(body)).hexdigest() or body.get("mark") != 1:
                 continue
             int(body["entries"]), int(body["gen"]), str(body["head"]), str(body["id"])
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -18,8 +18,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from app.privacy import amplification
-from app.privacy.binomial_divergence import _block_of, _columns, _prelude
-from app.privacy.binomial_window import MAX_LEVELS, ORDERS, REL_SLACK, _effective_trials, _int, _prob, sensitivity
+from app.privacy.binomial.divergence import block_of, columns, prelude
+from app.privacy.binomial.truncation import (MAX_LEVELS, ORDERS, REL_SLACK, check_int, check_prob, effective_trials,
+                                             sensitivity)
 
 #: relative margin taken off a lower bound computed from a few rows (a matrix-vector product
 #: over fewer rows may round differently in the last bits)
@@ -37,12 +38,12 @@ _ARGMAX: dict[tuple[float, int, int], int] = {}
 class LazyCurve:
     """:func:`release_curve` of (trials, p, levels) computed one order at a time, for searches
     that need only a few orders: ``ratio(o)`` is max_k f_alpha(k) / k^2 at ORDERS[o], bit-identical
-    to the whole table's column (:func:`_columns`); ``ratio_lower(o)`` is a cheap lower bound of it
+    to the whole table's column (:func:`columns`); ``ratio_lower(o)`` is a cheap lower bound of it
     from the shifts k in {1, 2, g/2, g} only (max over fewer k; minus a relative margin)."""
 
     def __init__(self, m: int, p: float, g: int) -> None:
         self.m, self.p, self.g = m, p, g
-        self.pre = _prelude(_effective_trials(m, p, g), p, g)
+        self.pre = prelude(effective_trials(m, p, g), p, g)
         self._exact: dict[int, float] = {}
         self._lower: dict[int, float] = {}
         self._rows: dict[int, float] = {}
@@ -63,7 +64,7 @@ class LazyCurve:
         if not todo:
             return
         g = self.g
-        out = _columns(self.pre, todo)
+        out = columns(self.pre, todo)
         f = np.maximum(out[:g][::-1], out[g:])
         k2 = np.arange(1, g + 1, dtype=float) ** 2
         for c, o in enumerate(todo):
@@ -74,7 +75,7 @@ class LazyCurve:
     def ratio_rows(self, o: int) -> float:
         """A lower bound of ratio(o) with no margin: f(k)/k^2 at the shift k that attained the
         maximum in the last exact column at this (p, g, order), its two rows computed in their
-        blocks of the whole table (:func:`_block_of`), so each is the table's number bit for bit
+        blocks of the whole table (:func:`block_of`), so each is the table's number bit for bit
         and the value is <= the table's maximum exactly (the lower-bound rows otherwise)."""
         if o in self._exact:
             return self._exact[o]
@@ -85,8 +86,8 @@ class LazyCurve:
             g, vals = self.g, {}
             for j in (g - k, g + k):
                 if j not in vals:
-                    block = _block_of(self.pre, j)
-                    out = _columns(self.pre, (o,), block)
+                    block = block_of(self.pre, j)
+                    out = columns(self.pre, (o,), block)
                     vals.update({int(b): out[i, 0] for i, b in enumerate(block)})
             f = np.maximum(np.array([vals[g - k]]), np.array([vals[g + k]]))
             k2 = np.arange(1, g + 1, dtype=float) ** 2
@@ -111,7 +112,7 @@ class LazyCurve:
         g = self.g
         ks = np.array(sorted({k for k in (1, 2, g // 2, g) if 1 <= k <= g}))
         rows = np.concatenate((g - ks, g + ks))
-        ratios = self._ratio_of(_columns(self.pre, todo, rows), ks)
+        ratios = self._ratio_of(columns(self.pre, todo, rows), ks)
         for c, o in enumerate(todo):
             self._lower[o] = float(ratios[c])
 
@@ -143,7 +144,7 @@ class LazyCurve:
 @functools.lru_cache(maxsize=64)
 def lazy_curve(trials: int, p: float, levels: int) -> LazyCurve:
     """The cached :class:`LazyCurve` of Bin(trials, p) noise on ``levels`` levels."""
-    return LazyCurve(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS))
+    return LazyCurve(check_int("trials", trials, 1), check_prob(p), check_int("levels", levels, 1, MAX_LEVELS))
 
 
 def next_order(j: int) -> int:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.privacy.ledger_chain import (RECOVERY, LedgerError, _eps_of, _fmt, _legacy, _parse_v3,
-                                      _release)
-from app.privacy.ledger_mark import read_mark
-from app.privacy.ledger_witness import key_path_for, read_key, witness_problem
+from app.privacy.ledger.chain import (RECOVERY, LedgerError, epsilon_of, format_epsilon, parse_legacy, parse_v3,
+                                      release_of_row)
+from app.privacy.ledger.mark import read_mark
+from app.privacy.ledger.witness import key_path_for, read_key, witness_problem
 
 
 def judge(path: Path, mark_path: Path, *, ledger_id: str, entries: int, head_at_mark: str | None, torn: bool,
@@ -26,14 +26,14 @@ def judge(path: Path, mark_path: Path, *, ledger_id: str, entries: int, head_at_
             return None
         return (f"privacy ledger {path} has {entries} entries but no high-water mark at {mark_path}: the mark was "
                 f"lost, or node config ledger-mark-dir changed; {hint}")
-    recorded = f"{mark.get('releases')} releases, epsilon {_fmt(mark.get('eps_spent'))}"
+    recorded = f"{mark.get('releases')} releases, epsilon {format_epsilon(mark.get('eps_spent'))}"
     if mark.get("id") != ledger_id:
         return (f"privacy ledger {path} is not the ledger its high-water mark {mark_path} records (id {ledger_id[:12]} "
                 f"vs {str(mark.get('id'))[:12]}, which had {recorded}): it was recreated or replaced by another copy; "
                 f"{hint}")
     m = int(mark["entries"])
     if m > entries:
-        here = f"{entries} entries (epsilon {_fmt(eps_here() if eps_here else None)})"
+        here = f"{entries} entries (epsilon {format_epsilon(eps_here() if eps_here else None)})"
         if torn and m == entries + 1:
             return (f"privacy ledger {path}: its last line is torn, but the high-water mark records that entry as "
                     f"complete ({m} entries, {recorded}); the file holds {here}: it lost data; {hint}")
@@ -77,7 +77,7 @@ class Inspection:
         """Epsilon of the file's releases at its delta (None when it cannot be computed)."""
         if not self.releases:
             return 0.0
-        return _eps_of([_release(r) for r in self.releases], self.delta) if 0 < self.delta < 1 else None
+        return epsilon_of([release_of_row(r) for r in self.releases], self.delta) if 0 < self.delta < 1 else None
 
 
 _UNSET: Any = object()
@@ -88,7 +88,7 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
     """Read the ledger at ``path`` (or take its bytes ``data``; None: it does not exist) and its
     mark, check the chain (with the ledger ``key`` where its header names one; default: the one
     in ``ledger.key`` beside the ledger, if any), the mark and the ``witnesses`` (texts,
-    app/privacy/ledger_witness.py; checked only with a key), and say what opening it would do.
+    app/privacy/ledger/witness.py; checked only with a key), and say what opening it would do.
     Changes nothing."""
     path, mark_path = Path(path), Path(mark_path)
     insp = Inspection(path, mark_path)
@@ -117,12 +117,12 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
             if mark is not None and int(mark["entries"]) > 0:
                 raise LedgerError(
                     f"privacy ledger {path} is missing but its high-water mark {mark_path} records {mark['entries']} "
-                    f"entries ({mark.get('releases')} releases, epsilon {_fmt(mark.get('eps_spent'))}): restore the "
-                    f"ledger from a backup; {RECOVERY.format(path=path)}")
+                    f"entries ({mark.get('releases')} releases, epsilon {format_epsilon(mark.get('eps_spent'))}): "
+                    f"restore the ledger from a backup; {RECOVERY.format(path=path)}")
             insp.action = "create"
             return insp
         insp.exists, insp.data = True, data
-        legacy = _legacy(path, data)
+        legacy = parse_legacy(path, data)
         if legacy is not None:
             (insp.version, insp.epsilon_budget, insp.delta, insp.calibration, insp.releases, insp.used,
              insp.torn) = legacy
@@ -130,7 +130,8 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
                 raise LedgerError(
                     f"privacy ledger {path} is in the old version-{insp.version} format but its high-water mark "
                     f"{mark_path} records a chained ledger ({mark.get('releases')} releases, epsilon "
-                    f"{_fmt(mark.get('eps_spent'))}): an old copy was put in its place; {RECOVERY.format(path=path)}")
+                    f"{format_epsilon(mark.get('eps_spent'))}): an old copy was put in its place; "
+                    f"{RECOVERY.format(path=path)}")
             seqs = [r.get("seq") for r in insp.releases]
             if seqs != list(range(len(seqs))):
                 raise LedgerError(f"privacy ledger {path} (version {insp.version}, before hash chaining) has gaps in "
@@ -138,7 +139,7 @@ def inspect(path: str | Path, mark_path: str | Path, *, data: bytes | None = _UN
             insp.action = "migrate"
             return insp
         want = None if mark is None else int(mark["entries"])
-        parsed = _parse_v3(path, data, want, key, heads=insp.heads)
+        parsed = parse_v3(path, data, want, key, heads=insp.heads)
         (insp.version, insp.id, insp.epsilon_budget, insp.delta, insp.releases, insp.calibration, insp.adoptions,
          insp.entries, insp.head, insp.last_kind, insp.used, insp.torn, head_at_mark) = parsed
         problem = judge(path, mark_path, ledger_id=insp.id, entries=insp.entries, head_at_mark=head_at_mark,

@@ -1,5 +1,5 @@
-"""The binomial accountant's constants, input checks and truncation window (the method:
-app/privacy/binomial.py's docstring, steps 1 and the MAX_WINDOW fallback)."""
+"""The binomial accountant's constants, input checks and truncation window (the method in
+app/privacy/binomial/__init__.py, step 1 and the MAX_WINDOW fallback)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class BinomialCurve:
 
 # ----------------------------------------------------------------------------------- validation
 
-def _int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int in [minimum, maximum] (an integral float is accepted); ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if isinstance(value, Real) and not isinstance(value, Integral):
@@ -52,25 +53,29 @@ def _int(name: str, value, minimum: int, maximum: int | None = None) -> int:
     return v
 
 
-def _prob(p) -> float:
+def check_prob(p) -> float:
+    """The success probability p of a trial, in (0, 1)."""
     if isinstance(p, bool) or not isinstance(p, Real) or not (0.0 < float(p) < 1.0):
         raise ValueError(f"p must be a number in (0, 1), got {p!r}")
     return float(p)
 
 
-def _delta(delta) -> float:
+def check_delta(delta) -> float:
+    """delta in (0, 1)."""
     if isinstance(delta, bool) or not isinstance(delta, Real) or not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     return float(delta)
 
 
-def _epsilon(epsilon) -> float:
+def check_epsilon(epsilon) -> float:
+    """A positive finite epsilon."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, Real) or not (0.0 < float(epsilon) < math.inf):
         raise ValueError(f"epsilon must be a positive finite number, got {epsilon!r}")
     return float(epsilon)
 
 
-def _extra(extra_rdp: Sequence[float] | None) -> np.ndarray:
+def check_extra_rdp(extra_rdp: Sequence[float] | None) -> np.ndarray:
+    """Extra Renyi values, one non-negative value per order of ORDERS (None: zeros)."""
     if extra_rdp is None:
         return np.zeros(len(ORDERS))
     extra = np.asarray(extra_rdp, dtype=float)
@@ -88,7 +93,7 @@ def sensitivity(levels: int, dim: int) -> float:
 
 # ------------------------------------------------------------------------------ the window
 
-def _largest(pred, lo: int, hi: int) -> int:
+def largest_true(pred, lo: int, hi: int) -> int:
     """Largest integer u in [lo, hi] with pred(u), given pred(lo) and not pred(hi), pred monotone."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -101,7 +106,7 @@ def _largest(pred, lo: int, hi: int) -> int:
 
 def _bracket(pred, lo: int, hi: int, near_lo: float, near_hi: float) -> tuple[int, int]:
     """[a, b] inside [lo, hi] with pred(a) and not pred(b) around the guesses (the full range if
-    they do not bracket): :func:`_largest` then returns the same integer with fewer steps."""
+    they do not bracket): :func:`largest_true` then returns the same integer with fewer steps."""
     a, b = max(lo, math.floor(near_lo)), min(hi, math.ceil(near_hi))
     if a < b and (a == lo or pred(a)) and (b == hi or not pred(b)):
         return a, b
@@ -109,17 +114,17 @@ def _bracket(pred, lo: int, hi: int, near_lo: float, near_hi: float) -> tuple[in
 
 
 @functools.lru_cache(maxsize=256)
-def _window(m: int, p: float, g: int) -> tuple[int, int, float] | None:
+def cached_window(m: int, p: float, g: int) -> tuple[int, int, float] | None:
     """(lo, hi, q) of the truncation window, or None if it is empty. The searches start from a
     bracket of 9 to 18 standard deviations around the mean (a tail of 1e-40 is ~13 of a normal)."""
     below = lambda u: binom.logcdf(u, m, p) <= _LOG_TAIL  # noqa: E731  P(Z <= u) <= TAIL
     above = lambda t: binom.logsf(t, m, p) <= _LOG_TAIL  # noqa: E731  P(Z > t) <= TAIL
     mu, sd = m * p, math.sqrt(m * p * (1 - p))
     # below(-1) holds, below(m) does not (cdf(m) = 1)
-    lo_tau = _largest(below, *_bracket(below, -1, m, mu - 18 * sd, mu - 9 * sd)) + 1
+    lo_tau = largest_true(below, *_bracket(below, -1, m, mu - 18 * sd, mu - 9 * sd)) + 1
     not_above = lambda t: not above(t)  # noqa: E731
     # smallest t with above(t); above(m) holds
-    hi_tau = _largest(not_above, *_bracket(not_above, -1, m, mu + 9 * sd, mu + 18 * sd)) + 1
+    hi_tau = largest_true(not_above, *_bracket(not_above, -1, m, mu + 9 * sd, mu + 18 * sd)) + 1
     lo, hi = max(g, lo_tau), min(m - g, hi_tau)
     if lo > hi:
         return None
@@ -127,10 +132,10 @@ def _window(m: int, p: float, g: int) -> tuple[int, int, float] | None:
     return lo, hi, q
 
 
-def _effective_trials(m: int, p: float, g: int) -> int:
+def effective_trials(m: int, p: float, g: int) -> int:
     """m, or the largest m' <= m whose log-PMF table fits MAX_WINDOW (post-processing)."""
     def fits(n: int) -> bool:
-        w = _window(n, p, g)
+        w = cached_window(n, p, g)
         return w is None or (w[1] - w[0] + 1 + 2 * g) <= MAX_WINDOW
     if fits(m):
         return m
@@ -138,9 +143,9 @@ def _effective_trials(m: int, p: float, g: int) -> int:
     lo = max(1, min(m - 1, int(sd_max * sd_max / (p * (1 - p)))))
     while not fits(lo):
         lo //= 2
-    return _largest(fits, lo, m)
+    return largest_true(fits, lo, m)
 
 
 def window(trials: int, p: float, levels: int) -> tuple[int, int, float] | None:
     """(lo, hi, q): the truncation window [lo, hi] and its exact tail mass q, or None if empty."""
-    return _window(_int("trials", trials, 1), _prob(p), _int("levels", levels, 1, MAX_LEVELS))
+    return cached_window(check_int("trials", trials, 1), check_prob(p), check_int("levels", levels, 1, MAX_LEVELS))

@@ -1,62 +1,6 @@
-"""The silo's privacy ledger: a file on the silo's own disk recording every release, chained by
-hashes, and a high-water mark kept in a second place, so that losing part of it is noticed.
-
-The ledger is the silo's source of truth for what it has spent. Several processes may serve
-the same silo (a simulation engine runs silos in a pool of workers; a restarted SuperNode), so
-every read-check-write happens under an exclusive file lock on ``<ledger>.lock`` and starts by
-re-reading the file: an in-memory copy is never trusted. A release is checked and written to
-disk in one step, :meth:`PrivacyLedger.record_release`, *before* the silo computes it; one that
-would take epsilon above the budget is refused with :class:`BudgetExceededError`. A crash can
-only over-count, never under-count. A silo that restarts reloads the file and continues from
-what it has already spent.
-
-File format (version 3): JSON lines, append-only, each line canonical JSON (sorted keys, no
-spaces). The first line is the header, written atomically (and the directory fsynced) when the
-ledger is created; ``id`` is random, so a ledger created again is a different ledger::
-
-    {"delta":1e-05,"epsilon_budget":3.0,"id":"9f0c...","ledger":3}
-    {"calibration":{"key":...,"noise_multiplier":4.16,"block_seed":...},"hash":"..."}
-    {"hash":"...","release":{"kind":"grad","n":229,"batch":64,"noise_multiplier":4.16,"count":1,
-                             "disjoint":false,"round":1,"seq":0,"time":1764600000.0}}
-    {"adopt":{"reason":...,"time":...,"ledger":{...},"mark":{...}},"hash":"..."}
-
-Every line after the header is an *entry* (a release, a calibration, an adoption) chained to the
-one before it: ``hash_k = HMAC-SHA256(key, hash_{k-1} + "\\n" + canonical JSON of the entry without
-its hash)``, ``hash_0 = HMAC-SHA256(key, "silofl-ledger-3\\n" + the header line)``, with the node's
-ledger key (node config ``ledger-key-file``, default ``<state-dir>/ledger.key``; the header's
-``key`` names it). A ledger written before keys (no ``key`` in its header) is chained, read and
-appended to with plain SHA-256, as it was. The ledger's *witness* (its position, MAC'd with the
-key), which the silo deposits with the server and checks against the server's copy before every
-release, is app/privacy/ledger_witness.py. A release costs one append
-of its line and one fsync, under the lock, then one in-place write of the high-water mark.
-
-The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
-default ``<state-dir>/ledger-marks``) records the ledger's ``id``, its number of ``entries``, the
-``head`` (the last entry's hash), ``releases`` and ``eps_spent``. It is two fixed 512-byte slots
-(4 KiB apart), each canonical JSON with its own SHA-256 ``check``, written alternately in place (a torn slot is
-ignored; the other, older one is read). Order: the row is appended and fsynced, then the mark is
-written. The mark is not fsynced per release (it costs as much as the append again): a process
-crash loses nothing from the page cache, and a power loss can only leave the mark *behind* the
-file; rows beyond the mark that chain from its head record more spending, never less, and the
-mark is rolled forward to them. Every full read checks the file against the mark; a mismatch
-is a :class:`LedgerError` and the silo refuses everything, with the reason:
-
-* the ledger is missing while the mark records entries; the mark is missing while the ledger has
-  entries (unless the last entry is an adoption whose mark write was interrupted);
-* the ledger is another one than the mark's (``id``), e.g. recreated or replaced by a copy;
-* the mark records more entries than the file holds (truncated, rows deleted, cut in a line);
-* a line does not match its hash (edited, or a row before it removed), or the entry at the mark's
-  position has another hash than the mark's ``head`` (the history was rewritten and re-hashed).
-
-Only a truncated *last* line may be dropped (the trace of a crash in the middle of an append: that
-release never returned, so nothing was computed or sent from it), and only when the mark does not
-record it as complete; it is cut off under the lock, with a warning. A version-1 or version-2
-ledger (before hash chaining) is adopted once when no mark exists: rewritten as version 3,
-atomically, its rows unchanged, with an ``adopt`` entry saying so; a legacy file next to a mark is
-refused (an old copy put in place of a chained ledger). The operator's tools are in app/ledger.py
-(``python -m app.ledger verify|show|adopt``; docs/privacy.md, "When the ledger does not verify").
-:func:`read_ledger` reads any version without the lock (and checks a version-3 file's chain).
-"""
+"""The silo's handle on its privacy ledger, :class:`PrivacyLedger`: every read-check-write under the
+ledger's file lock, a release checked against the budget and written before it is computed. The
+file format, the high-water mark and what a mismatch means: app/privacy/ledger/__init__.py."""
 
 from __future__ import annotations
 
@@ -74,23 +18,20 @@ from typing import Any
 
 from app.filelock import append_bytes_durably, exclusive_lock, write_bytes_atomically
 from app.privacy.accounting import Release, epsilon_spent
-from app.privacy.ledger_chain import (LEDGER_VERSION, LedgerError, _Chain, _canonical, _chain, _encode_float,
-                                      _eps_of, _genesis, _release, _row)
-from app.privacy.ledger_inspect import Inspection, inspect, judge
-from app.privacy.ledger_mark import mark_path_for, read_mark, write_mark
-from app.privacy.ledger_witness import (ahead, key_id, key_path_for, load_or_create_key, make_witness,
+from app.privacy.ledger.chain import (LEDGER_VERSION, Chain, LedgerError, canonical, chain_hash, encode_float,
+                                      epsilon_of, genesis, release_of_row, row_of_release)
+from app.privacy.ledger.inspection import Inspection, inspect, judge
+from app.privacy.ledger.mark import mark_path_for, read_mark, write_mark
+from app.privacy.ledger.witness import (ahead, key_id, key_path_for, load_or_create_key, make_witness,
                                         read_witness_file, verified, witness_path_for, witness_problem,
                                         write_witness_file)
-# the format's, the mark's and the inspection's public names, read from here by app/ledger.py and the tests
-from app.privacy.ledger_chain import RECOVERY, _decode_float, _fmt, _legacy, _parse_v3, read_ledger  # noqa: F401
-from app.privacy.ledger_mark import MARK_DIR, MARK_SLOT, MARK_STRIDE  # noqa: F401
 
 #: how many of the last bytes read a handle checks again before it reads on
-_TAIL_BYTES = 64
+TAIL_BYTES = 64
 #: Relative slack for floating-point noise when comparing epsilon with the budget.
 BUDGET_RTOL = 1e-9
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__package__)  # app.privacy.ledger, the package's
 
 
 class BudgetExceededError(RuntimeError):
@@ -111,7 +52,7 @@ class PrivacyLedger:
     mark_path: Path | None = None
     #: fsync the mark after every write (False: written in place, not synced; see the module doc)
     mark_sync: bool = False
-    #: the ledger key (app/privacy/ledger_witness.py): chains a new ledger, MACs its witnesses
+    #: the ledger key (app/privacy/ledger/witness.py): chains a new ledger, MACs its witnesses
     key: bytes | None = field(default=None, repr=False, compare=False)
     #: where the ledger's witness is kept on this node (a witness found ahead; with node config
     #: ledger-witness-dir, also the current one after every release)
@@ -217,14 +158,14 @@ class PrivacyLedger:
         assert mark is not None and self.mark_path is not None
         used = data.rfind(b"\n") + 1
         want = int(mark["entries"])
-        chain = _Chain(self.path, self._head, self._entries, len(self.releases), want, self._ck)
+        chain = Chain(self.path, self._head, self._entries, len(self.releases), want, self._ck)
         if want == self._entries:
             chain.head_at_want = self._head
         rows, calibration, adopts, last = chain.parse(data[:used].split(b"\n")[:-1])
         torn = len(data) - used
         problem = judge(self.path, self.mark_path, ledger_id=self._id, entries=chain.entries,
                         head_at_mark=chain.head_at_want, torn=torn > 0, last_kind=last or self._last_kind, mark=mark,
-                        eps_here=lambda: _eps_of(self._grouped_list(rows), self.delta))
+                        eps_here=lambda: epsilon_of(self._grouped_list(rows), self.delta))
         if problem is not None:
             raise LedgerError(problem)
         self._add_rows(rows)
@@ -236,13 +177,13 @@ class PrivacyLedger:
         if torn:
             self._drop_torn(self._offset + used, torn)
         self._offset += used
-        self._tail = (self._tail + data[:used])[-_TAIL_BYTES:]
+        self._tail = (self._tail + data[:used])[-TAIL_BYTES:]
         self._mark = mark
         if want < self._entries:
             self._roll_forward(want)
 
     def _grouped_list(self, extra_rows: list[dict[str, Any]]) -> list[Release]:
-        return self._grouped() + [_release(r) for r in extra_rows]
+        return self._grouped() + [release_of_row(r) for r in extra_rows]
 
     def _settle(self, insp: Inspection, mark: dict[str, Any] | None) -> None:
         """Take a whole-file inspection into this handle and do what it says (create, convert,
@@ -265,7 +206,7 @@ class PrivacyLedger:
         self._mark = mark
         if insp.torn:
             self._drop_torn(insp.used, insp.torn)
-        self._offset, self._tail = insp.used, insp.data[:insp.used][-_TAIL_BYTES:]
+        self._offset, self._tail = insp.used, insp.data[:insp.used][-TAIL_BYTES:]
         if mark is None:  # a new ledger whose mark write was interrupted, or an interrupted adoption
             logger.warning("privacy ledger %s: writing its missing high-water mark %s (%s)", self.path, self.mark_path,
                            "no entries yet" if insp.entries == 0 else "the last entry is an adoption")
@@ -306,7 +247,7 @@ class PrivacyLedger:
         rows = insp.releases
         logger.warning("privacy ledger %s: converting version %d (%d releases, no hash chain) to version %d, adopting "
                        "it as it is", self.path, insp.version, len(rows), LEDGER_VERSION)
-        eps = _eps_of([_release(r) for r in rows], self.delta)
+        eps = epsilon_of([release_of_row(r) for r in rows], self.delta)
         adopt = {"reason": f"a version-{insp.version} ledger (before hash chaining) adopted as it was on first open",
                  "from_version": insp.version, "time": time.time(),
                  "ledger": {"entries": len(rows), "releases": len(rows), "eps_spent": eps}, "mark": None}
@@ -314,13 +255,13 @@ class PrivacyLedger:
 
     def _replace_file(self, releases: list[dict[str, Any]], calibration: dict[str, Any],
                       adopts: list[dict[str, Any]], old_mark: dict[str, Any] | None) -> None:
-        header = {"ledger": LEDGER_VERSION, "epsilon_budget": _encode_float(self.epsilon_budget), "delta": self.delta,
+        header = {"ledger": LEDGER_VERSION, "epsilon_budget": encode_float(self.epsilon_budget), "delta": self.delta,
                   "id": secrets.token_hex(16)}
         if self.key is not None:  # a keyed chain: rewriting it needs the key
             header["key"] = key_id(self.key)
         self._ck = self.key
-        head_line = _canonical(header)
-        self._id, self._head, self._entries, self._last_kind = header["id"], _genesis(head_line, self._ck), 0, ""
+        head_line = canonical(header)
+        self._id, self._head, self._entries, self._last_kind = header["id"], genesis(head_line, self._ck), 0, ""
         self._heads = []
         entries = ([{"calibration": dict(calibration)}] if calibration else []) + [{"release": r} for r in releases]
         entries += [{"adopt": a} for a in adopts]
@@ -330,7 +271,7 @@ class PrivacyLedger:
         self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(calibration), Counter(), None
         self.adoptions = list(adopts)
         self._add_rows(releases)
-        self._file_id, self._offset, self._tail = (st.st_dev, st.st_ino), len(data), data[-_TAIL_BYTES:]
+        self._file_id, self._offset, self._tail = (st.st_dev, st.st_ino), len(data), data[-TAIL_BYTES:]
         self._mtime = st.st_mtime_ns
         self._mark = old_mark
         self._write_mark(self._eps(), fresh=True)
@@ -340,17 +281,17 @@ class PrivacyLedger:
         out = []
         for e in entries:
             (kind,) = e
-            self._head = _chain(self._head, _canonical(e), self._ck)
+            self._head = chain_hash(self._head, canonical(e), self._ck)
             self._heads.append(self._head)
             self._entries += 1
             self._last_kind = kind
-            out.append(_canonical(e | {"hash": self._head}) + b"\n")
+            out.append(canonical(e | {"hash": self._head}) + b"\n")
         return b"".join(out)
 
     def _add_rows(self, rows: list[dict[str, Any]]) -> None:
         self._grouped_cache = None
         for row in rows:
-            r = _release(row)
+            r = release_of_row(row)
             self._counts[replace(r, count=1)] += r.count
         self.releases.extend(rows)
 
@@ -368,14 +309,14 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {self.path} could not be written: {exc}") from exc
         if end != self._offset + len(data):  # someone wrote without the lock: trust nothing read
             self._file_id = None
-        self._offset, self._tail, self._mtime = end, (self._tail + data)[-_TAIL_BYTES:], st.st_mtime_ns
+        self._offset, self._tail, self._mtime = end, (self._tail + data)[-TAIL_BYTES:], st.st_mtime_ns
 
     def _write_mark(self, eps: float | None, *, fresh: bool = False) -> None:
         """Record the chain's position in the mark (after the entries are on disk)."""
         assert self.mark_path is not None
         gen = int(self._mark["gen"]) + 1 if self._mark else 1
         mark = {"mark": 1, "gen": gen, "id": self._id, "entries": self._entries, "releases": len(self.releases),
-                "head": self._head, "eps_spent": None if eps is None or math.isnan(eps) else _encode_float(eps),
+                "head": self._head, "eps_spent": None if eps is None or math.isnan(eps) else encode_float(eps),
                 "time": time.time()}
         try:
             write_mark(self.mark_path, mark, fresh=fresh or self._mark is None, sync=self.mark_sync)
@@ -386,9 +327,9 @@ class PrivacyLedger:
         self._mark = mark
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return exclusive_lock(_lock_path(self.path))
+        return exclusive_lock(lock_path(self.path))
 
-    # -- the witness (app/privacy/ledger_witness.py) --------------------------------------------
+    # -- the witness (app/privacy/ledger/witness.py) --------------------------------------------
     def _header_key(self, data: bytes) -> bytes | None:
         """The key the chain in ``data`` (a version-3 file read in full) uses."""
         return self.key if b'"key":' in data.split(b"\n", 1)[0] else None
@@ -449,7 +390,7 @@ class PrivacyLedger:
     # -- accounting ---------------------------------------------------------------------
     def recorded(self) -> list[Release]:
         """The recorded releases as accountant events."""
-        return [_release(r) for r in self.releases]
+        return [release_of_row(r) for r in self.releases]
 
     def _grouped(self) -> list[Release]:
         """The recorded releases, identical ones merged into one with their total count: the
@@ -460,7 +401,7 @@ class PrivacyLedger:
         return list(self._grouped_cache)
 
     def _eps(self) -> float | None:
-        return _eps_of(self._grouped(), self.delta)
+        return epsilon_of(self._grouped(), self.delta)
 
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
@@ -507,7 +448,7 @@ class PrivacyLedger:
             stamp = time.time()
             rows = []
             for i, r in enumerate(new):
-                row = _row(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
+                row = row_of_release(r) | {"round": int(round_), "seq": seq + i, "time": stamp}
                 if extra:
                     row |= extra
                 rows.append(row)
@@ -528,5 +469,6 @@ class PrivacyLedger:
 
 
 @functools.lru_cache(maxsize=1024)
-def _lock_path(path: Path) -> Path:
+def lock_path(path: Path) -> Path:
+    """The lock file of the ledger at ``path``: ``<ledger>.lock``."""
     return path.with_suffix(path.suffix + ".lock")
