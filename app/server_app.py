@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from app.server_device import server_device
 from app.server_eval import load_server_test, server_test_metrics
 from app.transcript import TranscriptGrid
 from strategies import STRATEGIES
-from strategies.loop import ClientAppsFailed, TooFewSilos
+from strategies.nodes import ClientAppsFailed, TooFewSilos
 from strategies.messaging import ExchangeGrid
 
 app = ServerApp()

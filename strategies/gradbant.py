@@ -54,13 +54,11 @@ from app.models import build_model
 from app.models.losses import cross_entropy
 from app.seeding import np_rng
 from app.server_device import server_device
-from strategies.aggregation import RULES, HonestMajorityRequired  # noqa: F401 (documented refusal)
+from strategies.aggregation import RULES, HonestMajorityRequired
 from strategies.exchange import Exchange
 from strategies.options import TRUST_AGGREGATORS
-from strategies.phase_noise import (  # noqa: F401 (re-exported: the noise-aware allowance's pieces)
-    ROW_PHASES, block_shaped_sketch, difference_rows, honest_noise_energy, honest_noise_variance,
-    minibatch_noise_energy, noise_aware_scores, phase_batch, silo_record_bounds,
-)
+from strategies.phase_noise import (ROW_PHASES, block_shaped_sketch, difference_rows, honest_noise_energy,
+                                   minibatch_noise_energy, noise_aware_scores, phase_batch, silo_record_bounds)
 from strategies.replies import NodeRoster, Params, Updates, flatten
 
 

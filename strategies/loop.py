@@ -56,10 +56,9 @@ from strategies.evaluation import EvaluationTally, evaluate_point, evaluation_me
 from strategies.aggregators import Aggregator, make_aggregator, with_harness
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
-from strategies.nodes import ClientAppsFailed, SiloNodes, TooFewSilos  # noqa: F401 (the loop's errors)
+from strategies.nodes import SiloNodes
 from strategies.server_mechanism import DirectReplies, ServerMechanism
-from strategies.steps import (IterateSampler, RunResult, nan_mean, composite_prox, prox_step,  # noqa: F401 (re-exported)
-                              same_point)
+from strategies.steps import IterateSampler, RunResult, composite_prox, nan_mean, same_point
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
 from strategies.shuffle_relay import ShuffleRelay
 

@@ -16,7 +16,8 @@ f1 the composite loss's regulariser or constraint (``prox.kind``; the identity f
 from __future__ import annotations
 
 from strategies.exchange import Exchange, Round, StepResult
-from strategies.loop import FederatedOptimizer, prox_step
+from strategies.loop import FederatedOptimizer
+from strategies.steps import prox_step
 from strategies.replies import Params
 
 

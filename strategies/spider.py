@@ -24,7 +24,8 @@ import numpy as np
 
 from app.algorithms import Phase
 from strategies.exchange import Exchange, Round, StepResult
-from strategies.loop import FederatedOptimizer, prox_step
+from strategies.loop import FederatedOptimizer
+from strategies.steps import prox_step
 from strategies.replies import Params
 
 

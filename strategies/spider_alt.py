@@ -27,7 +27,8 @@ from flwr.common import log
 
 from app.algorithms import Phase
 from strategies.exchange import Exchange, Round, StepResult
-from strategies.loop import FederatedOptimizer, prox_step
+from strategies.loop import FederatedOptimizer
+from strategies.steps import prox_step
 from strategies.replies import Params, model_in_range
 
 

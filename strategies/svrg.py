@@ -26,7 +26,7 @@ from app.algorithms import Phase
 from app.algorithms.plsvrg import stage_length
 from app.seeding import np_rng
 from strategies.exchange import Exchange, Round, StepResult
-from strategies.loop import IterateSampler, prox_step
+from strategies.steps import IterateSampler, prox_step
 from strategies.replies import Params
 from strategies.spider import FedProxSPIDER
 

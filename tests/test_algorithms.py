@@ -19,7 +19,7 @@ from app.config import ConfigError, parse_settings
 from app.launch import merged_run_config
 from app.privacy.accounting import Release, epsilon_spent
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger, read_ledger
-from strategies.loop import IterateSampler
+from strategies.steps import IterateSampler
 from tests.helpers import analytic_gaussian_delta, logistic_objective
 
 R = 6

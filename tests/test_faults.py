@@ -21,7 +21,7 @@ import app.server_app as server_app
 from app.launch import merged_run_config
 from app.local_grid import InProcessGrid
 from app.results import load_rounds
-from strategies.loop import TooFewSilos
+from strategies.nodes import TooFewSilos
 
 
 class PushPullGrid(InProcessGrid):

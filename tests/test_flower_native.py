@@ -118,7 +118,7 @@ def test_the_documented_serverapp_runs(tmp_path: Path, capsys: pytest.CaptureFix
 def test_a_clientapp_failure_stops_flowers_start_as_it_stops_silofls(tmp_path: Path) -> None:
     from flwr.app import Error, Message
 
-    from strategies.loop import ClientAppsFailed
+    from strategies.nodes import ClientAppsFailed
 
     s, strategy, initial, grid = _setup(tmp_path, "mbsgd", "fail")
 

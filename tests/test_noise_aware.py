@@ -151,7 +151,7 @@ def test_minibatch_noise_energy_matches_monte_carlo(kind: str, layerwise: bool) 
     round. E||S^T S (mean_B - mean)||^2 over batches and sketches matches
     (1 - K/n)/K * kappa . s^2 (Cochran's formula, lifted) within 5 standard errors."""
     from app.sketch.noise import lift_noise_weights
-    from strategies.gradbant import minibatch_noise_energy
+    from strategies.phase_noise import minibatch_noise_energy
 
     layout = [(37,), (12, 5)]
     rng = np.random.default_rng(1)
@@ -208,7 +208,7 @@ def test_a_server_that_cannot_read_the_partition_needs_public_record_bounds(monk
     public bounds (gradbant.silo-records) and says so, instead of guessing a noise level."""
     import app.data.federated as federated
     from app.data.sources import DataUnavailableError
-    from strategies.gradbant import honest_noise_variance, silo_record_bounds
+    from strategies.phase_noise import honest_noise_variance, silo_record_bounds
 
     def unreadable(*_args):
         raise DataUnavailableError("the data lives on the silos")
