@@ -151,7 +151,7 @@ def test_the_rule_knob_space():
         TrimmedMean(space="compressed")
     owner = types.SimpleNamespace(s=parse_settings(BASE | {"aggregator": "trimmed-mean"}), layout=LAYOUT,
                                   roster=NodeRoster(), scheduled_phase=lambda rnd: Phase.GRAD,
-                                  algorithm=types.SimpleNamespace(name="robust"))
+                                  algorithm=types.SimpleNamespace(name="robust", rule_step=True))
     TrimmedMean(pre=(NNM(),), space="sketch").bind(owner)
     with pytest.raises(ConfigError, match="trust-set reference"):
         Rule("fltrust", {"space": "sketch"}).bind(owner)
