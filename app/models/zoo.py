@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from app.models.leaves import Leaves, sequential_leaves
+
 MODELS = ("logistic", "mlp", "lenet5", "resnet18")
 
 
@@ -25,6 +27,11 @@ class Logistic(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.flatten(1))
+
+    def forward_leaves(self) -> Leaves:
+        """The leaf modules forward() calls, in order, ``("", None)`` for its flatten(1)
+        (app/privacy/per_sample.py's layer-wise per-record gradients)."""
+        return [("", None), ("linear", self.linear)]
 
 
 class MLP(nn.Module):
@@ -46,6 +53,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.flatten(1))
 
+    def forward_leaves(self) -> Leaves:
+        """The leaf modules forward() calls, in order (``("", None)``: its flatten(1))."""
+        return [("", None), *sequential_leaves("net", self.net)]
+
 
 class LeNet5(nn.Module):
     """The paper's CIFAR-10 CNN: conv(6, 5x5) -> ReLU -> maxpool 2 -> conv(16, 5x5) -> ReLU
@@ -66,6 +77,11 @@ class LeNet5(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
+
+    def forward_leaves(self) -> Leaves:
+        """The leaf modules forward() calls, in order (``("", None)``: its flatten(1))."""
+        return [*sequential_leaves("features", self.features), ("", None),
+                *sequential_leaves("classifier", self.classifier)]
 
 
 def resnet18_groupnorm(in_channels: int, num_classes: int, groups: int = 32) -> nn.Module:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from app.models.leaves import forward_leaves
 from app.models.losses import cross_entropy
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -50,7 +51,7 @@ def per_sample_grads(
       ``torch.func.functional_call``.
 
     The layer-wise route re-runs those classes' forward() layer by layer (``flatten(1)`` and
-    their ``nn.Sequential`` parts, :func:`_leaves`); tests/test_per_sample.py checks it against
+    their ``nn.Sequential`` parts, app/models/leaves.py); tests/test_per_sample.py checks it against
     the per-record loop through the model's own forward() for every zoo model. For the MLPs and
     logistic regression it uses the same kernels as the earlier hook-based Linear route, so their
     rows (and the golden runs) are bit-identical to it.
@@ -96,34 +97,11 @@ def _layer_ok(m: nn.Module) -> bool:
     return False
 
 
-def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
-    """The leaf modules of ``model`` in the order its forward() calls them, by qualified name,
-    with ``("", None)`` for the ``flatten(1)`` the zoo's forward() applies between them; None if
-    the model is not one whose forward() is known here."""
-    from app.models.zoo import MLP, LeNet5, Logistic
-
-    def seq(prefix: str, m: nn.Module) -> list[tuple[str, nn.Module]]:
-        if type(m) is not nn.Sequential:
-            return [(prefix, m)]
-        # what Sequential.forward iterates (named_children() would hide a module added twice)
-        return [leaf for name, child in m._modules.items() for leaf in seq(f"{prefix}.{name}".lstrip("."), child)]
-
-    if type(model) is Logistic:  # linear(x.flatten(1))
-        return [("", None), ("linear", model.linear)]
-    if type(model) is MLP:  # net(x.flatten(1))
-        return [("", None), *seq("net", model.net)]
-    if type(model) is LeNet5:  # classifier(features(x).flatten(1))
-        return [*seq("features", model.features), ("", None), *seq("classifier", model.classifier)]
-    if type(model) is nn.Sequential:
-        return seq("", model)
-    return None
-
-
 def _layerwise_ok(model: nn.Module, params: dict[str, torch.Tensor]) -> bool:
     """True if ``model`` is known to process records independently, calls each of its
     ``nn.Linear``/``nn.Conv2d`` layers once, and every entry of ``params`` is the weight or bias
     of one of them."""
-    leaves = _leaves(model)
+    leaves = forward_leaves(model)
     if leaves is None or not params:
         return False
     weighted = [m for _, m in leaves if type(m) in _WEIGHTED]
@@ -188,7 +166,7 @@ def _per_sample_grads_layerwise(
     of ``params`` (the model's own for the others), none of them requiring grad: the graph starts
     at the first layer's output, so the backward computes only the gradients w.r.t. the layer
     outputs (delta), never the (batch-summed) weight gradients. Each layer keeps its input a."""
-    leaves = _leaves(model)
+    leaves = forward_leaves(model)
     assert leaves is not None
     inputs: dict[str, torch.Tensor] = {}
     outputs: dict[str, torch.Tensor] = {}
