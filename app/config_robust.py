@@ -12,8 +12,7 @@ from app.attacks import byzantine_count
 from app.options import ConfigError
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
 from strategies.aggregation import check_smea_size
-from strategies.aggregators import refuse_combination
-from strategies.composition import refuse_pre, refuse_space
+from strategies.refusals import refuse_combination, refuse_pre, refuse_space
 from strategies.options import (F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS,
                                 resolve_aggregator, rule_steps, tolerated_f)
 from strategies.preaggregation import rows_after

@@ -18,7 +18,7 @@ own difference grad f0(at) - grad f0(prev)); with ``space = "sketch"`` it sees t
 y itself, and only its result is lifted (RobAJoL: ``TrimmedMean(f=2, pre=(NNM(),), space="sketch")``).
 The simulation's attack harness (strategies/byzantine_harness.py ``Attacked``, a wrapper) replaces
 the Byzantine silos' messages before any rule, the mean included. A combination that cannot work is
-refused with one line (:func:`refuse_combination`, strategies/composition.py).
+refused with one line (strategies/refusals.py).
 
 This module is light (no torch): a robust rule's machinery (strategies/gradbant.py) is imported
 when a strategy is built with it.
@@ -142,13 +142,13 @@ class Rule(Aggregator):
         rule = replace(s.robust, aggregator=self.name, **self.options)
         s = replace(s, robust=rule)
         if rule.pre:
-            from strategies.composition import refuse_pre
+            from strategies.refusals import refuse_pre
 
             # the same one-line refusal as the run config's pre-aggregators
             refuse_pre(self.name, rule, privacy_mode=s.privacy.mode, silos_per_round=s.silos_per_round,
                        f=tolerated_f(rule, s.attack, s.num_silos))
         if rule.space == "sketch":
-            from strategies.composition import refuse_space
+            from strategies.refusals import refuse_space
 
             refuse_space(self.name, s.sketch.kind)  # ... and as its aggregation-space
         phase = owner.scheduled_phase(1) if owner.algorithm.rule_step else None
@@ -269,12 +269,3 @@ def with_harness(agg: Aggregator, attack_kind: str) -> Aggregator:
     from strategies.byzantine_harness import Attacked
 
     return Attacked(agg)  # type: ignore[return-value]
-
-
-def refuse_combination(rule: str, privacy_mode: str) -> None:
-    """ConfigError (one line) for an aggregator the privacy mode cannot aggregate with."""
-    from app.options import ConfigError
-
-    if rule != "mean" and privacy_mode == "shuffle":
-        raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
-                          "server only their sum; allowed: mean")

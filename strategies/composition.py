@@ -2,7 +2,7 @@
 
     direction = rule(M u),  weights over silos = w_rule @ M      (M = the chain's mix, preaggregation.py)
 
-* :func:`refuse_pre` (app/config.py): a chain that cannot work is refused with one line.
+* ``refuse_pre`` (strategies/refusals.py): a chain that cannot work is refused with one line.
   Grad-BANT composes with NNM and ARC (row i stays silo i's, so its per-silo trust p still
   follows a silo) but not with Bucketing (a bucket is a random set of silos each round: p would
   follow no one); noise-aware Grad-BANT with none (mixing n - f messages or clipping changes an
@@ -17,7 +17,7 @@
   the messages as sent (the sketches y_i when the round is sketched): with
   ``aggregation-space = sketch`` exactly what the server aggregates (the server then lifts the
   result, S_t^T agg, which the attacker's objective ||A(rows) - mean(H)|| in R^k does not need).
-* :func:`refuse_space` (app/config.py, the ``Rule`` knob ``space``): ``aggregation-space =
+* ``refuse_space`` (strategies/refusals.py, the rules' ``space`` argument): ``aggregation-space =
   sketch`` (RobAJoL: rule(y_1..y_m) in R^k, then S_t^T once) needs a linear JL sketch drawn from
   the round's broadcast seed (one S_t for every silo) and a rule that reads only the messages:
   not Grad-BANT or FLTrust (their reference g0 and Grad-BANT's descent-lemma penalty live in the
@@ -27,71 +27,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from app.seeding import np_rng
-from strategies.aggregation import RULES, min_clients
-from strategies.preaggregation import apply_chain, rows_after
-
-if TYPE_CHECKING:
-    from strategies.options import RobustSettings
-
-
-def refuse_pre(rule: str, robust: RobustSettings, *, privacy_mode: str, silos_per_round: int, f: int) -> None:
-    """ConfigError (one line) for a ``pre-aggregators`` chain (``robust.pre``) that cannot work with
-    ``rule`` on ``silos_per_round`` replies; ``f``: the Byzantine silos to tolerate (byzantine.f, or a
-    simulated attack's count; -1: neither)."""
-    from app.options import ConfigError
-
-    pre, n = robust.pre, silos_per_round
-    chain = ",".join(pre)
-    if privacy_mode == "shuffle":
-        raise ConfigError(f"pre-aggregators = {chain!r} needs each silo's message, but privacy.mode = 'shuffle' gives "
-                          "the server only their sum; allowed: \"\"")
-    if rule == "gradbant" and "bucketing" in pre:
-        raise ConfigError(f"pre-aggregators = {chain!r}: bucketing mixes random silos each round, so Grad-BANT's "
-                          "per-silo trust p would follow no silo; allowed with gradbant: nnm, arc")
-    if robust.gradbant_noise_aware:
-        raise ConfigError(f"pre-aggregators = {chain!r} changes an honest row's noise energy, which "
-                          "gradbant.noise-aware = true subtracts exactly; set one of them")
-    needs_f = [p for p in pre if p in ("nnm", "arc")]
-    if needs_f and f < 0:
-        raise ConfigError(f"pre-aggregators = {chain!r}: {needs_f[0]} needs byzantine.f, the number of Byzantine "
-                          "silos to tolerate (not set, and no attack.kind tells it), e.g. byzantine.f = 1")
-    if "nnm" in pre and f >= n:
-        raise ConfigError(f"pre-aggregators = {chain!r}: nnm needs f < n, got f = {f} of silos-per-round = {n}")
-    rows = rows_after(pre, n, robust.bucket_size)
-    if rule in RULES and RULES[rule].honest_majority and f >= 0 and rows < min_clients(rule, f):
-        raise ConfigError(f"pre-aggregators = {chain!r} leaves {rows} rows of the {n} replies (bucketing.size = "
-                          f"{robust.bucket_size}), but {rule} with f = {f} needs at least {min_clients(rule, f)}; "
-                          "use a smaller bucket size or f")
-
-
-def refuse_space(rule: str, sketch_kind: str) -> None:
-    """ConfigError (one line) when ``aggregation-space = sketch`` cannot work for ``rule`` and the
-    run's ``sketch.kind`` (see the module docstring)."""
-    from app.options import ConfigError
-    from app.sketch_settings import JL_SKETCH_KINDS
-
-    kind = sketch_kind
-    ok = [name for name, spec in RULES.items() if not spec.trust and "center" not in spec.inputs]
-    if kind == "none":
-        raise ConfigError("aggregation-space = 'sketch' runs the rule on the silos' sketches y_i = S_t x_i, but "
-                          f"sketch.kind = 'none'; allowed: sketch.kind in {', '.join(JL_SKETCH_KINDS)}, or "
-                          "aggregation-space = 'lifted'")
-    if kind not in JL_SKETCH_KINDS:
-        raise ConfigError(f"aggregation-space = 'sketch' needs a linear JL sketch shared by every silo, but "
-                          f"sketch.kind = {kind!r} is not one (distances between its payloads do not track the "
-                          f"updates'); allowed: {', '.join(JL_SKETCH_KINDS)}")
-    if rule == "gradbant" or (rule in RULES and RULES[rule].trust):
-        raise ConfigError(f"aggregation-space = 'sketch' gives the rule only the sketches y_i, but aggregator = "
-                          f"{rule!r} scores them against the server's trust-set reference in the model space; "
-                          f"allowed: {', '.join(ok)}")
-    if rule in RULES and "center" in RULES[rule].inputs:
-        raise ConfigError(f"aggregation-space = 'sketch': {rule}'s centre, the last aggregate, lies in the last "
-                          f"round's sketch space (S_t is redrawn every round); allowed: {', '.join(ok)}")
+from strategies.aggregation import RULES
+from strategies.preaggregation import apply_chain
 
 
 def chain_rng(seed: int, server_round: int) -> np.random.Generator:
