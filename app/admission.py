@@ -69,7 +69,7 @@ def silo_terms(silo: Any) -> SiloTerms:
     return SiloTerms(layout={k: tuple(v.shape) for k, v in silo.model.named_parameters()},
                      phases=frozenset(str(p) for p in silo.plan if p in TRAINING_PHASES),
                      num_rounds=int(silo.s.num_rounds), local_steps=int(silo.s.local_steps),
-                     shuffle=bool(silo.shuffle))
+                     shuffle=bool(silo.mechanism.sealed))
 
 
 def _one_line(text: str) -> str:
