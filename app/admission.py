@@ -63,7 +63,8 @@ class SiloTerms:
 
 
 def silo_terms(silo: Any) -> SiloTerms:
-    """The terms of a clients.silo.Silo (its model, its calibrated plan and its run settings)."""
+    """The terms of a clients.silo.Silo (its model, its calibrated plan, its run settings and whether its
+    mechanism seals its replies to a shuffler)."""
     from app.algorithms.base import TRAINING_PHASES
 
     return SiloTerms(layout={k: tuple(v.shape) for k, v in silo.model.named_parameters()},

@@ -126,14 +126,13 @@ class Silo:
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir,
                                          key_file=ledger_key_file, witness_dir=ledger_witness_dir)
         self.draws = ReleaseDraws(settings.seed, data.index, priv.noise_seed == "os")
-        self.mechanism: SiloMechanism = GaussianSiloMechanism(self.private, self.n, settings.lr, self.draws)
-        if self.private and priv.mode == "shuffle":  # the run's privacy mode picks the mechanism, here only
-            self.mechanism = ShuffleSiloMechanism(
-                settings.shuffle, self.amplification_why, settings.silos_per_round, settings.num_silos, self.clip,
-                settings.diff_clip, self.n, sum(p.numel() for p in self.model.parameters()), data.index,
-                int(run_id), shuffler_pin,
-                StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key"),
-                bool(trust_silo_sampling), self.draws)
+        shuffle = self.private and priv.mode == "shuffle"  # the run's privacy mode picks the mechanism, here only
+        self.mechanism: SiloMechanism = ShuffleSiloMechanism(
+            settings.shuffle, self.amplification_why, settings.silos_per_round, settings.num_silos, self.clip,
+            settings.diff_clip, self.n, sum(p.numel() for p in self.model.parameters()), data.index, int(run_id),
+            shuffler_pin, StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key"),
+            bool(trust_silo_sampling), self.draws) if shuffle else GaussianSiloMechanism(
+            self.private, self.n, settings.lr, self.draws)
         self.plan = self._calibrate(evaluation, evaluation_noise_ratio)
         if data.dp_stats is not None:  # standardize = "dp": charged above, computed now, on the silo's own records
             self.data = apply_dp_stats(data, self.preprocess_z, self.preprocess_seed)
