@@ -63,13 +63,14 @@ class SiloTerms:
 
 
 def silo_terms(silo: Any) -> SiloTerms:
-    """The terms of a clients.silo.Silo (its model, its calibrated plan and its run settings)."""
+    """The terms of a clients.silo.Silo (its model, its calibrated plan, its run settings and whether its
+    mechanism seals its replies to a shuffler)."""
     from app.algorithms.base import TRAINING_PHASES
 
     return SiloTerms(layout={k: tuple(v.shape) for k, v in silo.model.named_parameters()},
                      phases=frozenset(str(p) for p in silo.plan if p in TRAINING_PHASES),
                      num_rounds=int(silo.s.num_rounds), local_steps=int(silo.s.local_steps),
-                     shuffle=bool(silo.shuffle))
+                     shuffle=bool(silo.mechanism.sealed))
 
 
 def _one_line(text: str) -> str:

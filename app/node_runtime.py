@@ -346,7 +346,8 @@ def keys(content: RecordDict, context: Context, deployed: bool = False) -> Recor
     sender key (the shuffler accepts only contributions from known senders)."""
     if node_role(context) == wire.ROLE_SHUFFLER:
         return wire.keys_reply(wire.ROLE_SHUFFLER, shuffler(context).keys.public_hex)
-    sender = getattr(silo(context, deployed), "sender_keys", None)
+    node_silo = silo(context, deployed)
+    sender = node_silo.mechanism.sender_keys if isinstance(node_silo, Silo) else None
     if sender is None:
         return wire.Refusal(wire.REFUSED_CONFIG, "this silo has no shuffle key (not a shuffle-mode run)", 0.0).encode()
     return wire.keys_reply(wire.ROLE_SILO, sender.public_hex)

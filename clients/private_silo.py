@@ -256,7 +256,7 @@ class PrivateSilo:
         silo = self.silo(context)
         if isinstance(silo, RefusingSilo):
             return wire.Refusal(getattr(silo, "code", wire.REFUSED_LEDGER), silo.reason, math.nan)
-        refused = silo._evaluation_refusal()
+        refused = silo.evaluation.refusal()
         if refused is not None:
             return wire.Refusal.decode(refused)
         req = check_evaluate_request(content, silo_terms(silo))
@@ -278,9 +278,9 @@ class PrivateSilo:
         ins = check_instruction(content, silo_terms(silo))
         if isinstance(ins, Rejection):
             return wire.Refusal(ins.code, ins.reason, spent)
-        new = silo.gaussian_releases(ins)
-        if isinstance(new, str):
-            return wire.Refusal(wire.REFUSED_BUDGET, new, spent)
+        new = silo.mechanism.releases(ins, silo.plan[ins.phase], silo.disjoint_kind)
+        if isinstance(new, Rejection):
+            return wire.Refusal(new.code, new.reason, spent)
         ledger = silo.ledger
         try:
             after = epsilon_spent(ledger.recorded() + new, ledger.delta)

@@ -140,7 +140,7 @@ def test_proxsgd_blocks_are_disjoint(federation) -> None:
     federation({"algorithm": "proxsgd", "num-rounds": 10, "eval-every": 0}, run_id=11)
     silo = next(s for (rid, *_), s in _SILOS.items() if rid == 11)
     k = silo.s.batch_for(silo.n)
-    seen = [tuple(map(tuple, silo._block(k, r)[0].tolist())) for r in range(1, 11)]
+    seen = [tuple(map(tuple, silo.gradients.block(k, r)[0].tolist())) for r in range(1, 11)]
     rows = [row for block in seen for row in block]
     assert len(rows) == 10 * k and len(set(rows)) == len(rows)  # no record in two rounds
 

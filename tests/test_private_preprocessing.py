@@ -175,9 +175,9 @@ def test_a_restarted_silo_reuses_its_charged_preprocessing(tmp_path: Path, noise
     again = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path, "k")
     other = Silo(s, fed.silos[0], fed.num_classes, fed.feature_shape, tmp_path / "b", "k")
     assert [r.kind for r in again.ledger.recorded()] == [PREPROCESS_KIND]
-    assert torch.equal(first.train_x, again.train_x) and torch.equal(first.test_x, again.test_x)
-    assert not torch.equal(first.train_x, fed.silos[0].train_x)  # the silo's data were transformed
-    assert torch.equal(first.train_x, other.train_x) == (noise_seed == "run")
+    assert torch.equal(first.records.train_x, again.records.train_x) and torch.equal(first.records.test_x, again.records.test_x)
+    assert not torch.equal(first.records.train_x, fed.silos[0].train_x)  # the silo's data were transformed
+    assert torch.equal(first.records.train_x, other.records.train_x) == (noise_seed == "run")
 
 
 def test_the_preprocessing_release_is_planned_as_it_is_released(tmp_path: Path) -> None:

@@ -330,7 +330,7 @@ def test_api_release_equals_the_built_in_silo_bit_for_bit(tmp_path: Path, algori
                                              ("proxsgd", Phase.DISJOINT), ("spider", Phase.ANCHOR)])
 def test_the_policy_mods_budget_check_prices_the_release_the_ledger_records(tmp_path: Path, algorithm: str,
                                                                            phase: Phase) -> None:
-    """The mod's pre-check (clients.silo.Silo.gaussian_releases) and the silo's release must price
+    """The mod's pre-check (the silo mechanism's releases, clients/silo_mechanism.py) and the silo's release must price
     the same ledger rows, or the mod would admit what the ledger refuses (or the reverse)."""
     from clients.private_silo import PrivateSilo
 
@@ -341,7 +341,8 @@ def test_the_policy_mods_budget_check_prices_the_release_the_ledger_records(tmp_
     steps = {"local_steps": 3, "lr": 0.1} if phase == Phase.LOCAL else {}
     msg = train_msg(1, model_arrays(), phase, **steps)
     silo = api.silo(ctx)
-    predicted = silo.gaussian_releases(wire.Instruction.decode(msg.content))
+    ins = wire.Instruction.decode(msg.content)
+    predicted = silo.mechanism.releases(ins, silo.plan[ins.phase], silo.disjoint_kind)
     assert api.admission(msg.content, ctx) is None
     assert wire.refusal_of(api.release(msg, ctx).content) is None
     assert silo.ledger.recorded() == predicted

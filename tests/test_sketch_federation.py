@@ -56,5 +56,5 @@ def test_powersgd_learns_with_per_silo_state(federation) -> None:
     assert rows[0]["uplink_floats"] == 2 * ((5 + 30) * 2 + 5 + (2 + 5) * 1 + 2)
     from app.client_app import _SILOS
 
-    states = [s.powersgd_state for s in _SILOS.values() if s.powersgd_state is not None]
+    states = [s.mechanism.powersgd_state for s in _SILOS.values() if s.mechanism.powersgd_state is not None]
     assert states and all(st.q and st.error for st in states)  # warm start and error feedback kept

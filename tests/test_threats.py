@@ -49,7 +49,7 @@ def _overflow_model(silo: Silo) -> tuple[dict[str, np.ndarray], int]:
     """A finite float32 model whose first-layer column j is so large that only the record with
     the largest feature j overflows (its activations become inf, its gradient NaN). Returns the
     model and that record's index."""
-    x = silo.train_x.numpy()
+    x = silo.records.train_x.numpy()
     j = int(np.argmax(x.max(axis=0)))
     order = np.argsort(x[:, j])
     top, second = x[order[-1], j], x[order[-2], j]
@@ -94,11 +94,11 @@ def test_overflow_model_cannot_move_the_mean_by_more_than_the_sensitivity(tmp_pa
     w, target = _overflow_model(silo)
     other = (target + 1) % silo.n
     params = {k: torch.as_tensor(v) for k, v in w.items()}
-    y = silo.train_y
-    x_prime = silo.train_x.clone()
-    x_prime[target] = silo.train_x[other]
+    y = silo.records.train_y
+    x_prime = silo.records.train_x.clone()
+    x_prime[target] = silo.records.train_x[other]
     means = []
-    for x in (silo.train_x, x_prime):
+    for x in (silo.records.train_x, x_prime):
         raw = per_sample_grads(silo.model, params, x, y)
         assert not torch.isfinite(raw).all() or x is x_prime  # the attack does overflow the target on D
         means.append(clip_rows(raw, 1.0).double().mean(dim=0))
@@ -321,7 +321,7 @@ def test_private_evaluation_is_noisy_planned_and_charged_to_the_ledger(tmp_path:
     losses = [a.metric_records[wire.METRICS]["test-loss-sum"] for a in ok]
     assert len(set(losses)) == len(losses)  # noisy, not the exact sum repeated
     errors = [a.metric_records[wire.METRICS]["test-errors"] for a in ok]
-    assert all(0 <= e <= len(silo.test_y) for e in errors)
+    assert all(0 <= e <= len(silo.records.test_y) for e in errors)
 
 
 def test_open_evaluation_stays_the_simulation_default(tmp_path: Path) -> None:

@@ -102,7 +102,7 @@ def send(silo: Silo, w: dict[str, np.ndarray], cfg: dict[str, Any], prev: dict[s
 
 def exact_mean_gradient(silo: Silo, w: dict[str, np.ndarray]) -> np.ndarray:
     params = {k: torch.as_tensor(v) for k, v in w.items()}
-    return clip_rows(per_sample_grads(silo.model, params, silo.train_x, silo.train_y), silo.clip).mean(0).numpy()
+    return clip_rows(per_sample_grads(silo.model, params, silo.records.train_x, silo.records.train_y), silo.clip).mean(0).numpy()
 
 
 def nearer_is_d(value: np.ndarray, ref_d: np.ndarray, ref_p: np.ndarray) -> bool:
@@ -187,8 +187,8 @@ def attack_evaluation(trials: int) -> dict[str, Any]:
         for nb, silo in silos.items():  # what an exact answer would be, computed by the auditor
             with torch.no_grad():
                 logits = torch.func.functional_call(silo.model, {k: torch.as_tensor(v) for k, v in w.items()},
-                                                    (silo.train_x,))
-                refs[nb] = float(torch.nn.functional.cross_entropy(logits, silo.train_y, reduction="sum"))
+                                                    (silo.records.train_x,))
+                refs[nb] = float(torch.nn.functional.cross_entropy(logits, silo.records.train_y, reduction="sum"))
         guesses = {}
         for nb, silo in silos.items():
             guesses[nb] = 0

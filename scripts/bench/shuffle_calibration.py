@@ -1,6 +1,7 @@
 """Per-silo time of shuffle DP's noise calibration (issue 24: "calibration <= 1 s per silo").
 
-Each silo of a shuffle-mode run calibrates its noise trials once, in ``Silo._calibrate``:
+Each silo of a shuffle-mode run calibrates its noise trials once, in ``Silo._calibrate`` (its
+mechanism's ``scale``, clients/silo_shuffle.py):
 ``calibrate_trial_scale(plan, epsilon, delta = 1/n^2, p, levels, dim)`` with the exact binomial
 accountant (app/privacy/binomial/). This script rebuilds every silo's inputs exactly as the
 silo does (run config -> settings -> silo sizes -> release plan; d from the model) and times the
