@@ -129,7 +129,7 @@ def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]], phase: Phase
 
 def difference_rows(now: Any, prev: Any, clip: float, diff_clip: float, private: bool) -> Any:
     """Per-record difference rows [B, d] (torch) as an honest silo forms them (clients/silo.py
-    ``_difference_rows``): clip_C(now - prev) with ``diff-clip`` C > 0 under privacy, else
+    ``RecordGradients.difference_rows``): clip_C(now - prev) with ``diff-clip`` C > 0 under privacy, else
     clip_L(now) - clip_L(prev) (unclipped without privacy)."""
     from app.privacy.clipping import clip_rows
 
