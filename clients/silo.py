@@ -102,7 +102,7 @@ class Silo:
         torch module (clients/private_silo.py); None: the run config's model from the zoo.
         ``trust_silo_sampling``: node config shuffle-trust-silo-sampling (app/privacy/silo_sampling.py).
         ``ledger_key_file``, ``ledger_witness_dir``: node config ledger-key-file (None:
-        ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger_witness.py)."""
+        ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger/witness.py)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,
@@ -324,7 +324,7 @@ class RefusingSilo:
 
 def witnessed_answer(silo: Silo | RefusingSilo, method: str, content: RecordDict) -> RecordDict:
     """``silo``'s ``method`` (train or evaluate) answer to ``content``, checked first against the
-    ledger witnesses the request carries (the server's copies, app/privacy/ledger_witness.py):
+    ledger witnesses the request carries (the server's copies, app/privacy/ledger/witness.py):
     LedgerError, before anything is recorded, when one is ahead of the ledger (a restored or
     wiped state dir). The answer carries the ledger's own witness as it is after it."""
     ledger = getattr(silo, "ledger", None)

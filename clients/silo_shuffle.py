@@ -154,7 +154,7 @@ class ShuffleSiloMechanism:
                     "trials_per_record": self.trials_per_record(r), "messages": self.count_on * r.batch}
                    for r in plan.values()]
         return ({"mechanism": "binomial (shuffle DP)", "shuffle": shuffle}, planned,
-                "exact binomial RDP with truncated tails (app/privacy/binomial.py), composed in RDP")
+                "exact binomial RDP with truncated tails (app/privacy/binomial/), composed in RDP")
 
 
 def shuffle_trust(count_on: int, silos: int) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The typed messages of a round (DESIGN.md section 3): :class:`Instruction` (server -> silo,
 train), :class:`TrainReply` and :class:`Refusal` (silo -> server), :class:`EvaluateRequest` /
 :class:`EvaluateReply` and the evaluation folded into a training reply. Encoded with the
-records of app/wire.py; decoding validates (a malformed message raises ``ReplyError``)."""
+records of app/wire/records.py; decoding validates (a malformed message raises ``ReplyError``)."""
 
 from __future__ import annotations
 
