@@ -57,8 +57,8 @@ from app.server_device import server_device
 from strategies.aggregation import RULES, HonestMajorityRequired
 from strategies.exchange import Exchange
 from strategies.options import TRUST_AGGREGATORS
-from strategies.phase_noise import (ROW_PHASES, block_shaped_sketch, difference_rows, honest_noise_energy,
-                                   minibatch_noise_energy, noise_aware_scores, phase_batch, silo_record_bounds)
+from strategies.phase_noise import (ROW_PHASES, HonestNoise, block_shaped_sketch, difference_rows,
+                                   minibatch_noise_energy, noise_aware_scores, silo_record_bounds)
 from strategies.replies import NodeRoster, Params, Updates, flatten
 
 
@@ -124,6 +124,20 @@ def check_reference(model: torch.nn.Module, layout: dict[str, tuple[int, ...]]) 
                          f"{own.get(diff)} in the model and {want.get(diff)} in the federation's layout")
 
 
+def public_noise(s: Settings) -> HonestNoise:
+    """What the server can know of an honest silo's noise in the run ``s`` (strategies/phase_noise.py
+    ``HonestNoise``): its plan, and the silos' record bounds, read here (``gradbant.silo-records``,
+    else the run's partition; ConfigError when neither can be read)."""
+    from app.algorithms import get_algorithm
+    from app.data import federated
+
+    def partition() -> list[int]:
+        return [len(train) for train, _ in federated.silo_splits(s, s.seed, s.robust.trust_size)[1]]
+
+    bounds = silo_record_bounds(s.robust.gradbant_silo_records, partition, s.dataset)
+    return HonestNoise(get_algorithm(s.algorithm), s.algorithm_options(), s.privacy, bounds, s.sketch)
+
+
 class RobustState(TypedDict):
     """What a robust rule carries across rounds: Grad-BANT's trust weights p and centered
     clipping's last aggregate."""
@@ -166,11 +180,12 @@ class RobustAggregator:
         #: noise-aware Grad-BANT (strategies/phase_noise.py): c of an honest lifted message, per phase
         self.aware = s.robust.aggregator == "gradbant" and s.robust.gradbant_noise_aware
         self._dp_energy: dict[Phase | None, float] = {}
+        self._honest: HonestNoise | None = None
         #: ... and with batch-mean messages (grad, anchor, diff) also its batch's sampling noise,
         #: estimated each round on the trust set: kappa (the lift's weights), the smallest silo's n
         self.sampling_aware = self.aware and self.phase != Phase.LOCAL
         self.lift_kappa = self._lift_kappa() if self.sampling_aware else None
-        self.fewest_records = silo_record_bounds(s)[0] if self.sampling_aware else 0
+        self.fewest_records = self.honest_noise().records[0] if self.sampling_aware else 0
         if self.aware and s.privacy.enabled:
             self.dp_energy(self.phase)  # the silos' record counts, read once, now (ConfigError if unreadable)
         #: the last round's score terms (L used, noise energy c), reported in its row
@@ -218,7 +233,7 @@ class RobustAggregator:
 
         layout = [tuple(v) for v in self.layout.values()]
         n = sum(int(np.prod(shape)) for shape in layout)
-        return lift_noise_weights(block_shaped_sketch(self.s, layout), n)
+        return lift_noise_weights(block_shaped_sketch(self.s.sketch, layout), n)
 
     def trust_gradient(self, w: dict[str, np.ndarray]) -> np.ndarray:
         """grad f0(w): the mean cross-entropy gradient over the whole trust set (float64, flat)."""
@@ -241,12 +256,19 @@ class RobustAggregator:
         return rows.double().cpu().numpy()
 
     def dp_energy(self, phase: Phase | None) -> float:
-        """c_dp of an honest ``phase`` message (:func:`honest_noise_energy`), once per phase; 0 unless noise-aware."""
-        if not self.aware:
+        """c_dp of an honest ``phase`` message (``HonestNoise.energy``), once per phase; 0 unless
+        noise-aware under privacy."""
+        if not self.aware or not self.s.privacy.enabled:
             return 0.0
         if phase not in self._dp_energy:
-            self._dp_energy[phase] = honest_noise_energy(self.s, [tuple(v) for v in self.layout.values()], phase)
+            self._dp_energy[phase] = self.honest_noise().energy([tuple(v) for v in self.layout.values()], phase)
         return self._dp_energy[phase]
+
+    def honest_noise(self) -> HonestNoise:
+        """The server's public view of an honest silo's noise (:func:`public_noise`), built once."""
+        if self._honest is None:
+            self._honest = public_noise(self.s)
+        return self._honest
 
     def difference_trust_rows(self, at: dict[str, np.ndarray], prev: dict[str, np.ndarray]) -> np.ndarray:
         """The trust set's per-record differences between ``at`` and ``prev`` [T, d], formed as an
@@ -278,7 +300,7 @@ class RobustAggregator:
                 rows = self.trust_rows(w)
             g0 = rows.mean(axis=0)
             n = self.fewest_records
-            c = self.dp_energy(phase) + minibatch_noise_energy(rows, phase_batch(self.s, phase, n), n, self.lift_kappa)
+            c = self.dp_energy(phase) + minibatch_noise_energy(rows, self.honest_noise().batch(phase, n), n, self.lift_kappa)
         else:
             g0, c = self._reference_for(ex, w, server_round).astype(np.float64), self.dp_energy(phase)
         smooth = self.s.robust.gradbant_smoothness

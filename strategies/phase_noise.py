@@ -11,7 +11,7 @@ without replacement, noised and (optionally) sketched and lifted:
                                           (clip_C(grad f(w, x) - grad f(w', x)) with diff-clip C > 0)
 
 sigma_P = z * weight_P * sensitivity_P from the algorithm's release plan (a difference: 4L/K2, or
-2C/K2), K the phase's batch (:func:`phase_batch`). With rbar the mean over the silo's n rows and
+2C/K2), K the phase's batch (:meth:`HonestNoise.batch`). With rbar the mean over the silo's n rows and
 s_j^2 their per-coordinate variance (Cochran, without replacement),
 
     E||u||^2 = E||S^T S rbar||^2 + c_P,   c_P = (1 - K/n)/K * sum_j kappa_j s_j^2 + sigma_P^2 E||S^T S||_F^2,
@@ -29,33 +29,38 @@ honest silo has): both the conservative side.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from app.algorithms import Phase
-from app.config import Settings
+from app.algorithms import Algorithm, AlgorithmOptions, Phase
+from app.options import ConfigError
+from app.privacy.release_plan import ReleasePlan
+from app.privacy.settings import PrivacySettings
+from app.sketch_settings import SketchSettings
 
 #: phases whose message is one batch mean of per-record rows (the sampling term applies)
 ROW_PHASES = (Phase.GRAD, Phase.ANCHOR, Phase.DIFF, Phase.DISJOINT)
 
 
-def silo_record_bounds(s: Settings) -> tuple[int, int]:
-    """(smallest, largest) number of training records of any silo: ``gradbant.silo-records``
-    when set (a deployment: a public bound the operators state), else the run's partition
-    (``silo_splits``). Raises ConfigError when neither is available."""
-    if s.robust.gradbant_silo_records:
-        lo, hi = s.robust.gradbant_silo_records
+def silo_record_bounds(stated: tuple[int, ...], partition: Callable[[], Sequence[int]],
+                       dataset: str) -> tuple[int, int]:
+    """(smallest, largest) number of training records of any silo: ``stated``
+    (``gradbant.silo-records``: a deployment's public bounds, which the operators state) when set,
+    else the sizes ``partition()`` reads from the run's partition (a simulation). ConfigError
+    naming the key when neither is available."""
+    if stated:
+        lo, hi = stated
         return lo, hi
-    from app.config import ConfigError
-    from app.data.federated import silo_splits
     from app.data.sources import DataUnavailableError
 
     try:
-        sizes = [len(train) for train, _ in silo_splits(s, s.seed, s.robust.trust_size)[1]]
+        sizes = list(partition())
     except (OSError, DataUnavailableError) as exc:
         raise ConfigError(f"gradbant.noise-aware = true needs the silos' record counts, but the server cannot read "
-                          f"{s.dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None
+                          f"{dataset} ({exc}); set gradbant.silo-records = \"smallest,largest\" (public bounds)") from None
     return min(sizes), max(sizes)
 
 
@@ -73,58 +78,63 @@ def minibatch_noise_energy(rows: np.ndarray, batch: int, n: int, kappa: np.ndarr
     return float((1.0 - batch / n) / batch * (kappa @ var))
 
 
-def phase_batch(s: Settings, phase: Phase, n: int) -> int:
-    """K of a ``phase`` release by a silo with n records, from the algorithm's release plan
-    (SPIDER's anchor: K1 = ``spider.anchor-batch`` or n; SVRG's snapshot: n; else ``batch-size``)."""
-    from app.algorithms import get_algorithm
-
-    return get_algorithm(s.algorithm).release(phase, s.algorithm_options(), n, s.privacy.clip, 1).batch
-
-
-def honest_noise_variance(s: Settings, phase: Phase | None = None) -> float:
-    """The per-coordinate noise variance of an honest silo's ``phase`` message (default: the
-    plan's first training phase) under ISRL-DP, from public quantities only (the run's settings
-    and the partition's largest silo, or ``gradbant.silo-records``), never from a reply:
-    sigma^2 with sigma = z * weight * sensitivity (Q sigma^2 for Q local steps' pseudo-gradient),
-    z calibrated exactly as clients/silo.py does for the silo with the most records (the smallest
-    sigma of any honest silo: z and the sensitivity both shrink as n grows) and no private
-    evaluations (they would only raise an honest silo's noise). 0 without privacy, or for a phase
-    the plan does not hold (the conservative side: no allowance)."""
-    if not s.privacy.enabled:
-        return 0.0
-    from app.algorithms import get_algorithm
-    from app.privacy.release_plan import ReleasePlan
-
-    n = silo_record_bounds(s)[1]
-    plan = ReleasePlan.of(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip, s.privacy.epsilon,
-                          s.delta_for(n))
-    spec = plan.training(phase)
-    if spec is None:
-        return 0.0
-    sigma = plan.calibrated(plan.calibrate())[spec.phase].sigma
-    steps = s.local_steps if spec.phase == Phase.LOCAL else 1
-    return steps * sigma**2
-
-
-def block_shaped_sketch(s: Settings, layout: list[tuple[int, ...]]) -> Any:
+def block_shaped_sketch(sketch: SketchSettings, layout: list[tuple[int, ...]]) -> Any:
     """A sketch of the run's kind and blocks (None without one), for the lift's noise factors,
     which depend on the block sizes only, not on the seed or the round."""
     from app.sketch.base import make_sketch
 
-    return None if s.sketch.kind == "none" else make_sketch(
-        s.sketch.kind, layout, seed=0, round=1, layerwise=s.sketch.layerwise, ratio=s.sketch.ratio)
+    return None if sketch.kind == "none" else make_sketch(
+        sketch.kind, layout, seed=0, round=1, layerwise=sketch.layerwise, ratio=sketch.ratio)
 
 
-def honest_noise_energy(s: Settings, layout: list[tuple[int, ...]], phase: Phase | None = None) -> float:
-    """c_dp = E||S^T S xi||^2 of an honest ``phase`` message's noise xi (variance
-    :func:`honest_noise_variance` per coordinate) after the run's sketch and its lift (app/sketch/noise.py)."""
-    var = honest_noise_variance(s, phase)
-    if var == 0:
-        return 0.0
-    from app.sketch.noise import lift_noise_factor
+@dataclass(frozen=True)
+class HonestNoise:
+    """What the server can know of an honest silo's release noise, from public quantities only
+    (the run's plan, never a reply): its ``algorithm`` and ``options``, the ``privacy`` settings,
+    the bounds (smallest, largest) on a silo's record count (:func:`silo_record_bounds`) and the
+    run's ``sketch``."""
 
-    n = sum(int(np.prod(shape)) for shape in layout)
-    return var * lift_noise_factor(block_shaped_sketch(s, layout), n)
+    algorithm: Algorithm
+    options: AlgorithmOptions
+    privacy: PrivacySettings
+    records: tuple[int, int]
+    sketch: SketchSettings
+
+    def batch(self, phase: Phase, n: int) -> int:
+        """K of a ``phase`` release by a silo with n records, from the algorithm's release plan
+        (SPIDER's anchor: K1 = ``spider.anchor-batch`` or n; SVRG's snapshot: n; else ``batch-size``)."""
+        return self.algorithm.release(phase, self.options, n, self.privacy.clip, 1).batch
+
+    def variance(self, phase: Phase | None = None) -> float:
+        """The per-coordinate noise variance of an honest silo's ``phase`` message (default: the
+        plan's first training phase) under ISRL-DP: sigma^2 with sigma = z * weight *
+        sensitivity (Q sigma^2 for Q local steps' pseudo-gradient), z from the silo's own
+        calibration (``ReleasePlan.calibrate``) for the silo with the most records (the smallest
+        sigma of any honest silo: z and the sensitivity both shrink as n grows) and no private
+        evaluations (they would only raise an honest silo's noise). 0 without privacy, or for a
+        phase the plan does not hold (the conservative side: no allowance)."""
+        if not self.privacy.enabled:
+            return 0.0
+        n = self.records[1]
+        plan = ReleasePlan.of(self.algorithm, self.options, n, self.privacy.clip, self.privacy.epsilon,
+                              self.privacy.delta_for(n))
+        spec = plan.training(phase)
+        if spec is None:
+            return 0.0
+        sigma = plan.calibrated(plan.calibrate())[spec.phase].sigma
+        steps = self.options.local_steps if spec.phase == Phase.LOCAL else 1
+        return steps * sigma**2
+
+    def energy(self, layout: list[tuple[int, ...]], phase: Phase | None = None) -> float:
+        """c_dp = E||S^T S xi||^2 of an honest ``phase`` message's noise xi (variance
+        :meth:`variance` per coordinate) after the run's sketch and its lift (app/sketch/noise.py)."""
+        var = self.variance(phase)
+        if var == 0:
+            return 0.0
+        from app.sketch.noise import lift_noise_factor
+
+        n = sum(int(np.prod(shape)) for shape in layout)
+        return var * lift_noise_factor(block_shaped_sketch(self.sketch, layout), n)
 
 
 def difference_rows(now: Any, prev: Any, clip: float, diff_clip: float, private: bool) -> Any:

@@ -208,7 +208,7 @@ def test_a_server_that_cannot_read_the_partition_needs_public_record_bounds(monk
     public bounds (gradbant.silo-records) and says so, instead of guessing a noise level."""
     import app.data.federated as federated
     from app.data.sources import DataUnavailableError
-    from strategies.phase_noise import honest_noise_variance, silo_record_bounds
+    from strategies.gradbant import public_noise
 
     def unreadable(*_args):
         raise DataUnavailableError("the data lives on the silos")
@@ -216,13 +216,13 @@ def test_a_server_that_cannot_read_the_partition_needs_public_record_bounds(monk
     monkeypatch.setattr(federated, "silo_splits", unreadable)
     s = parse_settings(PRIVATE | {"gradbant.noise-aware": True})
     with pytest.raises(ConfigError, match="gradbant.silo-records"):
-        silo_record_bounds(s)
+        public_noise(s)
     bounded = parse_settings(PRIVATE | {"gradbant.noise-aware": True, "gradbant.silo-records": "150,180"})
-    assert silo_record_bounds(bounded) == (150, 180)
+    assert public_noise(bounded).records == (150, 180)
     monkeypatch.undo()
-    n_max = silo_record_bounds(s)[1]
-    assert honest_noise_variance(parse_settings(PRIVATE | {"gradbant.silo-records": f"1,{n_max}"})) == \
-        pytest.approx(honest_noise_variance(s))  # sigma comes from the largest silo
+    n_max = public_noise(s).records[1]
+    assert public_noise(parse_settings(PRIVATE | {"gradbant.silo-records": f"1,{n_max}"})).variance() == \
+        pytest.approx(public_noise(s).variance())  # sigma comes from the largest silo
 
 
 GRADIENTS = {"algorithm": "robust", "dataset": "digits", "num-silos": 10, "silos-per-round": 10, "partition": "iid",

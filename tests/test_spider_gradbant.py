@@ -24,9 +24,8 @@ from app.launch import merged_run_config
 from app.privacy.clipping import clip_rows
 from app.privacy.per_sample import per_sample_grads
 from clients.silo import Silo
-from strategies.phase_noise import (
-    difference_rows, expected_honest_score, honest_noise_energy, honest_noise_variance, minibatch_noise_energy,
-)
+from strategies.gradbant import public_noise
+from strategies.phase_noise import difference_rows, expected_honest_score, minibatch_noise_energy
 
 T = 120  # difference releases in the Monte Carlo
 
@@ -63,10 +62,11 @@ def test_honest_noisy_difference_scores_as_derived(tmp_path: Path, diff_clip: fl
     rbar, n, k = rows_np.mean(axis=0), len(rows_np), 32
 
     sigma2 = silo.plan["diff"].sigma ** 2
-    assert honest_noise_variance(s, Phase.DIFF) <= sigma2 * (1 + 1e-9)  # never more allowance than any silo's noise
-    assert honest_noise_variance(s, Phase.DIFF) == pytest.approx(sigma2, rel=0.05)  # IID silos: about the same n
+    honest = public_noise(s)
+    assert honest.variance(Phase.DIFF) <= sigma2 * (1 + 1e-9)  # never more allowance than any silo's noise
+    assert honest.variance(Phase.DIFF) == pytest.approx(sigma2, rel=0.05)  # IID silos: about the same n
     c = sigma2 * rbar.size + minibatch_noise_energy(rows_np, k, n, np.ones(rbar.size))
-    assert honest_noise_energy(s, layout, Phase.DIFF) == pytest.approx(sigma2 * rbar.size, rel=0.05)
+    assert honest.energy(layout, Phase.DIFF) == pytest.approx(sigma2 * rbar.size, rel=0.05)
 
     releases = []
     for rnd in range(2, T + 2):
