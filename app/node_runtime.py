@@ -181,7 +181,7 @@ def silo(context: Context, deployed: bool = False) -> Silo:
         n = data.n
         if (s.attack.kind in DATA_ATTACKS and index in byzantine_indices(s.attack, s.num_silos, s.seed)
                 and not policy.safe):  # a simulated Byzantine silo poisons its labels; a real one never
-            data = poison_labels(data, s, num_classes)
+            data = poison_labels(data, s.attack.kind, s.seed, num_classes)
         ledger_budget = None
         if policy.ledger_scope == "node":  # one lifetime budget across runs: the silo's own, from its node config
             # (epsilon-cap, delta-cap), or delta = 1/n^2 without a delta cap: never what one run asks

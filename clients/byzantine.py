@@ -11,20 +11,20 @@ from dataclasses import replace
 import numpy as np
 
 from app.attacks import DATA_ATTACKS, byzantine_indices, flip_labels, random_labels
-from app.config import Settings
 from app.data.federated import SiloData
 from app.seeding import np_rng
 
 __all__ = ["DATA_ATTACKS", "byzantine_indices", "poison_labels"]
 
 
-def poison_labels(data: SiloData, s: Settings, num_classes: int) -> SiloData:
-    """The silo's training labels flipped (y -> C - 1 - y) or drawn at random."""
+def poison_labels(data: SiloData, attack_kind: str, seed: int, num_classes: int) -> SiloData:
+    """The silo's training labels flipped (y -> C - 1 - y, ``label-flip``) or drawn at random
+    from (``seed``, the silo's index)."""
     import torch  # only a silo that poisons its labels needs it here
 
     y = data.train_y.numpy()
-    if s.attack.kind == "label-flip":
+    if attack_kind == "label-flip":
         new = flip_labels(y, num_classes)
     else:
-        new = random_labels(y, num_classes, np_rng(s.seed, "random-labels", data.index))
+        new = random_labels(y, num_classes, np_rng(seed, "random-labels", data.index))
     return replace(data, train_y=torch.from_numpy(np.asarray(new, dtype=np.int64)))

@@ -102,7 +102,7 @@ def fast_poll_setting(value: Any = None) -> float:
     except ValueError:
         seconds = math.nan
     if not 0.0 < seconds <= 0.1:  # also NaN
-        from app.config import ConfigError  # only for the error: the ClientApp's import stays stdlib-only
+        from app.options import ConfigError  # only for the error: the ClientApp's import stays stdlib-only
 
         raise ConfigError(f"{FAST_POLL_ENV} / sweep.fast-poll = {raw!r}; allowed: true, false or seconds "
                           "in (0, 0.1]")
