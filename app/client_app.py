@@ -30,6 +30,7 @@ from typing import Any
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 
+from app.node_context import deployed_process
 from app.runtime import silo_protocol
 
 app = ClientApp()
@@ -37,13 +38,6 @@ app = ClientApp()
 #: the query actions, as app.wire names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
 #: torch (through app.sketch), so they are spelled here and tests/test_lazy_imports.py checks them
 LEDGER, IDENTITY, KEYS, SHUFFLE = "ledger", "identity", "keys", "shuffle"
-
-
-def deployed_process() -> bool:
-    """Whether this ClientApp runs in a Flower ``flwr-clientapp`` process, i.e. on a SuperNode
-    of a real deployment (Flower's simulation runs ClientApps in its own engine's workers, and
-    the in-process grid in whatever process imports it)."""
-    return bool(sys.argv) and os.path.basename(sys.argv[0]).removesuffix(".exe") == "flwr-clientapp"
 
 
 def _unavailable(path: str, exc: Exception) -> RecordDict:

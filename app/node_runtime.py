@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, MessageType, RecordDict
@@ -47,6 +45,7 @@ from app.config import ConfigError, Settings, parse_settings
 from app.data.federated import SiloData, build_federated_data
 from app.data.schema import DataSchema, SchemaError, inline_schema, load_schema
 from app.data.sources import DataUnavailableError
+from app.node_context import state_dir
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
 from app.privacy.ledger import BudgetExceededError, LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
@@ -57,11 +56,6 @@ from clients.silo import RefusingSilo, Silo, witnessed_answer
 #: the silos (and shufflers) this process serves, built once per run and reused across messages
 _SILOS: dict[tuple, Silo] = {}
 _SHUFFLERS: dict[tuple, Shuffler] = {}
-
-
-def state_dir(node: dict) -> Path:
-    flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
-    return Path(str(node.get("state-dir", flwr_home / "silofl-state")))
 
 
 #: canonical run config -> its parsed Settings (a node parses each run's config once, not per message)

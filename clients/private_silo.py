@@ -171,7 +171,7 @@ class PrivateSilo:
     def _deployed(self) -> bool:
         if self.deployed is not None:
             return self.deployed
-        from app.client_app import deployed_process
+        from app.node_context import deployed_process
 
         return deployed_process()
 
@@ -372,6 +372,6 @@ def without_sketch(content: RecordDict) -> RecordDict:
 
 
 def _default_state_dir() -> Path:
-    from app.node_runtime import state_dir
+    from app.node_context import state_dir
 
     return state_dir({})

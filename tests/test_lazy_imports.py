@@ -42,14 +42,16 @@ def test_what_the_simulation_engine_imports_first_is_light() -> None:
 
 
 def test_client_app_adds_only_its_protocol_to_flower() -> None:
-    """Beyond Flower itself, importing the ClientApp loads app.client_app and app.runtime.silo_protocol
+    """Beyond Flower itself, importing the ClientApp loads app.client_app, app.node_context (standard
+    library only: is this a deployed process, where is the node's state) and app.runtime.silo_protocol
     (the socket protocol; app.runtime itself is a docstring and a constant), nothing of the silo."""
     code = ("import sys, flwr.app, flwr.clientapp, flwr.common.serde; before = set(sys.modules); "
             "import app.client_app; print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
             "('app', 'clients', 'strategies')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout.strip()) == ["app", "app.client_app", "app.runtime", "app.runtime.silo_protocol"]
+    assert eval(out.stdout.strip()) == ["app", "app.client_app", "app.node_context", "app.runtime",
+                                        "app.runtime.silo_protocol"]
 
 
 def test_query_names_match_the_wire() -> None:
