@@ -52,7 +52,7 @@ DATASETS = SOURCES
 STANDARDIZE = STANDARDIZE_MODES
 #: the algorithms with a shuffle-DP form (the paper's Algorithms 7-10, and MB-SGD for comparison):
 #: their server step needs only the mean of the silos' releases, which is all the shuffler gives
-SHUFFLE_ALGORITHMS = ("mbsgd", "proxsgd", "svrg", "plsvrg", "spider")
+SHUFFLE_ALGORITHMS = tuple(name for name, algo in ALGORITHM_REGISTRY.items() if algo.shuffle_form)
 
 
 @dataclass(frozen=True)

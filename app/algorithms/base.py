@@ -9,6 +9,8 @@ An :class:`Algorithm` answers three questions:
 * ``release(phase, o, n, clip, count)``: the :class:`ReleaseSpec` of ``count`` releases of one
   kind by a silo with n records: its batch K, replace-one sensitivity and budget-split weight.
 * ``prox_step``: whether the server step is a prox step (composite losses, ``prox.kind``).
+* ``shuffle_form``: whether it has a shuffle-DP form (its server step needs only the mean of the
+  silos' releases, all the shuffler gives).
 * ``rule_step``: whether the server step is its aggregation rule (the robust line): its default
   rule is Grad-BANT and even the mean weighs each message (strategies/options.py).
 
@@ -97,6 +99,7 @@ class Algorithm:
     #: the server step is prox_{eta f1}(w - eta * estimate) (composite losses allowed)
     prox_step: bool = True
     rule_step: bool = False
+    shuffle_form: bool = False
 
     def weighs_each_message(self, rule: str) -> bool:
         """Whether the server's step weighs each silo's message under aggregation ``rule`` (a rule

@@ -7,6 +7,7 @@ from app.algorithms.base import Algorithm, AlgorithmOptions, Phase, check_round
 
 class MinibatchSGD(Algorithm):
     name = "mbsgd"
+    shuffle_form = True
 
     def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)

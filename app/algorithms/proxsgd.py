@@ -9,6 +9,7 @@ from app.privacy.sensitivity import mean_sensitivity
 
 class NoisyProxSGD(Algorithm):
     name = "proxsgd"
+    shuffle_form = True
 
     def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)

@@ -35,6 +35,7 @@ def anchor_release(batch: int, anchor_noise_ratio: float, clip: float, count: in
 
 class FedProxSPIDER(Algorithm):
     name = "spider"
+    shuffle_form = True
 
     def round_phases(self, o: AlgorithmOptions, rnd: int) -> tuple[Phase, ...]:
         check_round(rnd)

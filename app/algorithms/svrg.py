@@ -20,6 +20,7 @@ class SVRGSettings:
 
 class FedProxSVRG(Algorithm):
     name = "svrg"
+    shuffle_form = True
 
     def epoch_position(self, o: AlgorithmOptions, rnd: int) -> int:
         """Rounds since the start of the run (since the stage's start for PL-SVRG)."""
