@@ -174,7 +174,7 @@ def test_the_literal_check_is_strict():
 
 def _node_keys_read_by_the_code() -> set[str]:
     src = "\n".join((ROOT / "app" / name).read_text(encoding="utf-8")
-                    for name in ("client_app.py", "node_runtime.py", "runtime/silo_service.py",
+                    for name in ("client_app.py", "node_context.py", "node_runtime.py", "runtime/silo_service.py",
                                  "runtime/silo_protocol.py"))
     read = set(re.findall(r"node(?:_config)?(?:\.get\(|\[)\s*\"([a-z][a-z-]*)\"", src))
     read |= set(re.findall(r"\"([a-z][a-z-]*)\" not in node\b", src))

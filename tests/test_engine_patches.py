@@ -137,8 +137,8 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "__import__('os').environ.get('RAY_ADDRESS'))")
     env = {"PATH": str(Path(sys.executable).parent), "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
     engine = "import flwr.server.superlink.fleet.vce.vce_api; "
-    elsewhere = "app,app.client_app,app.runtime,app.runtime.silo_protocol"
-    ours = "app,app.client_app,app.runtime,app.runtime.engine_patches,app.runtime.silo_protocol"
+    elsewhere = "app,app.client_app,app.node_context,app.runtime,app.runtime.silo_protocol"
+    ours = "app,app.client_app,app.node_context,app.runtime,app.runtime.engine_patches,app.runtime.silo_protocol"
     # the engine's process starts a Ray of its own (RAY_ADDRESS=local) unless a cluster is named
     for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours} local"),
                                  (engine, {}, f"None True False {ours} local"),
