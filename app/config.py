@@ -33,8 +33,8 @@ from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
 from app.privacy.settings import PrivacySettings, ShuffleSettings
 from app.runtime_options import RuntimeOptions
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SketchSettings
-from app.config_robust import check_byzantine, effective_aggregator
-from strategies.options import RobustSettings
+from app.config_robust import check_byzantine
+from strategies.options import RobustSettings, resolve_aggregator
 from strategies.preaggregation import PRE_AGGREGATORS as _PRE_RULES
 
 #: pre-aggregators applied before a rule (= strategies.preaggregation.PRE_AGGREGATORS)
@@ -103,8 +103,9 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
         return self.privacy.planned_rounds or self.num_rounds
 
     def aggregation_rule(self) -> str:
-        """The run's aggregation rule: ``aggregator`` with ``auto`` resolved (strategies/options.py)."""
-        return effective_aggregator(self)
+        """The run's aggregation rule: ``aggregator`` with ``auto`` resolved
+        (strategies.options.resolve_aggregator)."""
+        return resolve_aggregator(self.robust.aggregator, self.algorithm)
 
 
 _DECLARED = declared(Settings)

@@ -14,21 +14,16 @@ from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
 from strategies.aggregation import check_smea_size
 from strategies.refusals import refuse_combination, refuse_pre, refuse_space
 from strategies.options import (F_AGGREGATORS, HONEST_MAJORITY_AGGREGATORS, KRUM_AGGREGATORS, TRUST_AGGREGATORS,
-                                resolve_aggregator, rule_steps, tolerated_f)
+                                rule_steps, tolerated_f)
 from strategies.preaggregation import rows_after
 
 if TYPE_CHECKING:
     from app.config import Settings
 
 
-def effective_aggregator(s: Settings) -> str:
-    """The run's aggregation rule (strategies.options.resolve_aggregator of its ``aggregator``)."""
-    return resolve_aggregator(s.robust.aggregator, s.algorithm)
-
-
 def check_byzantine(s: Settings) -> None:
     """The Byzantine-robust line's settings that depend on each other."""
-    agg = effective_aggregator(s)
+    agg = s.aggregation_rule()
     _check_byzantine_f(s)
     if s.robust.space == "sketch":
         refuse_space(agg, s.sketch.kind)  # ConfigError (one line) for a rule or sketch that cannot aggregate sketches
@@ -89,7 +84,7 @@ def _check_byzantine_f(s: Settings) -> None:
     (a simulation: its harness tells the rule each round's count), and within the rule's limit for
     the silos-per-round replies it aggregates: n > 2f + 2 for Krum and Multi-Krum, n > 2f for the
     other honest-majority rules; f > 0 with no rule that tolerates Byzantine silos is refused."""
-    f, rule, n = s.robust.byzantine_f, effective_aggregator(s), s.silos_per_round
+    f, rule, n = s.robust.byzantine_f, s.aggregation_rule(), s.silos_per_round
     robust = get_algorithm(s.algorithm).weighs_each_message(rule)
     # the largest f the rule accepts from n replies (= strategies.aggregation.min_clients)
     most = (n - 3) // 2 if rule in KRUM_AGGREGATORS else (n - 1) // 2

@@ -153,10 +153,9 @@ def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) ->
 
 def noise_run(settings: Any) -> NoiseRun:
     """What the noise plan reads of the run ``settings`` (app/noise_plan.py ``NoiseRun``)."""
-    from app.config import effective_aggregator
     from app.noise_plan import NoiseRun
 
-    return NoiseRun(settings.algorithm, settings.algorithm_options(), settings.privacy, effective_aggregator(settings),
+    return NoiseRun(settings.algorithm, settings.algorithm_options(), settings.privacy, settings.aggregation_rule(),
                     settings.silos_per_round)
 
 
