@@ -35,11 +35,13 @@ def exclusive_lock(lock_path: str | Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def write_bytes_atomically(path: str | Path, data: bytes, *, sync_dir: bool = False) -> None:
+def write_bytes_atomically(path: str | Path, data: bytes, *, sync_dir: bool = False, sync: bool = True) -> None:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a
     part: a temporary file in the same directory, flushed and fsynced, then renamed over ``path``
     (the temporary file is removed if anything fails). ``sync_dir``: also fsync the directory,
-    so the rename itself survives a power loss."""
+    so the rename itself survives a power loss. ``sync`` False: no fsync at all (still atomic
+    for every reader and across a process crash; durable only once the OS writes it back, or
+    someone calls ``os.sync()``: a simulation's virtual silos, app/privacy/ledger/handle.py)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
@@ -47,13 +49,14 @@ def write_bytes_atomically(path: str | Path, data: bytes, *, sync_dir: bool = Fa
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
+    if sync_dir and sync:
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -66,9 +69,11 @@ def write_json_atomically(path: str | Path, payload: Any, *, indent: int | None 
     write_bytes_atomically(path, json.dumps(payload, indent=indent).encode())
 
 
-def append_bytes_durably(path: str | Path, data: bytes) -> int:
+def append_bytes_durably(path: str | Path, data: bytes, *, sync: bool = True) -> int:
     """Append ``data`` to the existing file ``path`` and fsync it: when this returns, the bytes
-    (and the file's new size) are on disk. Returns the file's size after the append. The caller
+    (and the file's new size) are on disk (``sync`` False: in the OS's page cache, which a
+    process crash does not lose; on disk at the next ``os.sync()`` or writeback). Returns the
+    file's size after the append. The caller
     holds the lock that serialises appends, so the bytes land contiguously at the end; a crash
     part-way leaves a prefix of ``data`` (a reader under the lock can recognise and cut it)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -76,7 +81,8 @@ def append_bytes_durably(path: str | Path, data: bytes) -> int:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
         return os.fstat(fd).st_size
     finally:
         os.close(fd)

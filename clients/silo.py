@@ -90,7 +90,7 @@ class Silo:
                  evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
                  ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None,
                  trust_silo_sampling: bool = False, ledger_key_file: str | Path | None = None,
-                 ledger_witness_dir: str | Path | None = None) -> None:
+                 ledger_witness_dir: str | Path | None = None, ledger_sync: bool = True) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
@@ -102,7 +102,9 @@ class Silo:
         torch module (clients/private_silo.py); None: the run config's model from the zoo.
         ``trust_silo_sampling``: node config shuffle-trust-silo-sampling (app/privacy/silo_sampling.py).
         ``ledger_key_file``, ``ledger_witness_dir``: node config ledger-key-file (None:
-        ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger/witness.py)."""
+        ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger/witness.py).
+        ``ledger_sync``: fsync each ledger entry (False: a simulation's virtual silo, whose ledger
+        reaches the disk once per round, PrivacyLedger.sync)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,
@@ -124,7 +126,7 @@ class Silo:
         lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir,
-                                         key_file=ledger_key_file, witness_dir=ledger_witness_dir)
+                                         key_file=ledger_key_file, witness_dir=ledger_witness_dir, sync=ledger_sync)
         self.draws = ReleaseDraws(settings.seed, data.index, priv.noise_seed == "os")
         shuffle = self.private and priv.mode == "shuffle"  # the run's privacy mode picks the mechanism, here only
         self.mechanism: SiloMechanism = ShuffleSiloMechanism(

@@ -52,6 +52,13 @@ class PrivacyLedger:
     mark_path: Path | None = None
     #: fsync the mark after every write (False: written in place, not synced; see the module doc)
     mark_sync: bool = False
+    #: fsync every entry as it is appended (a deployed silo, a silo with a privacy cap). False:
+    #: a simulation's virtual silo, whose entries are written at once (a process crash loses
+    #: nothing) and reach the disk at the server's ``os.sync()`` before each round's checkpoint
+    #: (app/server_app.py), so a resumed simulation finds ledgers that match its checkpoint; a
+    #: power loss before it can only leave a ledger behind the server's witnesses, which the silo
+    #: then refuses to serve from (app/privacy/ledger/witness.py), never one that under-counts
+    sync: bool = True
     #: the ledger key (app/privacy/ledger/witness.py): chains a new ledger, MACs its witnesses
     key: bytes | None = field(default=None, repr=False, compare=False)
     #: where the ledger's witness is kept on this node (a witness found ahead; with node config
@@ -82,7 +89,7 @@ class PrivacyLedger:
     @classmethod
     def open(cls, path: str | Path, epsilon_budget: float, delta: float, *,
              mark_dir: str | Path | None = None, key_file: str | Path | None = None,
-             witness_dir: str | Path | None = None) -> PrivacyLedger:
+             witness_dir: str | Path | None = None, sync: bool = True) -> PrivacyLedger:
         """Load the ledger at ``path`` or create an empty one, and check it against its
         high-water mark (in ``mark_dir``, default ``ledger-marks`` beside it) and the witness
         kept on this node (``witness_dir``, default beside the mark). An existing ledger written
@@ -96,7 +103,8 @@ class PrivacyLedger:
             raise LedgerError(f"privacy ledger {path}: its key cannot be read or created ({exc})") from exc
         mark_path = mark_path_for(path, mark_dir)
         ledger = cls(path, float(epsilon_budget), float(delta), mark_path=mark_path, key=key,
-                     witness_path=witness_path_for(mark_path, witness_dir), witness_copy=witness_dir is not None)
+                     witness_path=witness_path_for(mark_path, witness_dir), witness_copy=witness_dir is not None,
+                     sync=sync)
         with ledger._locked():
             ledger._reload()
         return ledger
@@ -266,7 +274,7 @@ class PrivacyLedger:
         entries = ([{"calibration": dict(calibration)}] if calibration else []) + [{"release": r} for r in releases]
         entries += [{"adopt": a} for a in adopts]
         data = head_line + b"\n" + self._chained(entries)
-        write_bytes_atomically(self.path, data, sync_dir=True)
+        write_bytes_atomically(self.path, data, sync_dir=True, sync=self.sync)
         st = os.stat(self.path)
         self.releases, self.calibration, self._counts, self._grouped_cache = [], dict(calibration), Counter(), None
         self.adoptions = list(adopts)
@@ -300,7 +308,7 @@ class PrivacyLedger:
         head, count, last = self._head, self._entries, self._last_kind
         data = self._chained(entries)
         try:
-            end = append_bytes_durably(self.path, data)
+            end = append_bytes_durably(self.path, data, sync=self.sync)
             st = os.stat(self.path)
         except OSError as exc:
             self._file_id = None  # read it again in full next time (it may hold a torn line)
@@ -319,7 +327,8 @@ class PrivacyLedger:
                 "head": self._head, "eps_spent": None if eps is None or math.isnan(eps) else encode_float(eps),
                 "time": time.time()}
         try:
-            write_mark(self.mark_path, mark, fresh=fresh or self._mark is None, sync=self.mark_sync)
+            write_mark(self.mark_path, mark, fresh=fresh or self._mark is None, sync=self.mark_sync,
+                       durable_create=self.sync)
         except (OSError, ValueError) as exc:
             raise LedgerError(f"privacy ledger {self.path}: its high-water mark {self.mark_path} could not be "
                               f"written ({exc}); the entry is recorded, the mark will be moved forward on the next "

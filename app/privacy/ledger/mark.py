@@ -36,13 +36,15 @@ def _mark_slot(mark: dict[str, Any]) -> bytes:
     return text + b" " * (MARK_SLOT - 1 - len(text)) + b"\n"
 
 
-def write_mark(path: Path, mark: dict[str, Any], *, fresh: bool = False, sync: bool = False) -> None:
+def write_mark(path: Path, mark: dict[str, Any], *, fresh: bool = False, sync: bool = False,
+               durable_create: bool = True) -> None:
     """Write ``mark`` into slot ``gen % 2`` of the mark file, in place (``fresh``: create the
-    file with both slots, atomically and durably). ``sync``: fdatasync the slot."""
+    file with both slots, atomically, and durably unless ``durable_create`` is False: a
+    simulation's virtual silo, PrivacyLedger.sync). ``sync``: fdatasync the slot."""
     slot = _mark_slot(mark)
     if fresh or not path.exists():
         page = slot + b" " * (MARK_STRIDE - MARK_SLOT - 1) + b"\n"
-        write_bytes_atomically(path, page + slot, sync_dir=True)
+        write_bytes_atomically(path, page + slot, sync_dir=True, sync=durable_create)
         return
     fd = os.open(path, os.O_WRONLY)
     try:
