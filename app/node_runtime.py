@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -56,6 +57,8 @@ from clients.silo import RefusingSilo, Silo, witnessed_answer
 #: the silos (and shufflers) this process serves, built once per run and reused across messages
 _SILOS: dict[tuple, Silo] = {}
 _SHUFFLERS: dict[tuple, Shuffler] = {}
+#: the (run id, state dir) whose silos _SILOS holds: the others were dropped when it last changed
+_SILO_SCOPE: tuple[int, Any] | None = None
 
 
 #: canonical run config -> its parsed Settings (a node parses each run's config once, not per message)
@@ -126,8 +129,18 @@ def settings(context: Context, policy: NodePolicy) -> Settings:
     return s
 
 
-def silo(context: Context, deployed: bool = False) -> Silo:
+#: held while a silo is looked up or built: a batched simulation's threads (app/local_grid.py)
+#: ask for their silos at once, and each must be built once
+_SILOS_LOCK = threading.Lock()
+
+
+def silo(context: Context, deployed: bool = False) -> Silo | RefusingSilo:
     """The silo of this node and run (built once per process and reused across rounds)."""
+    with _SILOS_LOCK:
+        return _silo(context, deployed)
+
+
+def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
     node = context.node_config
     policy = node_policy(node, deployed=deployed)
     s = settings(context, policy)
@@ -150,8 +163,12 @@ def silo(context: Context, deployed: bool = False) -> Silo:
     if key not in _SILOS:
         # a warm process (simulation actors, the in-process grid, the silo service) serves run
         # after run: keep only the silos of this run, or the old runs' data would pile up in memory
-        for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
-            del _SILOS[old]
+        # (looked at when the run or state dir changes, not for each of a simulation's silos)
+        global _SILO_SCOPE
+        if _SILO_SCOPE != (context.run_id, where):
+            for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
+                del _SILOS[old]
+            _SILO_SCOPE = (context.run_id, where)
         try:
             data, num_classes, feature_shape = silo_records(s, node, index, deployed, policy.safe)
         except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
@@ -204,7 +221,10 @@ def silo(context: Context, deployed: bool = False) -> Silo:
                                trust_silo_sampling=policy.shuffle_trust_silo_sampling,
                                ledger_mark_dir=node.get("ledger-mark-dir") or None,
                                ledger_key_file=node.get("ledger-key-file") or None,
-                               ledger_witness_dir=node.get("ledger-witness-dir") or None)
+                               ledger_witness_dir=node.get("ledger-witness-dir") or None,
+                               # a deployed silo, or one whose operator set a cap, fsyncs every
+                               # release; a simulation's virtual silo once per round (PrivacyLedger.sync)
+                               ledger_sync=deployed or policy.safe)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
         except BudgetExceededError as exc:  # the pre-processing release did not fit: ledger totals only

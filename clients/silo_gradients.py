@@ -21,7 +21,8 @@ from app.data.federated import SiloData
 from app.data.split import fixed_size_batch
 from app.models.losses import cross_entropy
 from app.privacy.clipping import clip_rows
-from app.privacy.per_sample import batch_loss, per_sample_grads
+from app.privacy.per_sample import batch_loss
+from app.privacy.row_batcher import per_sample_rows
 from app.seeding import np_rng, torch_gen
 
 
@@ -71,7 +72,8 @@ def unflatten(vec: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict[str, 
 
 
 class RecordGradients:
-    """Per-record gradients of ``model`` on the training records of ``records`` (on ``device``).
+    """Per-record gradients of ``model`` on the training records of ``records`` (on ``device``);
+    in a batched simulation, computed with the other silos' in one call (app/privacy/row_batcher.py).
 
     ``clip``: L, each record's gradient is clipped to norm L (inf: no privacy); ``diff_clip``: C,
     with C > 0 and ``private`` a SPIDER difference row is clip_C(g(w) - g(w')) instead of
@@ -92,14 +94,14 @@ class RecordGradients:
 
     def clipped_rows(self, w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """clip_L grad f0(w, x_i) for every record of (x, y), one row each [K, d]."""
-        return clip_rows(per_sample_grads(self.model, dict(w), x, y), self.clip)
+        return clip_rows(per_sample_rows(self.model, dict(w), x, y), self.clip)
 
     def difference_rows(self, w: Mapping[str, torch.Tensor], w_prev: Mapping[str, torch.Tensor], x: torch.Tensor,
                         y: torch.Tensor) -> torch.Tensor:
         """Per-record differences on (x, y): clip_C(g(w) - g(w')) with ``diff-clip`` C > 0 (norm <= C),
         else clip_L g(w) - clip_L g(w') (norm <= 2L)."""
-        g_now = per_sample_grads(self.model, dict(w), x, y)
-        g_prev = per_sample_grads(self.model, dict(w_prev), x, y)
+        g_now = per_sample_rows(self.model, dict(w), x, y)
+        g_prev = per_sample_rows(self.model, dict(w_prev), x, y)
         if self.diff_clip > 0 and self.private:
             return clip_rows(g_now - g_prev, self.diff_clip)
         return clip_rows(g_now, self.clip) - clip_rows(g_prev, self.clip)

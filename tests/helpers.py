@@ -39,11 +39,12 @@ def missing_data(name: str) -> str | None:
 
 
 def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict | None = None, *,
-        run_id: int = 1, name: str = "t") -> tuple[dict, list[dict], Any]:
+        run_id: int = 1, name: str = "t", batched: bool = False) -> tuple[dict, list[dict], Any]:
     """One federation of the real ServerApp and ClientApp on the in-process grid (no Flower
     runtime): the pyproject defaults with ``overrides``, outputs under ``tmp_path/out/<name>``,
     the silos' state (ledgers) under ``tmp_path/state``. Returns (summary.json, the rows of
-    rounds.jsonl, the grid with every message sent)."""
+    rounds.jsonl, the grid with every message sent). ``batched``: the batched simulation path
+    (app/privacy/row_batcher.py)."""
     from app.launch import merged_run_config
     from app.local_grid import run_local
     from app.results import load_rounds
@@ -52,7 +53,8 @@ def run(tmp_path: Path, overrides: dict[str, Any], hook=None, node_config: dict 
 
     cfg = merged_run_config([]) | {"outputs-dir": str(tmp_path / "out"), "run-name": name} | overrides
     try:
-        grid = run_local(cfg, str(tmp_path / "state"), run_id=run_id, hook=hook, node_config=node_config)
+        grid = run_local(cfg, str(tmp_path / "state"), run_id=run_id, hook=hook, node_config=node_config,
+                         batched=batched)
     except NothingTrained as exc:  # the run wrote its outputs (status "failed"): the test reads them
         grid = exc.grid  # type: ignore[attr-defined]
     out = tmp_path / "out" / name
