@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -202,6 +203,36 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     rounds = load_rounds(out / "rounds.jsonl")
     inside = sum(float(r["wall_s"]) for r in rounds)
     return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
+
+
+def run_in_process(run_config: dict[str, Any], batched: bool = True) -> dict[str, Any]:
+    """Run one federation in this process on the in-process grid (app/local_grid.py: the real
+    ServerApp and ClientApp, no Flower engine or Ray); ``batched``: the batched simulation path
+    (each exchange's per-record gradients in one call per model and point,
+    app/privacy/row_batcher.py). The silos keep their state where the engine's virtual
+    SuperNodes do (app.node_context.state_dir). Returns what :func:`run_federation` returns."""
+    from app.data.schema import with_inline_schema
+    from app.local_grid import run_local
+    from app.node_context import state_dir
+
+    run_config = with_inline_schema(run_config)
+    s = parse_settings(run_config)
+    out = Path(s.outputs_dir) / s.run_name
+    for name in ("summary.json", "rounds.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    # a fresh 63-bit run id, as Flower's engine draws one: the run-scoped ledgers in the shared
+    # state dir are named by it, so this run never meets another run's
+    grid = run_local(run_config, str(state_dir({})), run_id=secrets.randbits(63), batched=batched)
+    wall = time.perf_counter() - t0
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = load_rounds(out / "rounds.jsonl")
+    inside = sum(float(r["wall_s"]) for r in rounds)
+    path = ("batched: each exchange's per-record gradients in one call per model and point "
+            f"({grid.batcher.requests} requests in {grid.batcher.batches} calls)" if grid.batcher is not None
+            else "one silo at a time")
+    return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out),
+                      "simulation_path": path}
 
 
 def retry_config(run_config: dict[str, Any], lost: EngineLost) -> dict[str, Any]:

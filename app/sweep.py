@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
-from app.federation import EngineLost, retry_config, run_federation
+from app.federation import EngineLost, retry_config, run_federation, run_in_process
 from app.presets import PRESET_KEYS
 from app.run_health import FINISHED, UNHEALTHY
 from app.sweep_progress import Progress, sweep_size
@@ -146,6 +146,20 @@ def sweep_retries(sweep: Mapping[str, Any]) -> int:
     return raw
 
 
+#: ``sweep.engine``: flower (Flower's simulation engine, one virtual SuperNode per silo on Ray),
+#: batched (the in-process grid's batched path, app/privacy/row_batcher.py), in-process (the
+#: in-process grid, one silo at a time)
+SWEEP_ENGINES = ("flower", "batched", "in-process")
+
+
+def sweep_engine(sweep: Mapping[str, Any]) -> str:
+    """``sweep.engine`` (flower by default), checked against :data:`SWEEP_ENGINES`."""
+    engine = str(sweep.get("engine") or "flower")
+    if engine not in SWEEP_ENGINES:
+        raise ConfigError(f"sweep.engine = {engine!r}; allowed: {', '.join(SWEEP_ENGINES)}")
+    return engine
+
+
 def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: str, **backend: Any) -> dict[str, Any]:
     """:func:`run_federation`, restarted on a fresh engine and resumed from its last checkpoint
     (app.federation.retry_config) each time the engine loses an actor, a raylet or a node
@@ -154,6 +168,11 @@ def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: 
     (``overhead_s``: all of it but the time inside the rounds, so the restarts count as overhead)."""
     from app.runtime.engine_patches import restart_engine
 
+    engine = sweep_engine(sweep)
+    if engine != "flower":  # in this process, without Flower's engine: nothing to lose or restart
+        result = run_in_process(cfg, batched=engine == "batched")
+        print(f"[sweep] job {job}: sweep.engine = {engine}, simulation path: {result['simulation_path']}", flush=True)
+        return result | {"retries": 0}
     limit, retries, lost_s, attempt = sweep_retries(sweep), 0, 0.0, dict(cfg)
     while True:
         try:

@@ -1,0 +1,210 @@
+"""The batched simulation path (app/privacy/row_batcher.py, app/local_grid.py ``batched=True``)
+against the one-silo-at-a-time path, and the virtual silos' ledger durability.
+
+Independent facts: the batcher's rows are checked against ``per_sample_grads`` on each request
+alone and against the per-record loop; a batched federation against the same federation run one
+silo at a time (every reply's arrays, every silo's ledger); the ledger's fsyncs are counted at
+the system call."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.models.zoo import build_model
+from app.privacy.per_sample import per_sample_grads, per_sample_grads_loop
+from app.privacy.row_batcher import RowBatcher, per_sample_rows
+from tests.helpers import run, without_wall
+
+
+def _point(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(v.shape, generator=g) * 0.3 for k, v in model.named_parameters()}
+
+
+def test_each_call_gets_the_rows_of_its_own_request_in_one_batched_call_per_model_and_point() -> None:
+    g = torch.Generator().manual_seed(0)
+    mlp = [build_model("mlp", (8,), 3, hidden=(5,)) for _ in range(4)]
+    other = build_model("logistic", (8,), 3)
+    w, w2, wl = _point(mlp[0], 1), _point(mlp[0], 2), _point(other, 3)
+    data = [(torch.randn(k, 8, generator=g), torch.randint(0, 3, (k,), generator=g)) for k in (1, 2, 5, 3, 4, 2)]
+    # (model, point, records): four silos at w (one call), one at another point, one of another architecture
+    asks = [(mlp[0], w, 0), (mlp[1], w, 1), (mlp[2], w2, 2), (other, wl, 3), (mlp[3], w, 4), (mlp[1], w, 5)]
+    calls = [lambda m=m, p=p, i=i: per_sample_rows(m, {k: v.clone() for k, v in p.items()}, *data[i])
+             for m, p, i in asks]
+    batcher = RowBatcher()
+    got = batcher.run(calls)
+    assert batcher.requests == 6 and batcher.batches == 1
+    for (m, p, i), rows in zip(asks, got, strict=True):
+        x, y = data[i]
+        alone = per_sample_grads(m, p, x, y)
+        assert rows.shape == alone.shape
+        torch.testing.assert_close(rows, per_sample_grads_loop(m, p, x, y), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rows, alone, rtol=1e-6, atol=1e-7)
+
+
+def test_calls_run_one_at_a_time_in_order_and_a_call_that_raises_returns_its_error() -> None:
+    model = build_model("logistic", (4,), 2)
+    w = _point(model, 0)
+    order: list[str] = []
+    x, y = torch.ones(2, 4), torch.tensor([0, 1])
+
+    def call(i: int):
+        def f():
+            order.append(f"{i}:start")
+            per_sample_rows(model, w, x, y)
+            order.append(f"{i}:rows")
+            if i == 1:
+                raise ValueError("silo 1 fails after its rows")
+            per_sample_rows(model, w, x, y)
+            order.append(f"{i}:end")
+            return i
+        return f
+
+    batcher = RowBatcher()
+    out = batcher.run([call(0), call(1), call(2)])
+    assert out[0] == 0 and out[2] == 2 and isinstance(out[1], ValueError)
+    assert order == ["0:start", "1:start", "2:start", "0:rows", "1:rows", "2:rows", "0:end", "2:end"]
+    assert batcher.batches == 2 and batcher.requests == 5
+    assert per_sample_rows(model, w, x, y).shape == (2, sum(v.numel() for v in w.values()))  # outside: alone
+
+
+def _replies(store: list):
+    def hook(nid, msg, reply):
+        if reply.has_content():
+            arrays = {f"{name}/{k}": np.asarray(v.numpy()) for name, rec in reply.content.array_records.items()
+                      for k, v in rec.items()}
+            store.append((msg.metadata.message_type, nid, arrays))
+        return reply
+    return hook
+
+
+def _ledgers(state: Path) -> dict[str, list[dict]]:
+    out = {}
+    for p in sorted(state.glob("ledger-*.json")):
+        rows = [json.loads(line) for line in p.read_text().splitlines()[1:]]
+        out[p.name] = [{k: v for k, v in r["release"].items() if k != "time"} for r in rows if "release" in r]
+    return out
+
+
+CASES = {  # the releases of three kinds of exchange: one gradient, two points (SPIDER's difference), Q local steps
+    "mbsgd": {"algorithm": "mbsgd", "num-rounds": 3},
+    "spider": {"algorithm": "spider", "num-rounds": 4, "spider.q": 2, "diff-clip": 1.0},
+    "localsgd": {"algorithm": "localsgd", "num-rounds": 2, "local-steps": 3, "lr": 0.2},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_batched_federation_releases_what_the_one_at_a_time_path_releases(tmp_path: Path, case: str) -> None:
+    over = {"dataset": "digits", "partition": "iid", "num-silos": 12, "silos-per-round": 12, "batch-size": 8,
+            "privacy.delta": 1e-5, "checkpoint": False} | CASES[case]
+    got = {}
+    for path in ("alone", "batched"):
+        replies: list = []
+        summary, rows, grid = run(tmp_path / path, over, hook=_replies(replies), name=path, batched=path == "batched")
+        got[path] = (summary, rows, replies, _ledgers(tmp_path / path / "state"))
+        assert (grid.batcher is not None) == (path == "batched")
+    (s1, r1, rep1, led1), (s2, r2, rep2, led2) = got["alone"], got["batched"]
+    assert len(rep1) == len(rep2) > 12
+    worst = 0.0
+    for (t1, n1, a1), (t2, n2, a2) in zip(rep1, rep2, strict=True):
+        assert (t1, n1, sorted(a1)) == (t2, n2, sorted(a2))
+        for k in a1:
+            worst = max(worst, float(np.max(np.abs(a1[k].astype(np.float64) - a2[k]), initial=0.0)))
+    # the same records, batch, clip and noise draw: only the per-record rows' last bits may differ
+    # (a product over 12 silos' rows can take another kernel than over one silo's)
+    print(f"\n{case}: max |batched - alone| over every reply = {worst:.3g}")
+    assert worst <= 1e-5, worst
+    assert led1 == led2  # the same releases recorded by every silo: seq, round, kind, K, n, z
+    assert [s["eps_spent"] for s in s1["silos"]] == [s["eps_spent"] for s in s2["silos"]]
+    assert len(r1) == len(r2)
+    for a, b in zip(without_wall(r1), without_wall(r2), strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float):
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+            else:
+                assert a[k] == b[k], k
+
+
+def test_a_batched_federation_is_reproducible(tmp_path: Path) -> None:
+    over = {"dataset": "digits", "partition": "iid", "num-silos": 6, "silos-per-round": 4, "num-rounds": 3,
+            "privacy.delta": 1e-5, "checkpoint": False}
+    a = run(tmp_path / "a", over, name="a", batched=True)
+    b = run(tmp_path / "b", over, name="b", batched=True)
+    assert without_wall(a[1]) == without_wall(b[1])
+
+
+def _count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return calls
+
+
+def test_a_virtual_silo_fsyncs_no_release_and_the_server_syncs_before_each_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app import server_app
+
+    fsyncs = _count_fsyncs(monkeypatch)
+    order: list[str] = []
+    real_sync, real_save = os.sync, server_app.save_checkpoint
+    monkeypatch.setattr(os, "sync", lambda: (order.append("sync"), real_sync())[1])
+    monkeypatch.setattr(server_app, "save_checkpoint", lambda *a, **k: (order.append("checkpoint"), real_save(*a, **k)))
+    over = {"dataset": "digits", "partition": "iid", "num-silos": 3, "silos-per-round": 3, "num-rounds": 2,
+            "privacy.delta": 1e-5}
+    before = len(fsyncs)
+    summary, rows, _ = run(tmp_path, over)
+    assert summary["status"] == "completed" and len(rows) == 2
+    # each round's checkpoint comes after an os.sync() that puts the silos' ledger rows on disk first
+    assert order == ["sync", "checkpoint"] * 2
+    ledgers = _ledgers(tmp_path / "state")
+    assert sum(len(v) for v in ledgers.values()) == 6  # 3 silos x 2 releases, all recorded
+    # what fsyncs there are belong to the server's checkpoints and outputs (each an atomic write,
+    # file and folder), never one per release or per silo
+    assert len(fsyncs) - before <= 2 * 2 + 12, len(fsyncs) - before
+
+
+def test_a_silo_with_a_privacy_cap_still_fsyncs_every_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    over = {"dataset": "digits", "partition": "iid", "num-silos": 3, "silos-per-round": 3, "num-rounds": 2,
+            "privacy.delta": 1e-5, "checkpoint": False}
+    fsyncs = _count_fsyncs(monkeypatch)
+    run(tmp_path / "open", over, name="open")
+    virtual = len(fsyncs)
+    fsyncs.clear()
+    # an operator's cap (node config epsilon-cap) makes the node keep its own guarantees: every entry on disk
+    summary, _, _ = run(tmp_path / "capped", over, node_config={"epsilon-cap": 10.0, "delta-cap": 1e-5,
+                                                                "evaluation": "open", "noise-seed": "run"},
+                        name="capped")
+    assert summary["status"] == "completed"
+    releases = sum(len(v) for v in _ledgers(tmp_path / "capped" / "state").values())
+    assert releases == 6
+    assert len(fsyncs) - virtual >= releases  # at least one fsync per release more than the virtual silos
+
+
+def test_a_sweep_job_on_the_batched_engine_says_which_path_it_took(tmp_path: Path, capsys,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.config import ConfigError
+    from app.launch import merged_run_config
+    from app.sweep import federation_with_retries
+
+    cfg = merged_run_config([]) | {"dataset": "digits", "partition": "iid", "num-silos": 5, "silos-per-round": 5,
+                                   "num-rounds": 2, "privacy.delta": 1e-5, "outputs-dir": str(tmp_path / "out"),
+                                   "run-name": "job"}
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))  # the silos' state dir, as the engine's nodes have it
+    result = federation_with_retries(cfg, {"engine": "batched"}, "job")
+    assert result["status"] == "completed" and result["retries"] == 0 and len(result["rounds_rows"]) == 2
+    assert result["simulation_path"].startswith("batched") and "10 requests in 2 calls" in result["simulation_path"]
+    assert "sweep.engine = batched, simulation path: batched" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: flower, batched, in-process"):
+        federation_with_retries(cfg, {"engine": "ray"}, "job")
