@@ -62,13 +62,17 @@ _SILO_SCOPE: tuple[int, Any] | None = None
 
 
 #: canonical run config -> its parsed Settings (a node parses each run's config once, not per message)
-_PARSED: dict[str, Settings] = {}
+_PARSED: dict[Any, Settings] = {}
 
 
 def run_settings(run_config: Mapping[str, Any]) -> Settings:
-    """``parse_settings(run_config)``, cached by the config's canonical JSON (Settings is
+    """``parse_settings(run_config)``, cached by the config's items (Settings is
     frozen, so sharing it is safe); a malformed config raises as parse_settings does."""
-    key = json.dumps(dict(run_config), sort_keys=True, default=repr)
+    try:  # a run config's values are scalars: its items (with their types: 1, 1.0 and True are
+        # equal keys but not equal values to parse_settings) are the key, without a JSON text per message
+        key: Any = frozenset((k, type(v), v) for k, v in run_config.items())
+    except TypeError:  # an unhashable value (a malformed config): parse_settings says what is wrong
+        key = json.dumps(dict(run_config), sort_keys=True, default=repr)
     s = _PARSED.get(key)
     if s is None:
         s = parse_settings(run_config)

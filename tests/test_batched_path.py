@@ -208,3 +208,15 @@ def test_a_sweep_job_on_the_batched_engine_says_which_path_it_took(tmp_path: Pat
     assert "sweep.engine = batched, simulation path: batched" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: flower, batched, in-process"):
         federation_with_retries(cfg, {"engine": "ray"}, "job")
+
+
+def test_a_node_parses_each_run_config_once_and_tells_1_from_true() -> None:
+    from app.config import ConfigError
+    from app.launch import merged_run_config
+    from app.node_runtime import run_settings
+
+    cfg = merged_run_config([])
+    assert run_settings(dict(cfg)) is run_settings(dict(cfg))  # cached, by value
+    assert cfg["checkpoint"] is True
+    with pytest.raises(ConfigError, match="checkpoint"):  # 1 == True, but not a boolean to parse_settings
+        run_settings(dict(cfg) | {"checkpoint": 1})
