@@ -17,7 +17,6 @@ written to ``<run>/checkpoint.npz`` after every round; ``resume`` continues from
 from __future__ import annotations
 
 import math
-import os
 import time
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -282,10 +281,6 @@ def main(grid: Grid, context: Context) -> None:
     settings_json = _jsonish(s.to_dict())
 
     def checkpoint(rnd: int, w: dict[str, Any]) -> None:
-        # first everything this machine's processes wrote: a simulation's virtual silos append
-        # their ledger entries without an fsync each (PrivacyLedger.sync), so their ledgers
-        # reach the disk once per round, before the checkpoint that counts on them
-        os.sync()
         save_checkpoint(out / CHECKPOINT_FILE, strategy.state(rnd, w) | {
             "settings": settings_json, "run_config": dict(context.run_config), "run_id": context.run_id,
             "run_name": name,

@@ -28,7 +28,8 @@ ledger key (node config ``ledger-key-file``, default ``<state-dir>/ledger.key``;
 appended to with plain SHA-256, as it was. The ledger's *witness* (its position, MAC'd with the
 key), which the silo deposits with the server and checks against the server's copy before every
 release, is app/privacy/ledger/witness.py. A release costs one append
-of its line and one fsync, under the lock, then one in-place write of the high-water mark.
+of its line and one fsync, under the lock, then one in-place write of the high-water mark (a
+simulation's virtual silo skips the fsync: PrivacyLedger.sync, docs/privacy.md).
 
 The high-water mark (``<mark-dir>/<ledger file name>.mark``; node config ``ledger-mark-dir``,
 default ``<state-dir>/ledger-marks``) records the ledger's ``id``, its number of ``entries``, the

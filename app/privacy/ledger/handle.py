@@ -54,10 +54,9 @@ class PrivacyLedger:
     mark_sync: bool = False
     #: fsync every entry as it is appended (a deployed silo, a silo with a privacy cap). False:
     #: a simulation's virtual silo, whose entries are written at once (a process crash loses
-    #: nothing) and reach the disk at the server's ``os.sync()`` before each round's checkpoint
-    #: (app/server_app.py), so a resumed simulation finds ledgers that match its checkpoint; a
-    #: power loss before it can only leave a ledger behind the server's witnesses, which the silo
-    #: then refuses to serve from (app/privacy/ledger/witness.py), never one that under-counts
+    #: nothing) and reach the disk at the server's ``os.sync()`` after each exchange, before it
+    #: writes its witnesses of them (WitnessStore.flush, app/privacy/ledger/witness.py) and its
+    #: checkpoint: a resumed simulation finds ledgers that match its checkpoint
     sync: bool = True
     #: the ledger key (app/privacy/ledger/witness.py): chains a new ledger, MACs its witnesses
     key: bytes | None = field(default=None, repr=False, compare=False)

@@ -289,9 +289,14 @@ class WitnessStore:
         return True
 
     def flush(self) -> None:
-        """Write the witnesses kept since the last flush (atomically, durably)."""
+        """Write the witnesses kept since the last flush (atomically, durably), after an
+        ``os.sync()``: a simulation's virtual silos append their ledger rows without an fsync each
+        (PrivacyLedger.sync), and this puts them on disk before the server's witness of them, so
+        that a durable witness is never ahead of a ledger on the same machine; a resumed
+        simulation finds ledgers that match its checkpoint, written after this."""
         if not self._dirty:
             return
+        os.sync()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomically(self.path, json.dumps({"witnesses": 1, "nodes": self._load()}, indent=1).encode(),
                                sync_dir=True)
