@@ -133,6 +133,7 @@ def main() -> None:
 
     set_framework_module(pytorch_ops)
     torch.manual_seed(args.seed)
+    np.random.seed(args.seed)  # pfl draws its per-user seeds (hence the local DP noise) from numpy's global state
     t_import = time.perf_counter() - t0
 
     xtr, ytr, xte, yte = load(args.dataset, args.seed)
