@@ -27,7 +27,8 @@ The task, as silofl's side of the bench runs it:
   every round, and what that accounting costs); without it, z comes from
   ``GaussianMechanism.from_privacy_accountant(PLDPrivacyAccountant(num_compositions = rounds,
   sampling_probability = 1, mechanism = "gaussian", epsilon, delta), clip)``;
-* evaluation: ``CentralEvaluationCallback`` on the test split after every round.
+* evaluation: ``CentralEvaluationCallback`` on the test split after every round (R evaluations,
+  as silofl's eval-every = 1; pfl's default would evaluate the initial model instead of round 1's).
 
     /work/pfl-venv/bin/python scripts/bench/pfl_runner.py --dataset digits --clients 100 --rounds 3
 """
@@ -127,7 +128,7 @@ def main() -> None:
     from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
     from pfl.internal.ops.selector import set_framework_module
     from pfl.internal.ops import pytorch_ops
-    from pfl.metrics import Weighted
+    from pfl.metrics import Metrics, Weighted
     from pfl.model.pytorch import PyTorchModel
     from pfl.privacy import GaussianMechanism, PLDPrivacyAccountant
 
@@ -181,11 +182,14 @@ def main() -> None:
     seen: list[dict] = []
 
     class Record(CentralEvaluationCallback):
-        """Central evaluation that also keeps each round's metrics for the result line."""
+        """Central evaluation after every round, as silofl's eval-every = 1 (pfl's own evaluates the
+        initial model and skips the first round's); keeps each round's metrics for the result line."""
+
+        def on_train_begin(self, *, model):
+            return Metrics()
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            stop, metrics = super().after_central_iteration(aggregate_metrics, model,
-                                                            central_iteration=central_iteration)
+            stop, metrics = self._eval(model)
             seen.append({str(k): float(getattr(v, "overall_value", v)) for k, v in metrics})
             return stop, metrics
 
