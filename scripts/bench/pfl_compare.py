@@ -3,7 +3,8 @@
 For each data set and client count, two fresh processes back to back:
 
 1. **silofl**: ``app.local_grid.run_local`` (the real ServerApp / ClientApp code, strategies, silos,
-   ledgers, accounting, on the in-process grid) with ``app.launch.default_run_config()`` and
+   ledgers, accounting, on the in-process grid; ``--silofl-path batched``, the default, is the
+   batched simulation path, ``alone`` one silo at a time) with ``app.launch.default_run_config()`` and
 
        dataset = D, partition = "iid", num-silos = silos-per-round = N, num-rounds = R,
        privacy.delta = 1e-5, eval-every = 1, checkpoint = false, outputs-dir = a temp dir
@@ -85,14 +86,15 @@ def silofl_config(dataset: str, clients: int, rounds: int, outputs: str, extra: 
     return cfg
 
 
-def silofl_child(dataset: str, clients: int, rounds: int, extra: list[str]) -> None:
-    """silofl's side, in this (fresh) process: one run_local; prints ``SILOFL_RESULT {json}``."""
+def silofl_child(dataset: str, clients: int, rounds: int, extra: list[str], path: str = "batched") -> None:
+    """silofl's side, in this (fresh) process: one run_local on ``path`` (batched: the batched
+    simulation path, app/privacy/row_batcher.py; alone: one silo at a time); prints ``SILOFL_RESULT {json}``."""
     from app.local_grid import run_local
 
     tmp = tempfile.mkdtemp(prefix="pflbench-silofl-")
     try:
         cfg = silofl_config(dataset, clients, rounds, tmp, extra)
-        run_local(cfg, str(Path(tmp) / "state"))
+        run_local(cfg, str(Path(tmp) / "state"), **({"batched": True} if path == "batched" else {}))
         summary = json.loads(next(Path(tmp).glob("*/summary.json")).read_text())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -156,6 +158,7 @@ def compare(dataset: str, clients: int, rounds: int, args: argparse.Namespace, e
            "--clients", str(clients), "--rounds", str(rounds)]
     for item in args.silofl_config:
         cmd += ["--silofl-config", item]
+    cmd += ["--silofl-path", args.silofl_path]
     s_run = run_measured(cmd, env)
     s_res = result_line(s_run["output"], "SILOFL_RESULT")
     if s_run["rc"] != 0 or s_res is None:
@@ -216,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON)
     ap.add_argument("--silofl-config", action="append", default=[], metavar="KEY=VALUE",
                     help="a run-config key for silofl's side (repeatable), e.g. a simulation-path switch")
+    ap.add_argument("--silofl-path", choices=("batched", "alone"), default="batched",
+                    help="silofl's simulation path: batched (the default; app/privacy/row_batcher.py) or alone "
+                         "(one silo at a time)")
     ap.add_argument("--no-floor", action="store_true", help="skip the vectorised floor")
     ap.add_argument("--no-pfl-epsilon", action="store_true",
                     help="skip the untimed epsilon of pfl's noise (its PLD accountant takes ~1 min of CPU at "
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     if args.child == "silofl":
-        silofl_child(args.datasets, int(args.clients), args.rounds, args.silofl_config)
+        silofl_child(args.datasets, int(args.clients), args.rounds, args.silofl_config, args.silofl_path)
         return
 
     env = dict(os.environ)
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
           f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}; silofl python {sys.executable}; pfl python "
           f"{args.pfl_python}{' (SKIPPED: ' + pfl_skip + ')' if pfl_skip else ''}; "
           f"uptime load {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
+    print(f"silofl simulation path: {args.silofl_path}", flush=True)
     if args.silofl_config:
         print(f"silofl extra config: {args.silofl_config}", flush=True)
 
