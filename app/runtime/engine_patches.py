@@ -2,7 +2,9 @@
 
 In-process sweeps (app.sweep, app.federation) and the ``flwr-simulation`` process of ``flwr run``
 (app/client_app.py applies them there) share these: the lean Ray start (:func:`lean_ray_start`,
-on by default), the opt-in poll period (:func:`fast_poll`), and the warm engine of a sweep
+on by default), the ClientApp actors at niceness 0 (:func:`actor_niceness`, on by default), the
+message index (:func:`index_engine_messages`, one pass over the stored instructions per sweep, on
+by default), the opt-in poll period (:func:`fast_poll`), and the warm engine of a sweep
 (:func:`keep_engine_warm`, :func:`prompt_engine_stop`). What the apps compute is unchanged; on a
 Flower release other than 1.42, or when a replaced function is not the code it was checked on, a
 patch is skipped with a RuntimeWarning and Flower runs unpatched. Standard library only at import
@@ -202,7 +204,9 @@ def one_pass_sweep(state: Any, nodes_mapping: Any) -> list[Any]:
     in the workers' queue. O(messages) per sweep. The one difference is timing: Flower releases
     the lock between nodes, so an instruction the ServerApp stores in the middle of a sweep may
     be taken in that sweep or the next; here it is the next (as if it had been stored a moment
-    later)."""
+    later). Likewise Flower checks a message once per node scan that passes it, so one whose TTL
+    runs out in the middle of a sweep may go in that sweep; here at its next check (as if the
+    sweep had run a moment sooner); an expired message is never delivered either way."""
     from flwr.server.superlink.linkstate import in_memory_linkstate
 
     wanted = set(nodes_mapping.keys())

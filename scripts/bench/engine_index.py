@@ -19,6 +19,18 @@ steady round wall per silo (rounds.jsonl's ``wall_s`` of rounds 2..R, or round 1
 divided by N). Each line prints the machine's load (``uptime``), the ratio off/on is the figure.
 
     python -m scripts.bench.engine_index --apps noop,silofl --nodes 100,1000 --rounds 3,2
+
+Measured on a shared 2-core machine (2 Ray actors; load 3-10 from other work), off -> on:
+
+    =========  =====  ======  =====================  =========================
+    app        nodes  rounds  CPU / silo-round (ms)  steady round / silo (ms)
+    =========  =====  ======  =====================  =========================
+    noop         100       3  37.9 -> 33.2 (x1.14)   6.94 -> 4.95 (x1.40)
+    silofl       100       3  76.3 -> 65.4 (x1.17)   10.1 -> 8.40 (x1.21)
+    noop       1,000       2  13.6 -> 9.5 (x1.44)    8.21 -> 4.29 (x1.92)
+    noop       1,000       3  17.6 -> 9.0 (x1.97)    11.2 -> 4.87 (x2.29)
+    silofl     1,000       2  46.2 -> 35.7 (x1.29)   36.7 -> 27.8 (x1.32)
+    =========  =====  ======  =====================  =========================
 """
 
 from __future__ import annotations
