@@ -242,7 +242,9 @@ def test_on_by_default_and_off_with_the_environment_variable(monkeypatch: pytest
         monkeypatch.setitem(engine_patches._ENGINE_LOOP, key, value)
     monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
     engine_patches.fast_poll(0)
+    engine_patches.index_engine_messages(False)  # on if the ClientApp was imported in this process
     flower = vce_api.add_messages_to_queue
+    assert flower is engine_patches._flower_loop(vce_api)
     monkeypatch.delenv(engine_patches.ENGINE_INDEX_ENV, raising=False)
     assert engine_patches.index_engine_messages()
     assert vce_api.add_messages_to_queue._silofl_index and vce_api.add_messages_to_queue._silofl_poll_s == 0.1
