@@ -5,8 +5,13 @@ deleted; and skipped with a RuntimeWarning when Flower's code is not the code it
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from queue import Queue
 from typing import Any
 
@@ -28,6 +33,9 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from flwr.superlink.federation import NoOpFederationManager  # noqa: E402
 
 from app.runtime import engine_patches  # noqa: E402
+from tests.helpers import without_wall  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 class Clock:
     """The link state's clock (``in_memory_linkstate.now``), moved by the test from ``t0`` (the
@@ -255,3 +263,30 @@ def test_on_by_default_and_off_with_the_environment_variable(monkeypatch: pytest
     assert not vce_api.add_messages_to_queue._silofl_index
     engine_patches.fast_poll(0)
     assert vce_api.add_messages_to_queue is flower  # Flower's own function back
+
+
+@pytest.mark.slow
+def test_a_federation_computes_the_same_with_and_without_the_index(tmp_path: Path) -> None:
+    """Two federations of silofl's apps on one warm engine, Flower's loop then the index (on by
+    default in run_federation): rounds.jsonl is the same but for wall_s."""
+    code = f"""
+import json, os
+from app.launch import merged_run_config
+from app.federation import run_federation
+from flwr.server.superlink.fleet.vce import vce_api
+out = {{}}
+for index in ("0", "1"):
+    os.environ["SILOFL_ENGINE_INDEX"] = index
+    cfg = merged_run_config([]) | {{"num-rounds": 3, "outputs-dir": {str(tmp_path)!r},
+                                   "run-name": "index" + index}}
+    out[index] = [run_federation(cfg, warm=True)["rounds_rows"],
+                  getattr(vce_api.add_messages_to_queue, "_silofl_index", False)]
+print("RESULT " + json.dumps(out))
+"""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    (flower, off), (indexed, on) = rows["0"], rows["1"]
+    assert not off and on
+    assert without_wall(flower) == without_wall(indexed) and len(indexed) == 3
