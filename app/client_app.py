@@ -100,14 +100,19 @@ def _engine_patches() -> None:
     """``flwr run`` on the local SuperLink: the engine runs in the run's ``flwr-simulation``
     process, which imports this module (to check the ClientApp loads) before it starts Ray and
     the loop the poll patch replaces. There, and only there: a Ray of the run's own (unless
-    ``RAY_ADDRESS`` names a cluster), the lean Ray start (on unless ``SILOFL_LEAN_RAY=0``) and,
-    if asked for, the engine poll patch (app/runtime/engine_patches.py)."""
+    ``RAY_ADDRESS`` names a cluster) whose actors run at niceness 0 (unless ``RAY_worker_niceness``
+    is set), the lean Ray start (on unless ``SILOFL_LEAN_RAY=0``), the engine's message index (on
+    unless ``SILOFL_ENGINE_INDEX=0``) and, if asked for, the engine poll patch
+    (app/runtime/engine_patches.py)."""
     if "flwr.server.superlink.fleet.vce.vce_api" not in sys.modules:  # not the engine's process
         return
-    from app.runtime.engine_patches import fast_poll, fast_poll_setting, lean_ray_start, own_ray
+    from app.runtime.engine_patches import (actor_niceness, fast_poll, fast_poll_setting, index_engine_messages,
+                                            lean_ray_start, own_ray)
 
     own_ray()  # a Ray of this run's own unless RAY_ADDRESS names a cluster (app/runtime/engine_patches.py)
+    actor_niceness()
     lean_ray_start()
+    index_engine_messages()
     if os.environ.get("SILOFL_FAST_POLL", "").strip().lower() not in ("", "0", "false", "no", "off"):
         fast_poll(fast_poll_setting())
 

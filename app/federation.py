@@ -26,8 +26,9 @@ from typing import Any
 from app.config import ConfigError, parse_settings
 from app.launch import flower_env
 from app.results import load_rounds
-from app.runtime.engine_patches import (LOCAL_RAY, engine_losses, fast_poll, fast_poll_setting, keep_engine_warm,
-                                        lean_ray_start, named_ray_cluster, watch_engine_losses)
+from app.runtime.engine_patches import (LOCAL_RAY, actor_niceness, engine_losses, fast_poll, fast_poll_setting,
+                                        index_engine_messages, keep_engine_warm, lean_ray_start, named_ray_cluster,
+                                        watch_engine_losses)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,11 +160,16 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     ``warm``: reuse the engine's actors across the federations of this process (and end each
     federation's engine promptly). ``fast``: the engine poll patch (:func:`fast_poll`): True, a
     period in seconds, False; None = as :data:`FAST_POLL_ENV` says (off when unset). ``backend``:
-    the sweep's Ray settings (:func:`engine_backend_config`)."""
+    the sweep's Ray settings (:func:`engine_backend_config`). The engine's message index
+    (:func:`index_engine_messages`) is on unless ``SILOFL_ENGINE_INDEX=0``; the actors of a Ray
+    started here run at niceness 0 unless ``RAY_worker_niceness`` says otherwise
+    (:func:`actor_niceness`)."""
     from flwr.simulation import run_simulation
 
     engine_env()
+    actor_niceness()
     lean_ray_start()
+    index_engine_messages()
     watch_engine_losses()
     if warm:
         keep_engine_warm()

@@ -287,6 +287,7 @@ def main(grid: Grid, context: Context) -> None:
             "ledger_run_key": s.ledger_run_key or f"run{context.run_id}"})
 
     stopped: str | None = None
+    crashed: Exception | None = None  # an error the rounds raised that is none of the run's own verdicts
     failures_stopped = False  # the first round with a ClientApp failure ended the run (its reason says so)
     try:
         result = strategy.run(grid, initial, num_rounds=s.num_rounds, timeout=s.round_timeout,
@@ -295,7 +296,16 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "%s", exc)
         stopped, failures_stopped = str(exc), isinstance(exc, ClientAppsFailed)
         result = None
-    silos = query_ledgers(grid, s.round_timeout)
+    except Exception as exc:  # anything else the rounds raised: write what there is, then fail with it
+        log(ERROR, "the rounds raised %s: %s", type(exc).__name__, exc)
+        stopped, crashed, result = f"{type(exc).__name__}: {exc}", exc, None
+    try:
+        silos = query_ledgers(grid, s.round_timeout)
+    except Exception as exc:  # after a crash the grid may be gone too: the summary says so
+        if crashed is None:
+            raise
+        log(ERROR, "ledger query after the failure: %s", exc)
+        silos = []
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
     # the run's output: the last iterate, or (output = random) the paper's w_priv ~ Unif{w_1..w_R}
     out_eval = result.metrics if s.output == "random" and result is not None else last_eval
@@ -367,6 +377,8 @@ def main(grid: Grid, context: Context) -> None:
               f"accuracy {own_test['server_test_accuracy']:.2%}", flush=True)
     if failed:
         print(f"[silofl] run FAILED: {summary['status_reason']}", flush=True)
+        if crashed is not None:
+            raise crashed
         if strategy.client_errors and s.fail_on_client_error:
             raise ClientAppFailure(summary["status_reason"])
         if stopped:

@@ -28,11 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def vce_api():
     from flwr.server.superlink.fleet.vce import vce_api
 
+    index = patches._ENGINE_LOOP["index"]  # on after a run_federation in this process
+    patches.index_engine_messages(False)  # these tests are about the poll patch alone (test_engine_index.py)
     original, queue = vce_api.add_messages_to_queue, vce_api.Queue
     yield vce_api
     patches.fast_poll(0)
     vce_api.Queue = queue
     assert vce_api.add_messages_to_queue is getattr(vce_api, "_silofl_original_add_messages", original)
+    if index:
+        patches.index_engine_messages(True)
 
 
 class _Event:
@@ -122,8 +126,9 @@ def test_prompt_stop_caps_the_queue_waits(vce_api) -> None:
 
 def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> None:
     """flwr run: the ClientApp, imported by the engine's process, makes its Ray the run's own
-    (RAY_ADDRESS=local unless set), starts Ray lean (unless SILOFL_LEAN_RAY=0) and, with
-    SILOFL_FAST_POLL set, patches the loop; imported anywhere else (a SuperNode, a Ray actor) it
+    (RAY_ADDRESS=local unless set) with actors at niceness 0 (unless RAY_worker_niceness is set),
+    starts Ray lean (unless SILOFL_LEAN_RAY=0), puts in the engine's message index (unless
+    SILOFL_ENGINE_INDEX=0) and, with SILOFL_FAST_POLL set, the poll period; imported anywhere else (a SuperNode, a Ray actor) it
     patches nothing. Nowhere does it import the sweep (no circle:
     app.sweep imports the ClientApp's patches, never the other way round); in the engine's
     process it adds app.runtime.engine_patches and nothing else of silofl's beyond its own protocol."""
@@ -131,6 +136,8 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
             "v = sys.modules.get('flwr.server.superlink.fleet.vce.vce_api'); "
             "rb = sys.modules.get('flwr.server.superlink.fleet.vce.backend.raybackend'); "
             "print(getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_poll_s', None), "
+            "getattr(getattr(v, 'add_messages_to_queue', None), '_silofl_index', None), "
+            "__import__('os').environ.get('RAY_worker_niceness'), "
             "getattr(getattr(getattr(rb, 'RayBackend', None), 'init_ray', None), '_silofl_lean', False), "
             "'app.sweep' in sys.modules, "
             "','.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('app', 'clients'))), "
@@ -140,11 +147,15 @@ def test_client_app_applies_the_engine_patches_only_in_the_engines_process() -> 
     elsewhere = "app,app.client_app,app.node_context,app.runtime,app.runtime.silo_protocol"
     ours = "app,app.client_app,app.node_context,app.runtime,app.runtime.engine_patches,app.runtime.silo_protocol"
     # the engine's process starts a Ray of its own (RAY_ADDRESS=local) unless a cluster is named
-    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True False {ours} local"),
-                                 (engine, {}, f"None True False {ours} local"),
-                                 (engine, {"SILOFL_LEAN_RAY": "0"}, f"None False False {ours} local"),
-                                 (engine, {"RAY_ADDRESS": "10.0.0.5:6379"}, f"None True False {ours} 10.0.0.5:6379"),
-                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None False False {elsewhere} None")):
+    # (poll period, index, actors' niceness, lean start, sweep imported, modules, RAY_ADDRESS)
+    for pre, extra, expected in ((engine, {"SILOFL_FAST_POLL": "1"}, f"0.005 True 0 True False {ours} local"),
+                                 (engine, {}, f"0.1 True 0 True False {ours} local"),
+                                 (engine, {"SILOFL_ENGINE_INDEX": "0"}, f"None None 0 True False {ours} local"),
+                                 (engine, {"RAY_worker_niceness": "5"}, f"0.1 True 5 True False {ours} local"),
+                                 (engine, {"SILOFL_LEAN_RAY": "0"}, f"0.1 True 0 False False {ours} local"),
+                                 (engine, {"RAY_ADDRESS": "10.0.0.5:6379"},
+                                  f"0.1 True 0 True False {ours} 10.0.0.5:6379"),
+                                 ("", {"SILOFL_FAST_POLL": "1"}, f"None None None False False {elsewhere} None")):
         out = subprocess.run([sys.executable, "-c", code.format(pre=pre)], cwd=ROOT, capture_output=True, text=True,
                              timeout=120, env=env | extra)
         assert out.returncode == 0, out.stderr

@@ -77,3 +77,19 @@ def test_flower_still_reads_the_local_superlink_ports_the_launcher_sets() -> Non
     source = inspect.getsource(importlib.import_module("flwr.cli.constant"))
     for env, port in zip(LOCAL_PORT_ENV, FLOWER_LOCAL_PORTS):
         assert env in source and f'"{port}"' in source, f"flwr.cli.constant no longer reads {env} (default {port})"
+
+
+def test_the_engine_index_and_actor_niceness_match_the_installed_flower_and_ray() -> None:
+    """index_engine_messages: the source of add_messages_to_queue and get_message_ins it was checked
+    against; actor_niceness: the environment variable Ray's raylet reads for its workers' niceness."""
+    from app.runtime import engine_patches
+
+    vce_api = importlib.import_module("flwr.server.superlink.fleet.vce.vce_api")
+    linkstate = importlib.import_module("flwr.server.superlink.linkstate.in_memory_linkstate")
+    flower_loop = engine_patches._flower_loop(vce_api)  # Flower's, even if a test of this session patched it
+    assert engine_patches._source_sha256(flower_loop) == engine_patches.INDEX_SOURCE_SHA256["add_messages_to_queue"]
+    assert (engine_patches._source_sha256(linkstate.InMemoryLinkState.get_message_ins)
+            == engine_patches.INDEX_SOURCE_SHA256["InMemoryLinkState.get_message_ins"])
+    assert callable(linkstate.InMemoryLinkState._check_stored_messages) and callable(linkstate.now)
+    ray_constants = pytest.importorskip("ray._private.ray_constants")
+    assert ray_constants.RAY_WORKER_NICENESS == engine_patches.RAY_WORKER_NICENESS_ENV

@@ -13,8 +13,10 @@ each workaround below, then moves the pin).
 * :mod:`app.runtime.executor`: the same limit answered inside Flower's own protocol: a SuperNode
   started with ``--isolation process`` waits for an external SuperExec on its Runtime API; this is
   one, for silofl only, that runs every ClientApp task in one process.
-* :mod:`app.runtime.engine_patches`: the simulation engine's fixed 0.1 s poll
-  (``vce_api.add_messages_to_queue``), its 1 s queue wait at the end of a federation
+* :mod:`app.runtime.engine_patches`: the simulation engine's fixed 0.1 s poll and its full scan
+  of the stored instructions for every node (``vce_api.add_messages_to_queue``,
+  ``InMemoryLinkState.get_message_ins``), Ray's ClientApp actors at niceness 15
+  (``RAY_worker_niceness``), its 1 s queue wait at the end of a federation
   (``vce_api.Queue``), Ray's runtime-env agent started only to set PYTHONPATH
   (``RayBackend.init_ray``), the engine rebuilt for every job of a sweep (``RayBackend.build`` /
   ``terminate``) and a lost Ray actor that escapes as a crash (``RayBackend.process_message``).

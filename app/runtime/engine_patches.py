@@ -2,7 +2,9 @@
 
 In-process sweeps (app.sweep, app.federation) and the ``flwr-simulation`` process of ``flwr run``
 (app/client_app.py applies them there) share these: the lean Ray start (:func:`lean_ray_start`,
-on by default), the opt-in poll period (:func:`fast_poll`), and the warm engine of a sweep
+on by default), the ClientApp actors at niceness 0 (:func:`actor_niceness`, on by default), the
+message index (:func:`index_engine_messages`, one pass over the stored instructions per sweep, on
+by default), the opt-in poll period (:func:`fast_poll`), and the warm engine of a sweep
 (:func:`keep_engine_warm`, :func:`prompt_engine_stop`). What the apps compute is unchanged; on a
 Flower release other than 1.42, or when a replaced function is not the code it was checked on, a
 patch is skipped with a RuntimeWarning and Flower runs unpatched. Standard library only at import
@@ -42,6 +44,24 @@ def own_ray() -> None:
     this run's own instead of joining another run's (:data:`LOCAL_RAY`)."""
     if not named_ray_cluster():
         os.environ[RAY_ADDRESS_ENV] = LOCAL_RAY
+
+#: Ray's setting for the niceness of the worker processes its raylet starts (the ClientApp actors),
+#: read from the raylet's environment, which ``ray.init`` starts from this process's
+#: (ray/_private/ray_constants.py: ``RAY_WORKER_NICENESS``; Ray's default is 15)
+RAY_WORKER_NICENESS_ENV = "RAY_worker_niceness"
+#: the actors' niceness in silofl's own simulations: the driver's (Ray's 15 let a busy machine
+#: starve the actors: a launcher run made no round in 12 minutes)
+ACTOR_NICENESS = 0
+
+
+def actor_niceness(value: int = ACTOR_NICENESS) -> None:
+    """In the engine's process, before Ray starts: the ClientApp actors of a Ray this run starts
+    run at niceness ``value`` instead of Ray's 15 (:data:`RAY_WORKER_NICENESS_ENV`). Flower's
+    engine waits on every actor's reply, so at nice 15 on a machine busy with anything else at
+    nice 0 the rounds stall. A value the user set in the environment wins; a Ray cluster
+    started elsewhere (``RAY_ADDRESS``) keeps its own raylets' setting."""
+    os.environ.setdefault(RAY_WORKER_NICENESS_ENV, str(int(value)))
+
 
 _WARM_POOLS: dict[str, Any] = {}
 
@@ -116,32 +136,176 @@ def fast_poll(seconds: float = FAST_POLL_S) -> bool:
     hard-coded 0.1 s between looks (``vce_api.add_messages_to_queue``: ``f_stop.wait(0.1)``), so
     every exchange of a simulated round waits up to 0.1 s for nothing. This replaces that
     function (``run_api`` looks it up by name when it starts its threads, so the patch applies to
-    every engine started afterwards in this process) with the same loop and period ``seconds``.
-    What the apps compute is unchanged (messages are handled in the same order by the same
-    code); the engine thread wakes 1/``seconds`` times a second instead of 10 (a few hundred
-    microseconds of CPU each at 5 ms). ``seconds`` <= 0 restores Flower's function. Returns
-    whether the patch is in place; skipped with a warning on a Flower release other than 1.42."""
+    every engine started afterwards in this process) with the same loop and period ``seconds``
+    (together with the message index when that is on, :func:`index_engine_messages`: one loop,
+    :func:`_install_engine_loop`). What the apps compute is unchanged (messages are handled in
+    the same order by the same code); the engine thread wakes 1/``seconds`` times a second
+    instead of 10 (a few hundred microseconds of CPU each at 5 ms). ``seconds`` <= 0 turns the
+    poll patch off (Flower's 0.1 s). Returns whether the patch is in place; skipped with a
+    warning on a Flower release other than 1.42."""
     from flwr.server.superlink.fleet.vce import vce_api
 
-    original = getattr(vce_api, "_silofl_original_add_messages", vce_api.add_messages_to_queue)
     if seconds <= 0:
-        vce_api.add_messages_to_queue = original
+        _ENGINE_LOOP["poll_s"] = 0.0
+        _install_engine_loop(vce_api)
         return False
+    original = _flower_loop(vce_api)
     if not _engine_patchable("the engine poll patch (fast-poll)", original, POLL_WAIT_CALL):
         return False
+    _ENGINE_LOOP["poll_s"] = float(seconds)
+    _install_engine_loop(vce_api)
+    return True
+
+
+# -- the engine's instruction loop: one sweep over the nodes instead of one store scan per node ------
+#: environment variable that turns the engine's message index (:func:`index_engine_messages`, on by
+#: default) off: "0"
+ENGINE_INDEX_ENV = "SILOFL_ENGINE_INDEX"
+#: Flower 1.42's poll period in ``vce_api.add_messages_to_queue``
+FLOWER_POLL_S = 0.1
+#: sha256 of the source of the Flower 1.42 functions whose behaviour one sweep of the index
+#: reproduces: ``vce_api.add_messages_to_queue`` (the loop it replaces) and
+#: ``InMemoryLinkState.get_message_ins`` (the scan it folds into one pass); the index calls
+#: ``InMemoryLinkState._check_stored_messages`` itself, so that one is checked by name only
+INDEX_SOURCE_SHA256 = {
+    "add_messages_to_queue": "953f4bd41a931a77",
+    "InMemoryLinkState.get_message_ins": "6547c8dcbc62e12f",
+}
+#: what the engine's instruction loop does in this process: ``poll_s`` (0.0 = Flower's 0.1 s,
+#: :func:`fast_poll`) and ``index`` (one pass per sweep, :func:`index_engine_messages`)
+_ENGINE_LOOP: dict[str, Any] = {"poll_s": 0.0, "index": False}
+
+
+def _source_sha256(function: Any) -> str:
+    """The first 16 hex digits of the sha256 of ``function``'s source text."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+def one_pass_sweep(state: Any, nodes_mapping: Any) -> list[Any]:
+    """One sweep of Flower 1.42's ``add_messages_to_queue`` over an ``InMemoryLinkState``, in one
+    pass over the stored instructions instead of one full scan per node.
+
+    Flower's sweep calls ``state.get_message_ins(node_id, limit=1)`` for every node in
+    ``nodes_mapping`` order; each call walks the store in insertion order, runs
+    ``_check_stored_messages`` on every message it passes (deleting the expired ones and those
+    whose nodes left the federation), and takes the first valid, undelivered message to that node
+    (marking it delivered): O(nodes x messages) per sweep. Here the store is walked once, in the
+    same order, under the state's lock: each message passed is checked by Flower's own
+    ``_check_stored_messages``; a valid undelivered message to a node that has none yet this sweep
+    is taken (marked delivered, ``now().isoformat()`` as Flower does) and that node is served. The
+    walk stops when every node has one, which is exactly where Flower's last per-node scan would
+    stop (the farthest message taken), and goes through the whole store when some node has none,
+    as Flower's scan for that node does: the same messages are checked (so the same expired ones
+    deleted), each node gets the same message (the first valid undelivered one to it in store
+    order), and the messages are returned in ``nodes_mapping`` order, the order Flower puts them
+    in the workers' queue. O(messages) per sweep. The one difference is timing: Flower releases
+    the lock between nodes, so an instruction the ServerApp stores in the middle of a sweep may
+    be taken in that sweep or the next; here it is the next (as if it had been stored a moment
+    later). Likewise Flower checks a message once per node scan that passes it, so one whose TTL
+    runs out in the middle of a sweep may go in that sweep; here at its next check (as if the
+    sweep had run a moment sooner); an expired message is never delivered either way."""
+    from flwr.server.superlink.linkstate import in_memory_linkstate
+
+    wanted = set(nodes_mapping.keys())
+    taken: dict[int, Any] = {}
+    with state.lock:
+        store = state.message_ins_store
+        for msg_id in list(store.keys()):
+            if not wanted:
+                break
+            state._check_stored_messages({msg_id})
+            msg = store.get(msg_id)
+            if msg is not None and msg.metadata.dst_node_id in wanted and msg.metadata.delivered_at == "":
+                msg.metadata.delivered_at = in_memory_linkstate.now().isoformat()
+                taken[msg.metadata.dst_node_id] = msg
+                wanted.discard(msg.metadata.dst_node_id)
+    return [taken[node_id] for node_id in nodes_mapping.keys() if node_id in taken]
+
+
+def _flower_loop(vce_api: Any) -> Any:
+    """The ``add_messages_to_queue`` silofl's loop replaces: ``vce_api``'s own unless that is
+    silofl's (:func:`_install_engine_loop`), then the one it replaced."""
+    current = vce_api.add_messages_to_queue
+    return vce_api._silofl_original_add_messages if hasattr(current, "_silofl_index") else current
+
+
+def _install_engine_loop(vce_api: Any) -> None:
+    """Put in ``vce_api`` the instruction loop :data:`_ENGINE_LOOP` asks for: Flower's own
+    function when neither the poll patch nor the index is on; else Flower's loop (put the nodes'
+    pending instructions in the workers' queue, then wait) with the poll period of
+    :func:`fast_poll` (Flower's 0.1 s when off) and, with the index on, :func:`one_pass_sweep`
+    on Flower's in-memory state (any other state: Flower's per-node calls)."""
+    original = _flower_loop(vce_api)
+    poll_s, index = float(_ENGINE_LOOP["poll_s"]), bool(_ENGINE_LOOP["index"])
+    if not poll_s and not index:
+        vce_api.add_messages_to_queue = original
+        return
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    period = poll_s or FLOWER_POLL_S
 
     def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
-        """Flower 1.42's loop (put the nodes' pending instructions in the workers' queue), polling
-        every ``seconds`` instead of 0.1 s (silofl's fast-poll patch)."""
+        """Flower 1.42's loop with silofl's engine patches (poll period, one-pass sweep)."""
+        one_pass = index and type(state) is InMemoryLinkState
         while not f_stop.is_set():
-            for node_id in nodes_mapping.keys():
-                for msg in state.get_message_ins(node_id=node_id, limit=1):
+            if one_pass:
+                for msg in one_pass_sweep(state, nodes_mapping):
                     queue.put(msg)
-            f_stop.wait(seconds)
+            else:  # Flower's own sweep
+                for node_id in nodes_mapping.keys():
+                    for msg in state.get_message_ins(node_id=node_id, limit=1):
+                        queue.put(msg)
+            f_stop.wait(period)
 
-    add_messages_to_queue._silofl_poll_s = seconds  # type: ignore[attr-defined]
+    add_messages_to_queue._silofl_poll_s = period  # type: ignore[attr-defined]
+    add_messages_to_queue._silofl_index = index  # type: ignore[attr-defined]
     vce_api._silofl_original_add_messages = original
     vce_api.add_messages_to_queue = add_messages_to_queue
+
+
+def index_engine_messages(on: bool | None = None) -> bool:
+    """Hand the ServerApp's instructions to the engine's workers with one pass over the stored
+    messages per sweep (:func:`one_pass_sweep`) instead of one full scan per virtual SuperNode.
+
+    Flower 1.42's engine looks for each node's next instruction every 0.1 s with
+    ``InMemoryLinkState.get_message_ins(node_id, limit=1)``, which walks every stored instruction
+    (those delivered and not yet answered included): with N nodes and a round's N instructions in
+    the store, N^2 checks every 0.1 s (69 % of the driver's time at 1,000 nodes). The one-pass
+    sweep does the same checks, deliveries and queue order in O(N) (see its docstring). ``on``:
+    True / False; None = on unless :data:`ENGINE_INDEX_ENV` is "0". On by default (sweeps,
+    ``run_federation`` and ``flwr run``). Skipped with a RuntimeWarning on a Flower release
+    other than 1.42, or when ``add_messages_to_queue`` or ``InMemoryLinkState.get_message_ins``
+    is not the code it was checked against (:data:`INDEX_SOURCE_SHA256`). Returns whether the
+    index is in place."""
+    import warnings
+
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    if on is None:
+        on = os.environ.get(ENGINE_INDEX_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    if not on:
+        _ENGINE_LOOP["index"] = False
+        _install_engine_loop(vce_api)
+        return False
+    if not _engine_patchable("the engine message index"):
+        return False
+    original = _flower_loop(vce_api)
+    for name, function in (("add_messages_to_queue", original),
+                           ("InMemoryLinkState.get_message_ins", InMemoryLinkState.get_message_ins)):
+        if _source_sha256(function) != INDEX_SOURCE_SHA256[name]:
+            warnings.warn(f"silofl: flwr's {name} is not the code the engine message index was checked "
+                          "against; not applied (Flower runs unpatched)", RuntimeWarning, stacklevel=2)
+            return False
+    if not callable(getattr(InMemoryLinkState, "_check_stored_messages", None)):
+        warnings.warn("silofl: flwr's InMemoryLinkState has no _check_stored_messages; the engine message "
+                      "index is not applied", RuntimeWarning, stacklevel=2)
+        return False
+    _ENGINE_LOOP["index"] = True
+    _install_engine_loop(vce_api)
     return True
 
 
