@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from app import wire
 from app.algorithms.base import Phase
@@ -124,7 +124,7 @@ def check_instruction(content: RecordDict, terms: SiloTerms) -> wire.Instruction
         ins = wire.Instruction.decode(content)
     except wire.ReplyError as exc:
         return _bad(f"malformed instruction: {exc}")
-    config = dict(content.config_records[wire.CONFIG])
+    config = dict(wire.record_of(content, wire.CONFIG, ConfigRecord) or {})  # (decoded above: it is there)
     wrong = _not_bool(config, wire.SKETCH_FIELDS["layerwise"], wire.SKETCH_FIELDS["error_feedback"],
                       wire.TRAIN_GRADIENT)
     if wrong:
@@ -180,7 +180,7 @@ def check_evaluate_request(content: RecordDict, terms: SiloTerms) -> wire.Evalua
         req = wire.EvaluateRequest.decode(content)
     except wire.ReplyError as exc:
         return _bad(f"malformed evaluation request: {exc}")
-    wrong = _not_bool(dict(content.config_records[wire.CONFIG]), wire.TRAIN_GRADIENT)
+    wrong = _not_bool(dict(wire.record_of(content, wire.CONFIG, ConfigRecord) or {}), wire.TRAIN_GRADIENT)
     if wrong:
         return _bad(wrong)
     if not 0 <= req.round <= terms.num_rounds:

@@ -33,8 +33,8 @@ from app.wire.records import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANG
                               NUMPY_STYPE, PHASE, PREV_ARRAYS, REFUSED_BUDGET, REFUSED_CONFIG, REFUSED_DATA,
                               REFUSED_INTERNAL, REFUSED_LEDGER, REFUSED_NON_FINITE, REFUSED_POLICY, ROUND, SHUFFLER_KEY,
                               SKETCH, SKETCH_FIELDS, STATUS, TRAIN_GRADIENT, UPDATE, Layout, NonFiniteReply, ReplyError,
-                              instruction, metrics_reply, params_to_record, read_metrics, read_update, record_to_params,
-                              refusal_of, refusal_reply, unflatten, update_reply)
+                              instruction, metrics_reply, params_to_record, read_metrics, read_update, record_of,
+                              record_to_params, refusal_of, refusal_reply, unflatten, update_reply)
 
 __all__ = [
     # records
@@ -42,7 +42,7 @@ __all__ = [
     "NUMPY_STYPE", "PHASE", "PREV_ARRAYS", "REFUSED_BUDGET", "REFUSED_CONFIG", "REFUSED_DATA", "REFUSED_INTERNAL",
     "REFUSED_LEDGER", "REFUSED_NON_FINITE", "REFUSED_POLICY", "ROUND", "SHUFFLER_KEY", "SKETCH", "SKETCH_FIELDS",
     "STATUS", "TRAIN_GRADIENT", "UPDATE", "Layout", "NonFiniteReply", "ReplyError", "instruction", "metrics_reply",
-    "params_to_record", "read_metrics", "read_update", "record_to_params", "refusal_of", "refusal_reply",
+    "params_to_record", "read_metrics", "read_update", "record_of", "record_to_params", "refusal_of", "refusal_reply",
     "unflatten", "update_reply",
     # the phase an instruction names
     "Phase",

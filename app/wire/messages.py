@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from app.algorithms.base import Phase
 from app.sketch.broadcast import RoundSketch
 from app.wire.records import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL_STEPS, LOSS, LR, METRICS, PHASE,
                       PREV_ARRAYS, ROUND, SHUFFLER_KEY, SKETCH_FIELDS, TRAIN_GRADIENT, Layout, NonFiniteReply,
                       ReplyError, instruction, metrics_reply, params_to_record, read_metrics, read_update,
-                      record_to_params, refusal_of, refusal_reply, update_reply)
+                      record_of, record_to_params, refusal_of, refusal_reply, update_reply)
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,8 @@ class Refusal:
         found = refusal_of(content)
         if found is None:
             return None
-        spent = content.metric_records[METRICS].get(EPS_SPENT, math.nan) if METRICS in content.metric_records else math.nan
+        metrics = record_of(content, METRICS, MetricRecord)
+        spent = metrics.get(EPS_SPENT, math.nan) if metrics is not None else math.nan
         return cls(found[0], found[1], float(spent) if isinstance(spent, (int, float)) else math.nan)
 
 
@@ -224,9 +225,10 @@ class EvaluateReply:
         """The reply, and why its training gradient was dropped (None when absent or valid)."""
         m = read_metrics(content, tuple(_EVAL_FIELDS[name] for name in _EVAL_REQUIRED), what="evaluate metrics")
         gradient, dropped = None, None
-        if TRAIN_GRADIENT in content.array_records:
+        record = record_of(content, TRAIN_GRADIENT, ArrayRecord)
+        if record is not None:
             try:
-                gradient = record_to_params(content.array_records[TRAIN_GRADIENT], layout, what=TRAIN_GRADIENT)
+                gradient = record_to_params(record, layout, what=TRAIN_GRADIENT)
             except ReplyError as exc:
                 dropped = str(exc)
         fields = {name: m[key] for name, key in _EVAL_FIELDS.items() if key in m}
@@ -256,13 +258,13 @@ def evaluation_of(content: RecordDict) -> RecordDict | None:
 
 def read_instruction(content: RecordDict) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray] | None]:
     """The raw parts of a server message: (w_r, config, w_{r-1} or None)."""
-    if ARRAYS not in content.array_records or CONFIG not in content.config_records:
+    record, config = record_of(content, ARRAYS, ArrayRecord), record_of(content, CONFIG, ConfigRecord)
+    if record is None or config is None:
         raise ReplyError(f"instruction must carry {ARRAYS!r} and {CONFIG!r}; got {list(content.keys())}")
-    arrays = record_to_params(content.array_records[ARRAYS], what=ARRAYS)
-    prev = None
-    if PREV_ARRAYS in content.array_records:
-        prev = record_to_params(content.array_records[PREV_ARRAYS], what=PREV_ARRAYS)
-    return arrays, dict(content.config_records[CONFIG]), prev
+    arrays = record_to_params(record, what=ARRAYS)
+    prev_record = record_of(content, PREV_ARRAYS, ArrayRecord)
+    prev = None if prev_record is None else record_to_params(prev_record, what=PREV_ARRAYS)
+    return arrays, dict(config), prev
 
 
 #: the ledger witnesses (app/privacy/ledger/witness.py): the silo's own with its reply, the ones
@@ -284,9 +286,10 @@ def with_witnesses(content: RecordDict, texts: list[str]) -> RecordDict:
 def witnesses_of(content: RecordDict) -> list[str]:
     """The witnesses ``content`` carries (the texts only; what they say is the reader's check):
     [] when none, or when the record is not in form."""
-    if WITNESS not in content.config_records:
+    record = record_of(content, WITNESS, ConfigRecord)
+    if record is None:
         return []
-    texts = content.config_records[WITNESS].get("witnesses", [])
+    texts = record.get("witnesses", [])
     if not isinstance(texts, list):
         return []
     return [t for t in texts[:MAX_WITNESSES] if isinstance(t, str) and len(t) <= MAX_WITNESS_CHARS]

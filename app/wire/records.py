@@ -10,7 +10,7 @@ import functools
 import io
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -95,6 +95,18 @@ def _from_array(array: Any) -> np.ndarray:
     return array.numpy()
 
 
+R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record_of(content: RecordDict, name: str, kind: type[R]) -> R | None:
+    """``content``'s record ``name`` when it is a ``kind`` (else None): what
+    ``content.<kind>_records.get(name)`` returns, without building Flower's typed view of every
+    record (RecordDict.array_records / config_records / metric_records copy all of them, through
+    the RecordDict's own type-checked setter, at each access)."""
+    record = content.get(name)
+    return record if isinstance(record, kind) else None
+
+
 def params_to_record(params: Mapping[str, np.ndarray]) -> ArrayRecord:
     """Named float arrays -> ArrayRecord (order preserved)."""
     return ArrayRecord({k: _to_array(np.ascontiguousarray(v, dtype=np.float32)) for k, v in params.items()})
@@ -171,18 +183,18 @@ def refusal_reply(code: str, reason: str, metrics: Mapping[str, float]) -> Recor
 
 def refusal_of(content: RecordDict) -> tuple[str, str] | None:
     """(code, reason) when ``content`` is a refusal, else None."""
-    if STATUS not in content.config_records:
+    status = record_of(content, STATUS, ConfigRecord)
+    if status is None:
         return None
-    status = content.config_records[STATUS]
     return str(status.get("code", "unknown")), str(status.get("reason", ""))
 
 
 def read_metrics(content: RecordDict, required: tuple[str, ...], *, what: str = "metrics") -> dict[str, float]:
     """The reply's MetricRecord as floats; ``required`` keys must be present and numbers
     (``eps-spent`` may be +inf for a non-private silo; other values must be finite)."""
-    if METRICS not in content.metric_records:
+    raw = record_of(content, METRICS, MetricRecord)
+    if raw is None:
         raise ReplyError(f"{what}: no MetricRecord named {METRICS!r}")
-    raw = content.metric_records[METRICS]
     out: dict[str, float] = {}
     for key, value in raw.items():
         if isinstance(value, list):
@@ -198,9 +210,10 @@ def read_metrics(content: RecordDict, required: tuple[str, ...], *, what: str = 
 
 def read_update(content: RecordDict, layout: Layout) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Validate a training reply: the update matches ``layout`` and the metrics are sane."""
-    if UPDATE not in content.array_records:
+    record = record_of(content, UPDATE, ArrayRecord)
+    if record is None:
         raise ReplyError(f"reply has no ArrayRecord named {UPDATE!r} (keys: {list(content.keys())})")
-    update = record_to_params(content.array_records[UPDATE], layout, what=UPDATE)
+    update = record_to_params(record, layout, what=UPDATE)
     metrics = read_metrics(content, (EPS_SPENT,))
     return update, metrics
 
