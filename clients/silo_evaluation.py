@@ -93,7 +93,7 @@ class Evaluator:
         return wire.EvaluateReply(
             test_errors=float(errors), test_count=float(len(r.test_y)), test_loss_sum=test_loss,
             train_loss_sum=train_loss, train_count=float(r.n), val_errors=val_errors, val_count=val_count,
-            eps_spent=self.ledger.spent(),
+            eps_spent=self.ledger.spent_as_read(),  # read just before, by witnessed_answer's check
             gradient=self.gradients.full_gradient(w) if req.train_gradient else None).encode()
 
     def private_evaluation(self, w: Mapping[str, torch.Tensor], rnd: int) -> RecordDict:

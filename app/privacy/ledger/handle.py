@@ -411,6 +411,18 @@ class PrivacyLedger:
     def _eps(self) -> float | None:
         return epsilon_of(self._grouped(), self.delta)
 
+    def spent_as_read(self) -> float:
+        """Epsilon spent as this handle last read or wrote the ledger, without reading it again:
+        for a caller that has just reloaded it (witnessed_answer's check, before every answer).
+        Never more than the file records: the handle only moves forward with the file."""
+        return epsilon_spent(self._grouped(), self.delta)
+
+    def witness_as_read(self) -> str:
+        """The ledger's witness as this handle last read or wrote it, without reading it again:
+        never ahead of the file (a witness behind the ledger is what any later copy of it is);
+        the next :meth:`check_witnesses` reads and checks everything again."""
+        return self._witness()
+
     def spent(self) -> float:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
         with self._locked():
