@@ -27,10 +27,14 @@ def clip_rows(grads: torch.Tensor, clip: float) -> torch.Tensor:
         raise ValueError(f"clip must be > 0, got {clip}")
     if clip == float("inf"):
         return grads
-    if not bool(torch.isfinite(grads).all()):
-        finite_row = torch.isfinite(grads).all(dim=1, keepdim=True)
-        grads = torch.where(finite_row, grads, torch.zeros((), dtype=grads.dtype, device=grads.device))
     norms = grads.norm(dim=1, keepdim=True)
+    # a finite norm means every entry of its row is finite (a NaN or inf entry makes the sum of
+    # squares NaN or inf): only when some norm is not is each entry looked at
+    if not bool(torch.isfinite(norms).all()):
+        finite_row = torch.isfinite(grads).all(dim=1, keepdim=True)
+        if not bool(finite_row.all()):
+            grads = torch.where(finite_row, grads, torch.zeros((), dtype=grads.dtype, device=grads.device))
+            norms = grads.norm(dim=1, keepdim=True)
     if not bool(torch.isfinite(norms).all()):  # finite entries whose squares overflow: ||g|| = m ||g / m||
         peak = grads.abs().amax(dim=1, keepdim=True)
         safe_norms = peak * (grads / peak.clamp_min(torch.finfo(grads.dtype).tiny)).norm(dim=1, keepdim=True)
