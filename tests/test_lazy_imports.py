@@ -54,6 +54,29 @@ def test_client_app_adds_only_its_protocol_to_flower() -> None:
                                         "app.runtime.silo_protocol"]
 
 
+def test_node_runtime_loads_no_torch_nor_accounting_before_a_message_needs_them() -> None:
+    """What the first message in a ``flwr-clientapp`` process imports (app.node_runtime: roles,
+    settings, the wire, the ledger's types) loads neither torch (the silo imports it when a
+    message builds one) nor dp-accounting or scipy (imported where an epsilon is computed)."""
+    assert _loaded_after("app.node_runtime") == []
+    # the pieces it is made of, each on its own: the wire and the round's sketch spec, the ledger
+    for module in ("app.wire", "app.sketch", "app.sketch.broadcast", "app.admission", "app.privacy.ledger",
+                   "app.privacy.accounting", "clients.shuffler"):
+        assert _loaded_after(module) == [], module
+
+
+def test_sketch_package_names_resolve_on_first_use() -> None:
+    """app.sketch loads its compressors on first access (PEP 562); every public name resolves,
+    to the object its submodule defines."""
+    import importlib
+
+    import app.sketch as sketch
+
+    for name, module in sketch._WHERE.items():
+        assert getattr(sketch, name) is getattr(importlib.import_module(f"app.sketch.{module}"), name), name
+    assert sorted(sketch.__all__) == sorted(sketch._WHERE)
+
+
 def test_query_names_match_the_wire() -> None:
     """client_app spells the query actions itself (app.wire imports torch); they are wire's."""
     import app.client_app as client_app
