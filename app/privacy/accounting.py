@@ -257,12 +257,14 @@ def _epsilon(live: tuple[Release, ...], delta: float) -> float:
     returned is dp-accounting's conversion of dp-accounting's RDP at one order, which can only
     be at or above dp-accounting's epsilon (the minimum over all orders). If any differs, the
     curves are recomputed with dp-accounting at every order."""
-    from dp_accounting.gaussian_mechanism import get_epsilon_gaussian  # loaded when an epsilon is computed
-    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
     if not live:
         return 0.0
     if any(r.noise_multiplier == 0 for r in live):
         return math.inf
+    # dp-accounting (and scipy): loaded when an epsilon is computed, not for an empty ledger's 0
+    from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
     if not any(r.sampled for r in live):
         mu_sq = sum(r.count / r.noise_multiplier**2 for r in live)
         return float(get_epsilon_gaussian(1.0 / math.sqrt(mu_sq), delta))
