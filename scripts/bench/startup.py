@@ -22,7 +22,10 @@ medians are compared side by side (issue 37's goal: silofl's launch -> round 1 w
 Targets (issue 14, on a quiet machine): round 1 done <= 8 s, whole run <= 20 s, as medians over
 the runs that found the SuperLink running (all runs if none did); PASS/FAIL and the ratios.
 
-    python -m scripts.bench.startup [--runs 3] [--noop] [--fast-poll] [--no-imports] [-- launcher args]
+With ``--direct``, the silofl runs are ``flwr run <checkout> --stream`` as a Flower user types it
+(no launcher: no pre-flight, no staged copy), on the launcher's SuperLink.
+
+    python -m scripts.bench.startup [--runs 3] [--noop] [--direct] [--fast-poll] [--no-imports] [-- launcher args]
 """
 
 from __future__ import annotations
@@ -106,9 +109,17 @@ def timed_run(cmd: list[str], tmp: str, env: dict[str, str]) -> dict[str, float 
             "load_1min": load, "out": out}
 
 
-def one_run(extra: list[str], env: dict[str, str]) -> dict[str, float | bool | int | str]:
+def one_run(extra: list[str], env: dict[str, str], direct: bool = False) -> dict[str, float | bool | int | str]:
+    """One default run through the launcher, or (``direct``) through ``flwr run <checkout> --stream``
+    as a Flower user types it (no pre-flight, no staged copy) on the launcher's SuperLink."""
     with tempfile.TemporaryDirectory() as tmp:
-        r = timed_run([sys.executable, "-m", "app.launch", "--run-config", f'outputs-dir="{tmp}"', *extra], tmp, env)
+        if direct:
+            env = dict(env)
+            own_local_superlink(env)  # the launcher's SuperLink and ports (it keeps the running one)
+            cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", f'outputs-dir="{tmp}"']
+        else:
+            cmd = [sys.executable, "-m", "app.launch", "--run-config", f'outputs-dir="{tmp}"', *extra]
+        r = timed_run(cmd, tmp, env)
     out = str(r.pop("out"))
     rounds = [float(x) for x in re.findall(r"round +\d+/\d+ .*? ([0-9.]+)s\n", out)]
     return r | {"round_median_s": statistics.median(rounds[1:]) if len(rounds) > 1 else float("nan"),
@@ -150,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-poll", action="store_true", help="python -m app.launch --fast-poll")
     ap.add_argument("--no-imports", action="store_true", help="skip the import-time breakdown")
     ap.add_argument("--noop", action="store_true", help="after each run, Flower's no-op app on the same SuperLink")
+    ap.add_argument("--direct", action="store_true",
+                    help="each silofl run is `flwr run <checkout> --stream` (no launcher), after a launcher run starts the SuperLink")
     ap.add_argument("--round1-target", type=float, default=8.0)
     ap.add_argument("--wall-target", type=float, default=20.0)
     ap.add_argument("launcher_args", nargs="*", help="more arguments for python -m app.launch (after --)")
@@ -162,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
         settings = parse_settings(default_run_config(ROOT))
         nodes, num_rounds = settings.simulation_nodes(), settings.num_rounds
-    print(f"{os.cpu_count()} CPUs; python -m app.launch {' '.join(extra)}", flush=True)
+    print(f"{os.cpu_count()} CPUs; " + ("flwr run . --stream" if args.direct else f"python -m app.launch {' '.join(extra)}"),
+          flush=True)
+    if args.direct:  # the launcher's SuperLink (its ports, no dependency installation), started once
+        print(_line("launcher run (starts the SuperLink)", one_run(extra, env)), flush=True)
     for i in range(args.runs):
-        r = one_run(extra, env)
+        r = one_run(extra, env, direct=args.direct)
         rows.append(r)
         print(_line(f"run {i + 1}", r), flush=True)
         if args.noop:
