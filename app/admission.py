@@ -38,7 +38,6 @@ from flwr.app import ConfigRecord, RecordDict
 from app import wire
 from app.algorithms.base import Phase
 from app.privacy.envelope import EnvelopeError, parse_public_key
-from app.sketch.base import SKETCH_KINDS
 from app.sketch.broadcast import RoundSketch, build_sketch
 
 
@@ -101,6 +100,8 @@ def _not_bool(config: Mapping[str, Any], *keys: str) -> str | None:
 
 def sketch_error(sketch: RoundSketch, layout: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why the round's sketch cannot be applied to a model of ``layout``, or None."""
+    from app.sketch.base import SKETCH_KINDS  # torch: only when a request carries a sketch
+
     if sketch.kind not in SKETCH_KINDS:
         return f"sketch-kind {sketch.kind!r} is unknown; known: none, {', '.join(SKETCH_KINDS)}"
     if sketch.kind == "adaptive":

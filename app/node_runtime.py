@@ -36,7 +36,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, MessageType, RecordDict
 
@@ -52,7 +52,9 @@ from app.privacy.ledger import BudgetExceededError, LedgerError
 from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
-from clients.silo import RefusingSilo, Silo, witnessed_answer
+
+if TYPE_CHECKING:  # the silo imports torch: loaded by the message that builds one (silo, below)
+    from clients.silo import RefusingSilo, Silo
 
 #: the silos (and shufflers) this process serves, built once per run and reused across messages
 _SILOS: dict[tuple, Silo] = {}
@@ -145,6 +147,8 @@ def silo(context: Context, deployed: bool = False) -> Silo | RefusingSilo:
 
 
 def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
+    from clients.silo import RefusingSilo, Silo  # torch: only when a message needs this node's silo
+
     node = context.node_config
     policy = node_policy(node, deployed=deployed)
     s = settings(context, policy)
@@ -322,6 +326,8 @@ def _silo_answer(method: str, not_here: str, content: RecordDict, context: Conte
     (``not_here``), and a malformed request is refused, not a crash."""
     if node_role(context) == wire.ROLE_SHUFFLER:
         return wire.Refusal(wire.REFUSED_CONFIG, f"this node is the shuffler; {not_here}", 0.0).encode()
+    from clients.silo import witnessed_answer  # torch: with the silo, on the first message that needs one
+
     node_silo = silo(context, deployed)
     try:
         return witnessed_answer(node_silo, method, content)
@@ -364,6 +370,8 @@ def keys(content: RecordDict, context: Context, deployed: bool = False) -> Recor
     sender key (the shuffler accepts only contributions from known senders)."""
     if node_role(context) == wire.ROLE_SHUFFLER:
         return wire.keys_reply(wire.ROLE_SHUFFLER, shuffler(context).keys.public_hex)
+    from clients.silo import Silo  # torch: with the silo, on the first message that needs one
+
     node_silo = silo(context, deployed)
     sender = node_silo.mechanism.sender_keys if isinstance(node_silo, Silo) else None
     if sender is None:

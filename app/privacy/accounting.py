@@ -54,15 +54,15 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import dp_accounting as dpa
-from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
 import numpy as np
-from dp_accounting.rdp import RdpAccountant
-from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from app.privacy.amplification import AMPLIFICATIONS
 from app.privacy.wor_gaussian import wor_gaussian_rdp
+
+if TYPE_CHECKING:
+    import dp_accounting as dpa
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ def group_releases(releases: Sequence[Release]) -> list[Release]:
 
 def dp_event(releases: Sequence[Release]) -> dpa.DpEvent:
     """The dp-accounting event of a sequence of releases (for RDP under REPLACE_ONE)."""
+    import dp_accounting as dpa  # dp-accounting (and scipy): loaded when an epsilon is computed
     events: list[dpa.DpEvent] = []
     for r in map(parallel_view, group_releases(releases)):
         base: dpa.DpEvent = dpa.GaussianDpEvent(r.noise_multiplier)
@@ -181,6 +182,7 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
 def epsilon_spent_reference(releases: Sequence[Release], delta: float) -> float:
     """:func:`epsilon_spent` with dp-accounting's accountant for every curve at every order
     (the reference of the calibration's fallback and of the tests; Gaussian releases only)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # loaded when an epsilon is computed
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     live = _live(releases)
@@ -207,6 +209,8 @@ def _live(releases: Sequence[Release]) -> tuple[Release, ...]:
 def _epsilon_rdp_binomial(live: tuple[Release, ...], delta: float) -> float:
     """A ledger with binomial releases: every release's Renyi curve at binomial.ORDERS (the
     binomial ones with their truncation tails), composed and converted by the binomial module."""
+    import dp_accounting as dpa  # dp-accounting (and scipy): loaded when an epsilon is computed
+    from dp_accounting.rdp import RdpAccountant
     from app.privacy import binomial
 
     from app.privacy.silo_sampling import silo_sampled_curve
@@ -257,6 +261,10 @@ def _epsilon(live: tuple[Release, ...], delta: float) -> float:
         return 0.0
     if any(r.noise_multiplier == 0 for r in live):
         return math.inf
+    # dp-accounting (and scipy): loaded when an epsilon is computed, not for an empty ledger's 0
+    from dp_accounting.gaussian_mechanism import get_epsilon_gaussian
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
     if not any(r.sampled for r in live):
         mu_sq = sum(r.count / r.noise_multiplier**2 for r in live)
         return float(get_epsilon_gaussian(1.0 / math.sqrt(mu_sq), delta))
@@ -291,6 +299,8 @@ def _rdp_one(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.n
 @functools.lru_cache(maxsize=4096)
 def _rdp_one_accountant(n: int, batch: int, noise_multiplier: float, sampled: bool) -> np.ndarray:
     """RDP curve (at RDP_ORDERS) of ONE release, from dp-accounting's accountant."""
+    import dp_accounting as dpa  # dp-accounting (and scipy): loaded when an epsilon is computed
+    from dp_accounting.rdp import RdpAccountant
     accountant = RdpAccountant(RDP_ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
     event: dpa.DpEvent = dpa.GaussianDpEvent(noise_multiplier)
     if sampled:
@@ -305,6 +315,8 @@ def _rdp_one_accountant(n: int, batch: int, noise_multiplier: float, sampled: bo
 def _rdp_at_order(n: int, batch: int, noise_multiplier: float, order: float) -> float:
     """dp-accounting's RDP of ONE sampled release at one order (its cost grows with order^2,
     so one order is a small fraction of the whole curve)."""
+    import dp_accounting as dpa  # dp-accounting (and scipy): loaded when an epsilon is computed
+    from dp_accounting.rdp import RdpAccountant
     accountant = RdpAccountant([order], dpa.NeighboringRelation.REPLACE_ONE)
     accountant.compose(dpa.SampledWithoutReplacementDpEvent(n, batch, dpa.GaussianDpEvent(noise_multiplier)))
     return float(accountant._rdp[0])
@@ -393,6 +405,7 @@ def bisect_scale(eps_at: Callable[[float], float], epsilon: float, delta: float,
 def epsilon_fast(releases: Sequence[Release], delta: float) -> float:
     """:func:`epsilon_spent` for Gaussian releases with at least one sampled kind, with the
     vectorised RDP curves (used by the calibration's search only, never for a reported number)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon  # loaded when an epsilon is computed
     live = _live(releases)
     if any(r.noise_multiplier == 0 for r in live):
         return math.inf

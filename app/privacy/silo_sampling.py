@@ -52,10 +52,12 @@ import math
 import secrets
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.privacy.binomial import BinomialCurve
+if TYPE_CHECKING:
+    from app.privacy.binomial import BinomialCurve
 
 TAG_MAGIC = b"SSMP"
 _TAG = struct.Struct("<4sII")
@@ -87,6 +89,8 @@ def silo_sampled_curve(orders: Sequence[float], curve: BinomialCurve, q: float) 
     silo with probability ``q``: eps' at every order, the same tail (charged once)."""
     if len(orders) != len(curve.rdp):
         raise ValueError(f"{len(orders)} orders but a curve of {len(curve.rdp)} values")
+    from app.privacy.binomial import BinomialCurve  # scipy and dp-accounting: only when an epsilon is computed
+
     return BinomialCurve(rdp=tuple(silo_sampled_rdp(float(r), float(a), q) for a, r in zip(orders, curve.rdp)),
                          tail=curve.tail)
 

@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import special
 
 
 #: dp-accounting switches to its O(alpha) bound above this order (``max_alpha`` there)
@@ -27,6 +26,8 @@ def wor_gaussian_rdp(q: float, sigma: float, orders: Sequence[int]) -> np.ndarra
     exp(cgf) at 0 do not depend on the order, so they are computed once, for the largest order,
     each difference level as one array operation, instead of once per order in scalar Python.
     tests/test_accounting.py checks it against dp-accounting, bit for bit."""
+    from scipy import special  # scipy: loaded when an epsilon is computed, not when the ledger loads
+
     alphas = np.asarray(orders)
     if alphas.ndim != 1 or not np.all(alphas == np.floor(alphas)) or np.any(alphas < 2):
         raise ValueError(f"orders must be integers >= 2, got {orders}")

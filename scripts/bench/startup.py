@@ -14,10 +14,18 @@ Then the import-time breakdown of what the engine's actors load: ``python -X imp
 ``app.client_app`` (imported to unpickle the first message) and ``app.node_runtime`` (the silo,
 imported on the first message), top modules by cumulative time.
 
+With ``--noop``, each silofl run is followed by one of Flower's no-op app (scripts/bench/noop_app:
+numpy only, the same train and evaluate exchange per round, as many nodes and rounds as the
+default run) through ``flwr run`` on the same local SuperLink, timed the same way, and the
+medians are compared side by side (issue 37's goal: silofl's launch -> round 1 within 1.5x).
+
 Targets (issue 14, on a quiet machine): round 1 done <= 8 s, whole run <= 20 s, as medians over
 the runs that found the SuperLink running (all runs if none did); PASS/FAIL and the ratios.
 
-    python -m scripts.bench.startup [--runs 3] [--fast-poll] [--no-imports] [-- launcher args]
+With ``--direct``, the silofl runs are ``flwr run <checkout> --stream`` as a Flower user types it
+(no launcher: no pre-flight, no staged copy), on the launcher's SuperLink.
+
+    python -m scripts.bench.startup [--runs 3] [--noop] [--direct] [--fast-poll] [--no-imports] [-- launcher args]
 """
 
 from __future__ import annotations
@@ -33,10 +41,11 @@ import threading
 import time
 from pathlib import Path
 
-from app.launch import flower_env
-from app.runtime.local_superlink import own_superlink_fast_poll
+from app.launch import default_run_config, flower_env
+from app.runtime.local_superlink import own_local_superlink, own_superlink_fast_poll
 
 ROOT = Path(__file__).resolve().parents[2]
+NOOP_APP = Path(__file__).resolve().parent / "noop_app"
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -68,37 +77,71 @@ def _superlink_cpu(env: dict[str, str]) -> float:
     return sum(_tree_cpu(pid) for pid, _ in own_superlink_fast_poll(env))
 
 
-def one_run(extra: list[str], env: dict[str, str]) -> dict[str, float | bool | int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        load = os.getloadavg()[0]
-        cpu_link0 = _superlink_cpu(env)
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "app.launch", "--run-config", f'outputs-dir="{tmp}"', *extra],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        first_round: list[float] = []
+def timed_run(cmd: list[str], tmp: str, env: dict[str, str]) -> dict[str, float | bool | int | str]:
+    """Run ``cmd`` (whose run writes ``<tmp>/<run>/rounds.jsonl``) and time it: launch -> the
+    first row on disk (polled every 20 ms), launch -> exit, CPU of the child and of this
+    checkout's local SuperLink tree, the load before."""
+    load = os.getloadavg()[0]
+    cpu_link0 = _superlink_cpu(env)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first_round: list[float] = []
 
-        def watch() -> None:
-            while proc.poll() is None and not first_round:
-                for f in Path(tmp).glob("*/rounds.jsonl"):
-                    if f.read_text().endswith("\n"):
-                        first_round.append(time.perf_counter() - t0)
-                        return
-                time.sleep(0.02)
+    def watch() -> None:
+        while proc.poll() is None and not first_round:
+            for f in Path(tmp).glob("*/rounds.jsonl"):
+                if f.read_text().endswith("\n"):
+                    first_round.append(time.perf_counter() - t0)
+                    return
+            time.sleep(0.02)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        out = proc.stdout.read() if proc.stdout else ""
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        watcher.join(timeout=1)
-        cpu_link = _superlink_cpu(env) - cpu_link0
-    rounds = [float(x) for x in re.findall(r"round +\d+/\d+ .*? ([0-9.]+)s\n", out)]
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    watcher.join(timeout=1)
+    cpu_link = _superlink_cpu(env) - cpu_link0
     return {"rc": proc.returncode, "started_superlink": "Starting local SuperLink" in out,
             "round1_done_s": first_round[0] if first_round else float("nan"), "wall_s": wall,
             "cpu_launcher_s": usage.ru_utime + usage.ru_stime, "cpu_superlink_s": max(cpu_link, 0.0),
-            "load_1min": load, "round_median_s": statistics.median(rounds[1:]) if len(rounds) > 1 else float("nan"),
-            "log_tail": out[-600:] if proc.returncode else ""}
+            "load_1min": load, "out": out}
+
+
+def one_run(extra: list[str], env: dict[str, str], direct: bool = False) -> dict[str, float | bool | int | str]:
+    """One default run through the launcher, or (``direct``) through ``flwr run <checkout> --stream``
+    as a Flower user types it (no pre-flight, no staged copy) on the launcher's SuperLink."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if direct:
+            env = dict(env)
+            own_local_superlink(env)  # the launcher's SuperLink and ports (it keeps the running one)
+            cmd = ["flwr", "run", str(ROOT), "--stream", "--run-config", f'outputs-dir="{tmp}"']
+        else:
+            cmd = [sys.executable, "-m", "app.launch", "--run-config", f'outputs-dir="{tmp}"', *extra]
+        r = timed_run(cmd, tmp, env)
+    out = str(r.pop("out"))
+    rounds = [float(x) for x in re.findall(r"round +\d+/\d+ .*? ([0-9.]+)s\n", out)]
+    return r | {"round_median_s": statistics.median(rounds[1:]) if len(rounds) > 1 else float("nan"),
+                "log_tail": out[-600:] if r["rc"] else ""}
+
+
+def noop_run(nodes: int, rounds: int, env: dict[str, str]) -> dict[str, float | bool | int | str]:
+    """Flower's no-op app through ``flwr run`` on this checkout's local SuperLink (the one the
+    launcher uses: its ports are set in ``env``), ``nodes`` virtual SuperNodes, ``rounds`` rounds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["flwr", "run", str(NOOP_APP), "--stream", "--run-config", f'outputs-dir="{tmp}" num-rounds={rounds}',
+               "--federation-config", f"num-supernodes={nodes}"]
+        r = timed_run(cmd, tmp, env)
+    out = str(r.pop("out"))
+    return r | {"round_median_s": float("nan"), "log_tail": out[-600:] if r["rc"] else ""}
+
+
+def _line(label: str, r: dict) -> str:
+    return (f"{label}: rc {r['rc']}, round 1 done {r['round1_done_s']:.1f} s, whole run {r['wall_s']:.1f} s, "
+            f"CPU launcher+CLI {r['cpu_launcher_s']:.1f} s, SuperLink tree {r['cpu_superlink_s']:.1f} s, "
+            f"median round {r['round_median_s']:.3f} s, load {r['load_1min']:.2f}"
+            + (" (started the local SuperLink)" if r["started_superlink"] else "") + str(r["log_tail"]))
 
 
 def import_breakdown(module: str, top: int = 8) -> list[tuple[float, str]]:
@@ -117,21 +160,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--fast-poll", action="store_true", help="python -m app.launch --fast-poll")
     ap.add_argument("--no-imports", action="store_true", help="skip the import-time breakdown")
+    ap.add_argument("--noop", action="store_true", help="after each run, Flower's no-op app on the same SuperLink")
+    ap.add_argument("--direct", action="store_true",
+                    help="each silofl run is `flwr run <checkout> --stream` (no launcher), after a launcher run starts the SuperLink")
     ap.add_argument("--round1-target", type=float, default=8.0)
     ap.add_argument("--wall-target", type=float, default=20.0)
     ap.add_argument("launcher_args", nargs="*", help="more arguments for python -m app.launch (after --)")
     args = ap.parse_args(argv)
     env = flower_env(ROOT)
     extra = [*(["--fast-poll"] if args.fast_poll else []), *args.launcher_args]
-    rows = []
-    print(f"{os.cpu_count()} CPUs; python -m app.launch {' '.join(extra)}", flush=True)
+    rows, floor = [], []
+    if args.noop:
+        from app.config import parse_settings
+
+        settings = parse_settings(default_run_config(ROOT))
+        nodes, num_rounds = settings.simulation_nodes(), settings.num_rounds
+    print(f"{os.cpu_count()} CPUs; " + ("flwr run . --stream" if args.direct else f"python -m app.launch {' '.join(extra)}"),
+          flush=True)
+    if args.direct:  # the launcher's SuperLink (its ports, no dependency installation), started once
+        print(_line("launcher run (starts the SuperLink)", one_run(extra, env)), flush=True)
     for i in range(args.runs):
-        r = one_run(extra, env)
+        r = one_run(extra, env, direct=args.direct)
         rows.append(r)
-        print(f"run {i + 1}: rc {r['rc']}, round 1 done {r['round1_done_s']:.1f} s, whole run {r['wall_s']:.1f} s, "
-              f"CPU launcher+CLI {r['cpu_launcher_s']:.1f} s, SuperLink tree {r['cpu_superlink_s']:.1f} s, "
-              f"median round {r['round_median_s']:.3f} s, load {r['load_1min']:.2f}"
-              + (" (started the local SuperLink)" if r["started_superlink"] else "") + r["log_tail"], flush=True)
+        print(_line(f"run {i + 1}", r), flush=True)
+        if args.noop:
+            noop_env = dict(env)
+            own_local_superlink(noop_env)  # the launcher's SuperLink and ports (it keeps the running one)
+            f = noop_run(nodes, num_rounds, noop_env)
+            floor.append(f)
+            print(_line(f"no-op {i + 1}", f), flush=True)
     ok_rows = [r for r in rows if r["rc"] == 0]
     warm = [r for r in ok_rows if not r["started_superlink"]] or ok_rows
     if not args.no_imports:
@@ -151,7 +208,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{'PASS' if r1 <= args.round1_target else 'FAIL'}")
     print(f"  whole run {wall:.1f} s (target {args.wall_target:g} s, ratio {wall / args.wall_target:.2f}): "
           f"{'PASS' if wall <= args.wall_target else 'FAIL'}")
-    return 0 if len(ok_rows) == len(rows) else 1
+    ok_floor = [f for f in floor if f["rc"] == 0 and not f["started_superlink"]]
+    if ok_floor:
+        f1 = statistics.median(f["round1_done_s"] for f in ok_floor)
+        fw = statistics.median(f["wall_s"] for f in ok_floor)
+        fc = statistics.median(f["cpu_superlink_s"] for f in ok_floor)
+        sc = statistics.median(r["cpu_superlink_s"] for r in warm)
+        print(f"  Flower's no-op app on the same SuperLink ({len(ok_floor)} run(s), {nodes} nodes, {num_rounds} rounds): "
+              f"round 1 done {f1:.1f} s, whole run {fw:.1f} s, SuperLink tree CPU {fc:.1f} s")
+        print(f"  silofl / no-op: launch -> round 1 {r1 / f1:.2f}x (goal <= 1.5x: {'PASS' if r1 <= 1.5 * f1 else 'FAIL'}), "
+              f"whole run {wall / fw:.2f}x, SuperLink tree CPU {sc / max(fc, 1e-9):.2f}x")
+    return 0 if len(ok_rows) == len(rows) and len(ok_floor) == len(floor) else 1
 
 
 if __name__ == "__main__":
