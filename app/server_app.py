@@ -215,6 +215,18 @@ def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, floa
 
 
 @app.main()
+def _ledgers_after(grid: Grid, timeout: float, crashed: Exception | None) -> list[dict[str, Any]]:
+    """The silos' ledger reports (:func:`query_ledgers`); after rounds that crashed, [] when the
+    query fails too (the grid may be gone: the summary then says so)."""
+    try:
+        return query_ledgers(grid, timeout)
+    except Exception as exc:  # noqa: BLE001 - only after a crash, which the run then fails with
+        if crashed is None:
+            raise
+        log(ERROR, "ledger query after the failure: %s", exc)
+        return []
+
+
 def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     try:
@@ -299,13 +311,7 @@ def main(grid: Grid, context: Context) -> None:
     except Exception as exc:  # anything else the rounds raised: write what there is, then fail with it
         log(ERROR, "the rounds raised %s: %s", type(exc).__name__, exc)
         stopped, crashed, result = f"{type(exc).__name__}: {exc}", exc, None
-    try:
-        silos = query_ledgers(grid, s.round_timeout)
-    except Exception as exc:  # after a crash the grid may be gone too: the summary says so
-        if crashed is None:
-            raise
-        log(ERROR, "ledger query after the failure: %s", exc)
-        silos = []
+    silos = _ledgers_after(grid, s.round_timeout, crashed)
     last_eval = next((r for r in reversed(strategy.rows) if "test_error" in r), {})
     # the run's output: the last iterate, or (output = random) the paper's w_priv ~ Unif{w_1..w_R}
     out_eval = result.metrics if s.output == "random" and result is not None else last_eval
