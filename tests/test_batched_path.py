@@ -228,3 +228,22 @@ def test_a_node_parses_each_run_config_once_and_tells_1_from_true() -> None:
     assert cfg["checkpoint"] is True
     with pytest.raises(ConfigError, match="checkpoint"):  # 1 == True, but not a boolean to parse_settings
         run_settings(dict(cfg) | {"checkpoint": 1})
+
+
+@pytest.mark.parametrize("over", [
+    # the shuffle line: sealed binomial contributions through the shuffler node (its own exchange)
+    {"privacy.mode": "shuffle", "num-rounds": 2, "partition": "iid", "privacy.epsilon": 3.0, "num-silos": 3,
+     "silos-per-round": 3},
+    # a robust rule under attack: Grad-BANT's trust set on the server, label-flipping silos
+    {"dataset": "digits", "partition": "iid", "num-silos": 5, "silos-per-round": 5, "num-rounds": 2,
+     "privacy.delta": 1e-5, "aggregator": "gradbant", "gradbant.noise-aware": True, "trust.size": 100,
+     "attack.kind": "label-flip",
+     "attack.fraction": 0.4},
+], ids=["shuffle", "gradbant-label-flip"])
+def test_the_batched_path_runs_every_mode_as_the_one_at_a_time_path(tmp_path: Path, over: dict) -> None:
+    over = over | {"checkpoint": False}
+    a = run(tmp_path / "a", over, name="a")
+    b = run(tmp_path / "b", over, name="b", batched=True)
+    assert a[0]["status"] == b[0]["status"] == "completed"
+    assert [s["eps_spent"] for s in a[0]["silos"]] == [s["eps_spent"] for s in b[0]["silos"]]
+    assert without_wall(a[1]) == without_wall(b[1])
