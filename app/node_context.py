@@ -20,5 +20,7 @@ def deployed_process() -> bool:
 
 def state_dir(node: Mapping[str, Any]) -> Path:
     """The node's state directory: node config ``state-dir``, else ``$FLWR_HOME/silofl-state``."""
-    flwr_home = Path(os.environ.get("FLWR_HOME", Path.home() / ".flwr"))
-    return Path(str(node.get("state-dir", flwr_home / "silofl-state")))
+    if "state-dir" in node:
+        return Path(str(node["state-dir"]))
+    home = os.environ.get("FLWR_HOME")  # (Path.home() only without it: it reads the user database)
+    return (Path(home) if home is not None else Path.home() / ".flwr") / "silofl-state"
