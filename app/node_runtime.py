@@ -151,7 +151,7 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
 
     node = context.node_config
     policy = node_policy(node, deployed=deployed)
-    s = settings(context, policy)
+    s = run_settings(context.run_config)  # the node's own settings (settings()) only to build the silo
     if "partition-id" not in node:
         raise ValueError("node config must set partition-id (this silo's index) and num-partitions")
     index = int(node["partition-id"])
@@ -177,6 +177,7 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
             for old in [k for k in _SILOS if (k[0], k[2]) != (context.run_id, where)]:
                 del _SILOS[old]
             _SILO_SCOPE = (context.run_id, where)
+        s = settings(context, policy)
         try:
             data, num_classes, feature_shape = silo_records(s, node, index, deployed, policy.safe)
         except SchemaPinError as exc:  # the run's schema is not the operator's: says nothing about the records
