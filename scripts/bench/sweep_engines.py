@@ -1,0 +1,76 @@
+"""A sweep's job on each ``sweep.engine`` (issue 37): flower (Flower's simulation engine, Ray),
+batched and in-process (the in-process grid in the sweep's own process), back to back.
+
+For each number of silos N (``--silos``) and engine, ``python -m app.sweep -m`` runs one job (a
+fresh process, a sweep name of its own under a temporary directory) with this set-up:
+
+    dataset = digits, partition = iid, every silo every round, ISRL-DP MB-SGD at eps = 3,
+    delta = 1e-5, lr = 0.1, 3 rounds, eval-every = 1
+
+Measured: wall of the whole sweep command (start-up, engine start and stop included), CPU of its
+process tree (the sweep and, for flower, the Ray processes it starts: sampled from /proc every
+0.2 s, scripts/bench/scale_silos.TreeSampler), CPU per silo-round (CPU / (N x 3)), the job's
+test error and largest epsilon (the same model on every engine: the engines differ in how the
+messages travel, not in what the silos compute), and the load before.
+
+    python -m scripts.bench.sweep_engines [--silos 10,100,1000] [--engines flower,batched,in-process]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scripts.bench.scale_silos import TreeSampler
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ["dataset=digits", "partition=iid", "privacy.delta=1e-5", "lr=0.1", "num-rounds=3", "eval-every=1"]
+
+
+def one(n: int, engine: str) -> dict:
+    """One sweep of one job on ``engine`` in a fresh process; what it cost and its row."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0",
+                            "FLWR_HOME": str(Path(tmp) / "flwr")}
+        cmd = [sys.executable, "-m", "app.sweep", "-m", *JOB, f"num-silos={n}", f"silos-per-round={n}",
+               f"sweep.engine={engine}", "sweep.name=bench", f"hydra.sweep.dir={tmp}/hydra"]
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        sampler = TreeSampler([proc.pid], 0.2)
+        sampler.start()
+        out = proc.communicate()[0]
+        wall = time.perf_counter() - t0
+        sampler.stop.set()
+        sampler.join()
+        rows = list(csv.DictReader((Path(tmp) / "outputs/sweeps/bench/results.csv").open())) if proc.returncode == 0 \
+            else []
+        if not rows or rows[0]["status"] != "completed":
+            raise RuntimeError(f"{engine}, {n} silos: the sweep failed (rc {proc.returncode}):\n{out[-3000:]}")
+        return {"wall": wall, "cpu": sampler.cpu_s(), "test_error": float(rows[0]["test_error"]),
+                "eps": float(rows[0]["eps_max_spent"]), "load": load}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--silos", default="10,100,1000")
+    ap.add_argument("--engines", default="flower,batched,in-process")
+    args = ap.parse_args()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} CPUs")
+    print("| N silos | sweep.engine | wall s | CPU s | CPU ms / silo-round | test error | max eps | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.silos.split(",")):
+        for engine in args.engines.split(","):
+            r = one(n, engine)
+            print(f"| {n} | {engine} | {r['wall']:.1f} | {r['cpu']:.1f} | {1000 * r['cpu'] / (3 * n):.2f} | "
+                  f"{r['test_error']:.4f} | {r['eps']:.4f} | {r['load']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
