@@ -20,7 +20,7 @@ every reply captured; the largest difference of any released value, and whether 
 ledger (its releases and epsilon) is identical.
 
     python -m scripts.bench.batched_path [--silos 100,1000] [--datasets digits,fashion-mnist]
-        [--before /work/wt-before] [--agree 100]
+        [--before /work/wt-before] [--agree 100] [--paths alone,batched] [--run-config num-rounds=25]
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--datasets", default="digits,fashion-mnist")
     ap.add_argument("--before", type=Path, help="another checkout: its one-at-a-time path, back to back")
     ap.add_argument("--agree", type=int, default=100, help="silos for the agreement check (0: skip)")
+    ap.add_argument("--paths", default="alone,batched", help="which of this checkout's paths to run")
     ap.add_argument("--run-config", nargs="*", default=[], help="KEY=JSON overrides")
     args = ap.parse_args()
     extra = {kv.split("=", 1)[0]: json.loads(kv.split("=", 1)[1]) for kv in args.run_config}
@@ -125,7 +126,8 @@ def main() -> None:
         for n in (int(x) for x in args.silos.split(",")):
             cfg = BASE | PER_DATASET[dataset] | {"num-silos": n, "silos-per-round": n} | extra
             runs = [("before: one at a time", args.before, "alone")] if args.before else []
-            runs += [("one at a time", ROOT, "alone"), ("batched", ROOT, "batched")]
+            runs += [(label, ROOT, path) for label, path in (("one at a time", "alone"), ("batched", "batched"))
+                     if path in args.paths.split(",")]
             for label, root, path in runs:
                 r = one(root, cfg, path)
                 per = 1000 * r["cpu"] / (n * cfg["num-rounds"])
