@@ -166,9 +166,10 @@ class RowBatcher:
 
     Exactly one of the calls runs at any time, in a fixed order: call 1 runs until it asks for
     rows (or ends), then call 2, and so on; when every call has asked or ended, their requests
-    are served in one batch and the calls that asked go on, again one at a time in order. So the
-    calls run in the order and with the interleaving of the one-at-a-time path (a silo's ledger,
-    draws and reply are its own, and no two run at once), and the threads never contend."""
+    are served in one batch and the calls that asked go on, again one at a time in order. So no
+    two calls ever run at once (the threads never contend), the schedule is the same in every
+    run, and a call's result depends only on what it owns (its silo's ledger, draws and
+    records), as on the one-at-a-time path."""
 
     def __init__(self) -> None:
         self._yielded = threading.Semaphore(0)
