@@ -247,3 +247,22 @@ def test_the_batched_path_runs_every_mode_as_the_one_at_a_time_path(tmp_path: Pa
     assert a[0]["status"] == b[0]["status"] == "completed"
     assert [s["eps_spent"] for s in a[0]["silos"]] == [s["eps_spent"] for s in b[0]["silos"]]
     assert without_wall(a[1]) == without_wall(b[1])
+
+
+def test_requests_beyond_one_call_s_size_are_split_into_calls_of_whole_requests(monkeypatch) -> None:
+    from app.privacy import row_batcher
+
+    model = build_model("mlp", (8,), 3, hidden=(5,))
+    w = _point(model, 0)
+    d = sum(v.numel() for v in w.values())
+    monkeypatch.setattr(row_batcher, "MAX_ELEMENTS", 5 * d)  # at most 5 rows a call
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(k, 8, generator=g), torch.randint(0, 3, (k,), generator=g)) for k in (3, 2, 4, 1, 6)]
+    calls = [lambda x=x, y=y: per_sample_rows(model, w, x, y) for x, y in data]
+    calls_made: list[int] = []
+    real = row_batcher.per_sample_grads
+    monkeypatch.setattr(row_batcher, "per_sample_grads", lambda m, p, x, y: (calls_made.append(len(y)), real(m, p, x, y))[1])
+    got = RowBatcher().run(calls)
+    assert calls_made == [5, 5, 6]  # 3+2 | 4+1 | 6 alone (more than a call holds, but a request is never cut)
+    for (x, y), rows in zip(data, got, strict=True):
+        torch.testing.assert_close(rows, real(model, w, x, y), rtol=1e-6, atol=1e-7)

@@ -33,9 +33,9 @@ from app.privacy.per_sample import per_sample_grads
 
 T = TypeVar("T")
 
-#: the most rows x parameters one batched call computes at once (float32: 1 GiB); requests
+#: the most rows x parameters one batched call computes at once (float32: 256 MiB); requests
 #: beyond it are split into several calls, each holding whole requests
-MAX_ELEMENTS = 1 << 28
+MAX_ELEMENTS = 1 << 26
 
 _CURRENT = threading.local()
 
