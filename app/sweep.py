@@ -1,4 +1,4 @@
-"""Hydra sweeps: one federation per job on Flower's simulation engine, one row per job.
+"""Hydra sweeps: one federation per job, one row per job.
 
     python -m app.sweep -m privacy.epsilon=0.75,1.5,3 algorithm=mbsgd,localsgd,spider seed=0,1,2
     python -m app.sweep -m experiment=wbcd-eps          # a named grid (conf/experiment/)
@@ -6,8 +6,11 @@
 
 Each job composes conf/ (config groups algorithm/, dataset/, model/, privacy/, sketch/,
 experiment/), flattens it onto the flat run config (app.config.flatten_run_config, the one
-mapping), validates it, and runs the real ServerApp and ClientApp on Flower's simulation engine
-(app.federation.run_federation: one virtual SuperNode per silo, in this process). It appends one
+mapping), validates it, and runs the real ServerApp and ClientApp where ``sweep.engine`` says:
+``batched`` (the default; app.federation.run_in_process, the in-process grid's batched path,
+app/privacy/row_batcher.py), ``in-process`` (the same grid, one silo at a time) or ``flower``
+(app.federation.run_federation: Flower's simulation engine, one virtual SuperNode per silo,
+Ray). Each job says which path it took. It appends one
 row to ``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
 each silo certified, wall time and engine overhead. A failed job is recorded with its error and
 the sweep goes on; rerunning the sweep skips every job that already has a finished row (resume:
@@ -21,7 +24,7 @@ any job failed, else 0. A bad value is one line (the config check's), never a tr
 ``sweep.tracking=mlflow`` logs each finished job (app/tracking.py); ``sweep.ray-address`` (or
 ``RAY_ADDRESS``) runs the engine on an existing Ray cluster (app.federation.engine_backend_config).
 
-A job whose engine lost a Ray actor, raylet or node (app.federation.EngineLost: Ray's
+On ``sweep.engine=flower``, a job whose engine lost a Ray actor, raylet or node (app.federation.EngineLost: Ray's
 ActorDiedError, ActorUnavailableError, NodeDiedError, ...; never a ClientApp that raised) is not
 failed: the sweep restarts the engine (fresh actors on what remains of the cluster) and resumes the
 federation from its last checkpoint (``resume = true``, the same ``ledger-run-key``: no silo spends
@@ -52,6 +55,7 @@ from typing import Any
 
 from app.config import ALGORITHMS, OPTIONS, SCHEMA, ConfigError, flatten_run_config, parse_settings, resolve_presets
 from app.federation import EngineLost, retry_config, run_federation, run_in_process
+from app.runtime.engine_patches import named_ray_cluster
 from app.presets import PRESET_KEYS
 from app.run_health import FINISHED, UNHEALTHY
 from app.sweep_progress import Progress, sweep_size
@@ -146,17 +150,30 @@ def sweep_retries(sweep: Mapping[str, Any]) -> int:
     return raw
 
 
-#: ``sweep.engine``: flower (Flower's simulation engine, one virtual SuperNode per silo on Ray),
-#: batched (the in-process grid's batched path, app/privacy/row_batcher.py), in-process (the
-#: in-process grid, one silo at a time)
-SWEEP_ENGINES = ("flower", "batched", "in-process")
+#: ``sweep.engine``: batched (the default: the in-process grid's batched path,
+#: app/privacy/row_batcher.py), in-process (the in-process grid, one silo at a time), flower
+#: (Flower's simulation engine, one virtual SuperNode per silo on Ray)
+SWEEP_ENGINES = ("batched", "in-process", "flower")
+#: the sweep settings that only Flower's engine reads
+ENGINE_ONLY = ("ray-address", "client-cpus", "client-gpus")
+_SAID: list[str] = []  # what this process has told the user once already
 
 
 def sweep_engine(sweep: Mapping[str, Any]) -> str:
-    """``sweep.engine`` (flower by default), checked against :data:`SWEEP_ENGINES`."""
-    engine = str(sweep.get("engine") or "flower")
+    """``sweep.engine`` (batched by default), checked against :data:`SWEEP_ENGINES`; a Ray
+    setting (:data:`ENGINE_ONLY`) given for another engine is refused, not ignored."""
+    engine = str(sweep.get("engine") or "batched")
     if engine not in SWEEP_ENGINES:
         raise ConfigError(f"sweep.engine = {engine!r}; allowed: {', '.join(SWEEP_ENGINES)}")
+    defaults = {"ray-address": None, "client-cpus": 1, "client-gpus": 0.0}
+    given = [k for k in ENGINE_ONLY if sweep.get(k) is not None and sweep.get(k) != defaults[k]]
+    if engine != "flower" and given:
+        raise ConfigError(f"sweep.{given[0]} is set but sweep.engine = {engine!r} runs no Ray; set sweep.engine=flower "
+                          "to run the jobs on Flower's simulation engine (docs/ray-cluster.md)")
+    if engine != "flower" and named_ray_cluster() and not _SAID:
+        _SAID.append("ray-address")
+        print(f"[sweep] RAY_ADDRESS names a Ray cluster, but sweep.engine = {engine} runs each job in this process; "
+              "set sweep.engine=flower to run the jobs on the cluster (docs/ray-cluster.md)", file=sys.stderr, flush=True)
     return engine
 
 
@@ -168,10 +185,11 @@ def federation_with_retries(cfg: dict[str, Any], sweep: Mapping[str, Any], job: 
     (``overhead_s``: all of it but the time inside the rounds, so the restarts count as overhead)."""
     from app.runtime.engine_patches import restart_engine
 
-    engine = sweep_engine(sweep)
+    engine = sweep_engine(sweep)  # (checked again here: a caller may pass its own sweep settings)
     if engine != "flower":  # in this process, without Flower's engine: nothing to lose or restart
         result = run_in_process(cfg, batched=engine == "batched")
-        print(f"[sweep] job {job}: sweep.engine = {engine}, simulation path: {result['simulation_path']}", flush=True)
+        print(f"[sweep] job {job}: sweep.engine = {engine}, simulation path: {result.get('simulation_path', '?')}",
+              flush=True)
         return result | {"retries": 0}
     limit, retries, lost_s, attempt = sweep_retries(sweep), 0, 0.0, dict(cfg)
     while True:

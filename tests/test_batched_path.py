@@ -204,7 +204,7 @@ def test_a_sweep_job_on_the_batched_engine_says_which_path_it_took(tmp_path: Pat
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from app.config import ConfigError
     from app.launch import merged_run_config
-    from app.sweep import federation_with_retries
+    from app.sweep import federation_with_retries, sweep_engine
 
     cfg = merged_run_config([]) | {"dataset": "digits", "partition": "iid", "num-silos": 5, "silos-per-round": 5,
                                    "num-rounds": 2, "privacy.delta": 1e-5, "outputs-dir": str(tmp_path / "out"),
@@ -214,8 +214,13 @@ def test_a_sweep_job_on_the_batched_engine_says_which_path_it_took(tmp_path: Pat
     assert result["status"] == "completed" and result["retries"] == 0 and len(result["rounds_rows"]) == 2
     assert result["simulation_path"].startswith("batched") and "10 requests in 2 calls" in result["simulation_path"]
     assert "sweep.engine = batched, simulation path: batched" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: flower, batched, in-process"):
+    with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: batched, in-process, flower"):
         federation_with_retries(cfg, {"engine": "ray"}, "job")
+    # a Ray setting with an engine that runs no Ray is refused, not ignored
+    with pytest.raises(ConfigError, match="sweep.client-cpus is set but sweep.engine = 'batched' runs no Ray"):
+        federation_with_retries(cfg, {"engine": "batched", "client-cpus": 2}, "job")
+    # the default engine is the batched path
+    assert sweep_engine({}) == "batched"
 
 
 def test_a_node_parses_each_run_config_once_and_tells_1_from_true() -> None:

@@ -142,7 +142,7 @@ def test_a_two_job_slice_records_a_refused_job_and_reports_it(jobs, tmp_path: Pa
     monkeypatch.setattr(sweep, "preflight", sweep.parse_settings)  # the data check needs the data: settings only
     pick = [dict(budget="eps8", attack="sign-flip", rule=r, sketch="srht", seed="0")
             for r in ("gradbant-noise-aware", "trimmed-mean")]
-    slice_ = [nested for over, nested in jobs if over in pick]
+    slice_ = [nested | {"sweep": nested["sweep"] | {"engine": "flower"}} for over, nested in jobs if over in pick]
     assert len(slice_) == 2
     rows = [sweep.sweep_job(n) for n in slice_]
     assert sorted(r["status"] for r in rows) == ["completed", "failed"] and len(calls) == 1

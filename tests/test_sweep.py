@@ -20,10 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def nested(**over) -> dict:
-    """A composed config as Hydra hands it to a job (nested keys, plus the sweep node)."""
+    """A composed config as Hydra hands it to a job (nested keys, plus the sweep node), on
+    Flower's engine (``sweep.engine=flower``: the tests here stand in for it with fake_federation)
+    unless ``over`` names another."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    over = {"sweep.engine": "flower"} | over
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=[f"{k}={v}" for k, v in over.items()])
     return OmegaConf.to_container(cfg, resolve=True)
@@ -31,7 +34,7 @@ def nested(**over) -> dict:
 
 def fake_federation(calls: list[dict]):
     """Stands in for the engine: validation error falls with lr, test error is 0.1 + lr / 10."""
-    def run(cfg: dict, warm: bool = True, fast=None) -> dict:
+    def run(cfg: dict, warm: bool = True, fast=None, **_) -> dict:
         calls.append(cfg)
         if cfg["seed"] == 13:
             raise RuntimeError("silo exploded")
@@ -112,7 +115,8 @@ def test_hydra_multirun_on_the_simulation_engine(tmp_path: Path) -> None:
     """`python -m app.sweep -m` with two jobs on Flower's simulation engine: two rows, each a
     completed federation within its budget; a second run resumes (skips both)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "app.sweep", "-m", "experiment=smoke", "sweep.name=e2e", "num-rounds=2"]
+    cmd = [sys.executable, "-m", "app.sweep", "-m", "experiment=smoke", "sweep.name=e2e", "num-rounds=2",
+           "sweep.engine=flower"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "outputs/sweeps/e2e/results.csv").open()))
@@ -177,7 +181,7 @@ def run_sweep_main(args: list[str], tmp_path: Path, fake: bool = True) -> subpro
     """``python -m app.sweep ARGS`` in a child process (Hydra's basic launcher); ``fake``: the
     engine stood in for by fake_federation."""
     code = ("import sys, app.sweep as s, tests.test_sweep as t\n"
-            + ("s.run_federation = t.fake_federation([])\n" if fake else "") + "sys.exit(s.main())")
+            + ("s.run_federation = s.run_in_process = t.fake_federation([])\n" if fake else "") + "sys.exit(s.main())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-c", code, *args, "sweep.name=t"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
