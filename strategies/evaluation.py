@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 
 from app import wire
 from app.prox import Prox, gradient_mapping
+from strategies.node_order import by_position
 from strategies.replies import check_bounded, check_evaluation_reply, flatten, mean_update
 
 
@@ -116,9 +117,10 @@ class EvaluationTally:
 
 
 def evaluation_messages(rnd: int, w: Mapping[str, np.ndarray], nodes: Iterable[int]) -> list[Message]:
-    """The evaluation request of model ``w`` (round ``rnd``'s result) to each of ``nodes``."""
+    """The evaluation request of model ``w`` (round ``rnd``'s result) to each of ``nodes``, in
+    their order (the server's node order, strategies/node_order.py)."""
     request = wire.EvaluateRequest(rnd, w, train_gradient=True).encode()
-    return [Message(request, dst_node_id=n, message_type=MessageType.EVALUATE) for n in sorted(nodes)]
+    return [Message(request, dst_node_id=n, message_type=MessageType.EVALUATE) for n in nodes]
 
 
 def evaluate_point(grid: Grid, rnd: int, w: Mapping[str, np.ndarray], layout: Mapping[str, tuple[int, ...]],
@@ -127,9 +129,10 @@ def evaluate_point(grid: Grid, rnd: int, w: Mapping[str, np.ndarray], layout: Ma
     """Evaluate ``w`` on every silo node in an exchange of its own: test error and loss,
     training loss, validation error and the gradient mapping ||G_eta|| from the silos' full
     training gradients (None when no silo answered). ``nodes``: the silo nodes (default: every
-    node)."""
-    messages = evaluation_messages(rnd, w, grid.get_node_ids() if nodes is None else nodes)
+    node, by node id); the replies are summed in the order of ``nodes``."""
+    order = sorted(grid.get_node_ids()) if nodes is None else list(nodes)
+    messages = evaluation_messages(rnd, w, order)
     tally = EvaluationTally(rnd, w, layout, client_error)
-    for msg in sorted(grid.send_and_receive(messages, timeout=timeout), key=lambda m: m.metadata.src_node_id):
+    for msg in sorted(grid.send_and_receive(messages, timeout=timeout), key=by_position(order)):
         tally.add_message(msg)
     return tally.result(prox, lr)

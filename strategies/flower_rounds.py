@@ -161,7 +161,7 @@ class FlowerRounds(Strategy):
         op = self._flower_open
         if op is None or op.tally is None:
             return None
-        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
+        for msg in sorted(replies, key=lambda m: self.nodes.order.key(m.metadata.src_node_id)):
             op.tally.add_message(msg)
         ev = op.tally.result(self.prox, self.s.lr)
         self._close_row(op, ev)

@@ -122,7 +122,7 @@ class FederatedOptimizer(FlowerRounds):
                                silos_per_round=settings.silos_per_round, seed=settings.seed,
                                node_wait_s=settings.node_wait if node_wait_s is None else node_wait_s,
                                fail_on_client_error=settings.fail_on_client_error, mechanism=self.mechanism,
-                               roster=self.roster)
+                               roster=self.roster, query_timeout=settings.round_timeout)
         #: the distinct reasons silos gave for refusing (for the end-of-run report)
         self.refusal_reasons: set[str] = set()
         self.rows: list[dict[str, Any]] = []
@@ -380,7 +380,7 @@ class FederatedOptimizer(FlowerRounds):
                 sampled = set(nodes)
                 others = [n for n in self.nodes.silo_nodes(grid) if n not in sampled]
                 replies = grid.send_and_receive(messages + evaluation_messages(tally.rnd, w, others), timeout=timeout)
-                replies = self._fold_evaluation(tally, replies, sampled)
+                replies = self._fold_evaluation(tally, replies, sampled, self.nodes.order.key)
                 self._finish_pending(tally.result(self.prox, self.s.lr))
             updates = self.mechanism.collect(grid, rnd, phase, ticket, replies, nodes, ctx.reader, timeout, self.run_id)
             return self.received(ctx, updates)
@@ -424,12 +424,14 @@ class FederatedOptimizer(FlowerRounds):
         return w, row | extra_row | result.row
 
     @staticmethod
-    def _fold_evaluation(tally: EvaluationTally, replies: Any, trained: set[int]) -> list[Message]:
+    def _fold_evaluation(tally: EvaluationTally, replies: Any, trained: set[int],
+                         order: Callable[[int], Any] = int) -> list[Message]:
         """Give ``tally`` the evaluations of one exchange: those attached to the training replies
-        of the ``trained`` nodes and the evaluation replies of the others. Returns the training
+        of the ``trained`` nodes and the evaluation replies of the others, in the server's node
+        ``order`` (a sort key of a node id; strategies/node_order.py). Returns the training
         replies (the others are evaluation-only: they are not the optimiser's)."""
         training: list[Message] = []
-        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
+        for msg in sorted(replies, key=lambda m: order(m.metadata.src_node_id)):
             node = msg.metadata.src_node_id
             if node not in trained:
                 tally.add_message(msg)

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 from app import wire
 from app.seeding import np_rng
 from strategies.messaging import is_unavailable
+from strategies.node_order import NodeOrder, on_simulation_engine
 
 if TYPE_CHECKING:
     from strategies.replies import NodeRoster
@@ -35,14 +36,19 @@ class ClientAppsFailed(RuntimeError):
 class SiloNodes:
     """The run's silo nodes: N = ``num_silos`` expected, at least ``min_silos`` needed, M =
     ``silos_per_round`` sampled each round from (``seed``, round), waiting at most ``node_wait_s``;
-    ``mechanism`` says which nodes are silos, ``roster`` gives each silo its slot. It keeps the
-    ClientApp failures (``client_errors``) and the replies of nodes that were gone (``unavailable``)."""
+    ``mechanism`` says which nodes are silos, ``roster`` gives each silo its slot, ``order`` lists
+    the nodes (strategies/node_order.py: on Flower's simulation engine by partition id, learned
+    with one identity query of ``query_timeout`` seconds when the nodes first connect; elsewhere
+    by node id). It keeps the ClientApp failures (``client_errors``) and the replies of nodes
+    that were gone (``unavailable``)."""
 
     def __init__(self, *, num_silos: int, min_silos: int, silos_per_round: int, seed: int, node_wait_s: float,
-                 fail_on_client_error: bool, mechanism: ServerMechanism, roster: NodeRoster) -> None:
+                 fail_on_client_error: bool, mechanism: ServerMechanism, roster: NodeRoster,
+                 query_timeout: float = 600.0) -> None:
         self.num_silos, self.min_silos, self.silos_per_round = num_silos, min_silos, silos_per_round
         self.seed, self.node_wait_s, self.fail_on_client_error = seed, node_wait_s, fail_on_client_error
-        self.mechanism, self.roster = mechanism, roster
+        self.mechanism, self.roster, self.query_timeout = mechanism, roster, query_timeout
+        self.order = NodeOrder()
         self.client_errors: list[str] = []
         #: replies Flower gave for nodes that were gone (dropped silos, not ClientApp failures)
         self.unavailable = 0
@@ -56,13 +62,15 @@ class SiloNodes:
                                    f"(fail-on-client-error = true); first: {new[0]}")
 
     def silo_nodes(self, grid: Grid) -> list[int]:
-        """The connected nodes that are silos (all but the shuffler in shuffle mode)."""
-        return self.mechanism.silo_nodes(sorted(grid.get_node_ids()))
+        """The connected nodes that are silos (all but the shuffler in shuffle mode), in ``order``."""
+        return self.mechanism.silo_nodes(self.order.sort(grid.get_node_ids()))
 
     def sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """M_r = min(M, connected) of the connected silo nodes, uniformly without replacement,
-        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6)."""
-        nodes = self.mechanism.silo_nodes(sorted(self.wait_for_nodes(grid)))
+        from (seed, round): the paper's Assumption 3 over the silos available (Assumption 6). The
+        draw picks positions in ``order``, so the node order decides which silo a position is, never
+        how likely a silo is to be picked; the chosen ones are returned in ``order``."""
+        nodes = self.mechanism.silo_nodes(self.order.sort(self.wait_for_nodes(grid)))
         m = min(self.silos_per_round, len(nodes))
         if m < self.silos_per_round:
             log(WARNING, "round %d: %d silo node(s) connected; asking %d instead of silos-per-round = %d",
@@ -80,7 +88,8 @@ class SiloNodes:
         """The connected nodes (added to the roster). At the start: wait up to node-wait seconds
         for all num-silos silo nodes (and the shuffler in shuffle mode), then go on with those
         present if they are at least min-silos. In a round: wait only while fewer than
-        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time."""
+        min-silos are connected. :class:`TooFewSilos` when min-silos are not there in time. At the
+        start on Flower's simulation engine, the nodes' order is learned (:meth:`NodeOrder.learn`)."""
         deadline = time.monotonic() + self.node_wait_s
         want = self.num_silos if at_start else self.min_silos
         shuffler = self.mechanism.helper_nodes  # shuffle DP: and the shuffler
@@ -98,6 +107,8 @@ class SiloNodes:
                     f"connected after waiting {self.node_wait_s:.0f} s (node-wait); the run needs at least "
                     f"min-silos = {self.min_silos} of num-silos = {self.num_silos}")
             time.sleep(0.2)
+        if at_start and on_simulation_engine(grid):
+            self.order.learn(grid, nodes, self.num_silos, self.query_timeout, helpers=shuffler)
         self.roster.add(self.mechanism.silo_nodes(nodes))
         return nodes
 

@@ -23,6 +23,7 @@ from flwr.common import log
 from app import wire
 from app.sketch.base import PayloadError, Sketch
 from strategies.messaging import is_unavailable
+from strategies.node_order import by_position
 
 Params = dict[str, np.ndarray]
 
@@ -216,12 +217,14 @@ def sort_replies(server_round: int, replies: Iterable[Message], sent_to: Iterabl
     """Sort one exchange's training replies into ``out``: failed, refused, malformed (``accept``
     raised ReplyError) or valid (``accept`` recorded it); nothing here raises. Only the first
     reply of each node that was sent an instruction counts; others are ignored. Replies are taken
-    in node-id order, not arrival order, so the aggregate's floating-point sums do not depend on
-    which silo happened to answer first (a resumed run ends bit-identical to an uninterrupted one)."""
+    in the order of ``sent_to`` (the server's node order, strategies/node_order.py), not arrival
+    order, so the aggregate's floating-point sums do not depend on which silo happened to answer
+    first (a resumed run ends bit-identical to an uninterrupted one)."""
+    sent_to = list(sent_to)
     expected = set(sent_to)
     answered: set[int] = set()
     ignored: dict[int, int] = {}  # node -> replies ignored (one warning per node, after the loop)
-    for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
+    for msg in sorted(replies, key=by_position(sent_to)):
         node = msg.metadata.src_node_id
         if node not in expected or node in answered:
             ignored[node] = ignored.get(node, 0) + 1
