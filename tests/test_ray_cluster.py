@@ -33,7 +33,8 @@ def test_a_sweep_job_runs_on_a_two_raylet_cluster_through_ray_address(tmp_path: 
         finally:
             ray.shutdown()
         env = dict(os.environ, RAY_ADDRESS=cluster.address, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([sys.executable, "-m", "app.sweep", "sweep.name=cluster", "num-rounds=3"],
+        proc = subprocess.run([sys.executable, "-m", "app.sweep", "sweep.engine=flower", "sweep.name=cluster",
+                               "num-rounds=3"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     finally:
         cluster.shutdown()
