@@ -59,13 +59,16 @@ def alie_z_for(attack: AttackSettings, num_silos: int, n: int, f: int) -> float:
 def attack_messages(attack: AttackSettings, run: RunFacts, server_round: int, messages: Mapping[int, np.ndarray],
                     byzantine: set[int], rule: Callable[[int, np.ndarray], Callable[[np.ndarray], np.ndarray]] | None = None,
                     report: dict[str, float] | None = None, mimic_target: int | None = None,
-                    lift: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[int, np.ndarray]:
+                    lift: Callable[[np.ndarray], np.ndarray] | None = None,
+                    partition_of: Mapping[int, int] | None = None) -> dict[int, np.ndarray]:
     """Messages (node -> vector) after the Byzantine nodes' ones are replaced; honest ones unchanged.
     ``run``: the run's seed, number of silos and stated byzantine.f.
     The omniscient attacks need at least one honest message; without one they send their own.
     ``rule(f, honest_mean)``: the rule in use as the adaptive attacks evaluate it (rows -> vector);
     ``mimic_target``: the honest node Mimic copies (None: the first honest message); ``lift``: how
-    the server reads a message when it aggregates lifts of sketches (:func:`adaptive_message`)."""
+    the server reads a message when it aggregates lifts of sketches (:func:`adaptive_message`);
+    ``partition_of``: node -> its silo's partition id, which keys the Gaussian attack's draws (a
+    simulation's node ids are random on Flower's engine; the node id where it is unknown)."""
     out = {node: np.asarray(m, dtype=np.float32) for node, m in messages.items()}
     if attack.kind not in MODEL_ATTACKS or not byzantine:
         return out
@@ -85,7 +88,8 @@ def attack_messages(attack: AttackSettings, run: RunFacts, server_round: int, me
         if attack.kind == "sign-flip":
             new = sign_flip(own)
         elif attack.kind == "gaussian":
-            new = gaussian_noise(own.shape, attack.noise_std, np_rng(run.seed, "attack-noise", server_round, node))
+            who = (partition_of or {}).get(node, node)
+            new = gaussian_noise(own.shape, attack.noise_std, np_rng(run.seed, "attack-noise", server_round, who))
         elif stack is None:
             new = own
         elif attack.kind == "ipm":
@@ -127,6 +131,7 @@ class Attacked:
         self.inner = inner
         self.name = inner.name
         self.byzantine_nodes: set[int] = set()
+        self.partition_of: dict[int, int] = {}  # node -> its unique partition id claim (prepare)
         #: this exchange's adaptive-attack scale tau* (the row's attack_scale)
         self.report: dict[str, float] = {}
         #: the learning Mimic's state (app/adaptive_attacks.py mimic_learning)
@@ -156,7 +161,8 @@ class Attacked:
             except wire.ReplyError as exc:
                 log(WARNING, "identity of node %d not used: %s", reply.metadata.src_node_id, exc)
         counts = np.bincount(list(claims.values()), minlength=self.s.num_silos)
-        self.byzantine_nodes = {node for node, part in claims.items() if counts[part] == 1 and part in self.byzantine}
+        self.partition_of = {node: part for node, part in claims.items() if counts[part] == 1}
+        self.byzantine_nodes = {node for node, part in self.partition_of.items() if part in self.byzantine}
 
     def attacked(self, rnd: int, updates: Any, ex: Any = None) -> Any:
         """``updates`` with the Byzantine nodes' messages replaced (lifted once more: only those)."""
@@ -168,7 +174,8 @@ class Attacked:
         lift = self.model_space_lift(updates)
         run = RunFacts(self.s.seed, self.s.num_silos, self.s.robust.byzantine_f)
         messages = attack_messages(self.s.attack, run, rnd, updates.messages, byz, self.simulated_rule(rnd, ex, lift),
-                                   self.report, self.mimic_target(rnd, updates, byz), lift)
+                                   self.report, self.mimic_target(rnd, updates, byz), lift,
+                                   self.partition_of)
         from app.wire import ReplyError
         from strategies.replies import check_bounded
 
