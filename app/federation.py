@@ -234,8 +234,8 @@ def run_in_process(run_config: dict[str, Any], batched: bool = True) -> dict[str
     summary = json.loads((out / "summary.json").read_text())
     rounds = load_rounds(out / "rounds.jsonl")
     inside = sum(float(r["wall_s"]) for r in rounds)
-    path = ("batched: each exchange's per-record gradients in one call per model and point "
-            f"({grid.batcher.requests} requests in {grid.batcher.batches} calls)" if grid.batcher is not None
+    path = ("batched: each exchange's per-record gradients and model outputs in one call per model, point "
+            f"and kind ({grid.batcher.requests} requests in {grid.batcher.batches} calls)" if grid.batcher is not None
             else "one silo at a time")
     return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out),
                       "simulation_path": path}

@@ -16,7 +16,7 @@ from app.models.losses import cross_entropy
 from app.privacy.accounting import Release
 from app.privacy.evaluation import clipped_loss_sum, noisy_statistics
 from app.privacy.ledger import BudgetExceededError, PrivacyLedger
-from app.privacy.per_sample import batch_loss
+from app.privacy.row_batcher import forward_logits
 from clients.silo_gradients import RecordGradients, ReleaseDraws, as_tensors
 
 
@@ -80,15 +80,15 @@ class Evaluator:
         if self.policy == "private":
             return self.private_evaluation(w, req.round)
         r = self.records
+        # the model's outputs on each split (with the other silos' in one pass on the batched path)
+        logits = forward_logits(self.model, dict(w), r.test_x)
         with torch.no_grad():
-            logits = torch.func.functional_call(self.model, w, (r.test_x,))
             test_loss = cross_entropy(logits, r.test_y).item() * len(r.test_y)
             errors = (logits.argmax(1) != r.test_y).sum().item()
-        train_loss = batch_loss(self.model, w, r.train_x, r.train_y) * r.n
+            train_loss = float(cross_entropy(forward_logits(self.model, dict(w), r.train_x), r.train_y)) * r.n
         val_errors = val_count = None
         if r.val_y is not None and len(r.val_y):
-            with torch.no_grad():
-                val_logits = torch.func.functional_call(self.model, w, (r.val_x,))
+            val_logits = forward_logits(self.model, dict(w), r.val_x)
             val_errors, val_count = float((val_logits.argmax(1) != r.val_y).sum().item()), float(len(r.val_y))
         return wire.EvaluateReply(
             test_errors=float(errors), test_count=float(len(r.test_y)), test_loss_sum=test_loss,

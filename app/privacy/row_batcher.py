@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from app.privacy.per_sample import per_sample_grads
 
@@ -40,18 +41,50 @@ MAX_ELEMENTS = 1 << 26
 _CURRENT = threading.local()
 
 
-def per_sample_rows(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
-                    y: torch.Tensor) -> torch.Tensor:
-    """``per_sample_grads(model, params, x, y)``: computed by this thread's :class:`RowBatcher`
-    together with the other silos' requests when the thread is one of a batcher's, else here."""
-    worker: _Worker | None = getattr(_CURRENT, "worker", None)
-    if worker is None:
-        return per_sample_grads(model, params, x, y)
-    request = worker.wait_for(_Request(model, params, x, y))
+def in_batch() -> bool:
+    """Whether this thread is one of a :class:`RowBatcher`'s (the batched simulation path)."""
+    return getattr(_CURRENT, "worker", None) is not None
+
+
+def _served(kind: str, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
+            y: torch.Tensor | None) -> torch.Tensor:
+    worker: _Worker = _CURRENT.worker
+    request = worker.wait_for(_Request(model, params, x, y, kind))
     if request.error is not None:
         raise request.error
     assert request.rows is not None
     return request.rows
+
+
+def per_sample_rows(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
+                    y: torch.Tensor) -> torch.Tensor:
+    """``per_sample_grads(model, params, x, y)``: computed by this thread's :class:`RowBatcher`
+    together with the other silos' requests when the thread is one of a batcher's, else here."""
+    if not in_batch():
+        return per_sample_grads(model, params, x, y)
+    return _served(ROWS, model, params, x, y)
+
+
+def forward_logits(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The model's outputs on ``x`` at ``params`` (no gradient), with the other silos' in one
+    forward pass in a batcher's thread (records never interact in these models' forward)."""
+    if not in_batch():
+        with torch.no_grad():
+            return functional_call(model, params, (x,))
+    return _served(LOGITS, model, params, x, None)
+
+
+def mean_rows(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(1/n) sum_i grad f0(w, x_i) over the n records of (x, y): the gradient of the mean loss,
+    as the mean of the per-record rows (computed with the other silos' in a batcher's thread,
+    without holding every silo's rows at once)."""
+    if not in_batch():
+        return per_sample_grads(model, params, x, y).mean(dim=0)
+    return _served(MEAN_ROWS, model, params, x, y)
+
+
+#: what a request asks: per-record gradient rows [K, d], their mean [d], or the model's outputs
+ROWS, MEAN_ROWS, LOGITS = "rows", "mean-rows", "logits"
 
 
 @dataclass
@@ -59,15 +92,19 @@ class _Request:
     model: nn.Module
     params: dict[str, torch.Tensor]
     x: torch.Tensor
-    y: torch.Tensor
+    y: torch.Tensor | None
+    kind: str = ROWS
     rows: torch.Tensor | None = None
     error: BaseException | None = None
 
 
 def _architecture(model: nn.Module) -> tuple[Any, ...]:
     """What must be equal for two silos' rows to come from one call: the module's class and
-    structure (its repr names every layer and its sizes) and its parameters' names and shapes."""
-    return (type(model), repr(model), tuple((k, tuple(v.shape)) for k, v in model.named_parameters()))
+    structure (its repr names every layer and its sizes) and its parameters' names and shapes;
+    a module with buffers (which the forward reads and each silo holds its own of) is served
+    alone."""
+    own = (id(model),) if any(True for _ in model.buffers()) else ()
+    return (type(model), repr(model), tuple((k, tuple(v.shape)) for k, v in model.named_parameters())) + own
 
 
 def _same_point(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -83,7 +120,7 @@ def _groups(requests: Sequence[_Request]) -> list[list[_Request]]:
     arch: dict[int, tuple[Any, ...]] = {}
     for r in requests:
         key = arch.setdefault(id(r.model), _architecture(r.model)) + (
-            r.x.dtype, tuple(r.x.shape[1:]), r.x.device, r.y.dtype)
+            r.kind, r.x.dtype, tuple(r.x.shape[1:]), r.x.device, None if r.y is None else r.y.dtype)
         for gkey, members in groups:
             if gkey == key and _same_point(members[0].params, r.params):
                 members.append(r)
@@ -98,7 +135,7 @@ def _chunks(members: list[_Request], per_row: int) -> list[list[_Request]]:
     out: list[list[_Request]] = [[]]
     size = 0
     for r in members:
-        k = len(r.y) * per_row
+        k = len(r.x) * per_row
         if out[-1] and size + k > MAX_ELEMENTS:
             out.append([])
             size = 0
@@ -111,18 +148,20 @@ def compute(requests: Sequence[_Request]) -> None:
     """Serve ``requests``: one ``per_sample_grads`` call per group and chunk (:func:`_groups`),
     each request's block of rows set on it (or the call's error)."""
     for members in _groups(requests):
-        per_row = sum(v.numel() for v in members[0].params.values())
+        first = members[0]
+        per_row = sum(v.numel() for v in first.params.values())
         for chunk in _chunks(members, per_row):
             try:
-                if len(chunk) == 1:
-                    r = chunk[0]
-                    blocks = [per_sample_grads(r.model, r.params, r.x, r.y)]
+                x = chunk[0].x if len(chunk) == 1 else torch.cat([r.x for r in chunk])
+                if first.kind == LOGITS:
+                    with torch.no_grad():
+                        out = functional_call(first.model, first.params, (x,))
                 else:
-                    rows = per_sample_grads(chunk[0].model, chunk[0].params, torch.cat([r.x for r in chunk]),
-                                            torch.cat([r.y for r in chunk]))
-                    blocks = list(torch.split(rows, [len(r.y) for r in chunk]))
+                    y = chunk[0].y if len(chunk) == 1 else torch.cat([r.y for r in chunk])  # type: ignore[misc]
+                    out = per_sample_grads(first.model, first.params, x, y)
+                blocks = [out] if len(chunk) == 1 else list(torch.split(out, [len(r.x) for r in chunk]))
                 for r, block in zip(chunk, blocks, strict=True):
-                    r.rows = block
+                    r.rows = block.mean(dim=0) if first.kind == MEAN_ROWS else block
             except BaseException as exc:  # noqa: BLE001 - each waiting silo sees the call's error as its own
                 for r in chunk:
                     r.error = exc
