@@ -319,11 +319,18 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
 
 
 def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
-    """The shapes of the run's model parameters (what the ServerApp builds; imports torch)."""
+    """The shapes of the run's model parameters (what the ServerApp builds): a zoo model's from its
+    spec alone (app.model_spec.zoo_layout, no torch); your own model, or a spec the zoo refuses, built
+    with torch (its checks and its error)."""
     from app.data.federated import dataset_meta
-    from app.models import build_model
+    from app.model_spec import zoo_layout
 
     feature_shape, num_classes = dataset_meta(settings)
+    layout = zoo_layout(settings.model, feature_shape, num_classes, settings.model_hidden)
+    if layout is not None:
+        return layout
+    from app.models import build_model
+
     model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden,
                         kwargs=settings.model_kwargs)
     return {k: tuple(v.shape) for k, v in model.named_parameters()}
