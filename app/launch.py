@@ -141,13 +141,19 @@ def preflight(cfg: dict[str, Any]) -> Any:
 
 def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) -> None:
     """The pre-flight's noise plan (app/noise_plan.py): each silo's planned sigma against its
-    signal, and a warning when the plan cannot learn; before anything is spent."""
+    signal, and a warning when the plan cannot learn; before anything is spent. The lines of a plan
+    computed before with the same inputs and code are read back (app/noise_plan_cache.py: exact,
+    and no dp-accounting import)."""
     if not settings.privacy.enabled:
         return
     from app.noise_plan import preflight_lines
+    from app.noise_plan_cache import noise_plan_lines
 
     dim = sum(math.prod(shape) for shape in model_layout(settings).values())
-    for line in preflight_lines(noise_run(settings), sizes, dim, sizes_from):
+    run = noise_run(settings)
+    home = Path(flower_env()["FLWR_HOME"])
+    for line in noise_plan_lines(run, sizes, dim, sizes_from, home,
+                                 lambda: preflight_lines(run, sizes, dim, sizes_from)):
         print(line, flush=True)
 
 
