@@ -22,10 +22,14 @@ medians are compared side by side (issue 37's goal: silofl's launch -> round 1 w
 Targets (issue 14, on a quiet machine): round 1 done <= 8 s, whole run <= 20 s, as medians over
 the runs that found the SuperLink running (all runs if none did); PASS/FAIL and the ratios.
 
+The launcher reads a noise plan it computed before back from ``$FLWR_HOME`` (app/noise_plan_cache.py),
+so every run after the first skips the dp-accounting import; ``--cold-plan`` removes the stored
+plans before each run, to time the pre-flight of a plan not seen before.
+
 With ``--direct``, the silofl runs are ``flwr run <checkout> --stream`` as a Flower user types it
 (no launcher: no pre-flight, no staged copy), on the launcher's SuperLink.
 
-    python -m scripts.bench.startup [--runs 3] [--noop] [--direct] [--fast-poll] [--no-imports] [-- launcher args]
+    python -m scripts.bench.startup [--runs 3] [--noop] [--direct] [--fast-poll] [--cold-plan] [--no-imports] [-- launcher args]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +47,7 @@ import time
 from pathlib import Path
 
 from app.launch import default_run_config, flower_env
+from app.noise_plan_cache import CACHE_DIR
 from app.runtime.local_superlink import own_local_superlink, own_superlink_fast_poll
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--fast-poll", action="store_true", help="python -m app.launch --fast-poll")
+    ap.add_argument("--cold-plan", action="store_true",
+                    help="remove the launcher's stored noise plans before each run (app/noise_plan_cache.py)")
     ap.add_argument("--no-imports", action="store_true", help="skip the import-time breakdown")
     ap.add_argument("--noop", action="store_true", help="after each run, Flower's no-op app on the same SuperLink")
     ap.add_argument("--direct", action="store_true",
@@ -175,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
 
         settings = parse_settings(default_run_config(ROOT))
         nodes, num_rounds = settings.simulation_nodes(), settings.num_rounds
-    print(f"{os.cpu_count()} CPUs; " + ("flwr run . --stream" if args.direct else f"python -m app.launch {' '.join(extra)}"),
-          flush=True)
+    print(f"{os.cpu_count()} CPUs; " + ("flwr run . --stream" if args.direct else f"python -m app.launch {' '.join(extra)}")
+          + (" (stored noise plans removed before each run)" if args.cold_plan else ""), flush=True)
     if args.direct:  # the launcher's SuperLink (its ports, no dependency installation), started once
         print(_line("launcher run (starts the SuperLink)", one_run(extra, env)), flush=True)
     for i in range(args.runs):
+        if args.cold_plan:
+            shutil.rmtree(Path(env["FLWR_HOME"]) / CACHE_DIR, ignore_errors=True)
         r = one_run(extra, env, direct=args.direct)
         rows.append(r)
         print(_line(f"run {i + 1}", r), flush=True)
