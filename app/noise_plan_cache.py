@@ -8,8 +8,8 @@ calibration costs ~0.8-1 s of CPU (scipy's signal, stats and optimize), most of 
 pre-flight. So the lines are stored under ``$FLWR_HOME/silofl-noise-plans/<key>.json`` with
 
     key = sha256(format, repr(run), sizes, d, sizes_from,
-                 sha256 of every app/**/*.py (path and bytes), Python's version,
-                 the installed versions of dp-accounting, numpy, scipy and absl-py)
+                 sha256 of every app/**/*.py (path and bytes), Python's version, the machine's
+                 architecture, the installed versions of dp-accounting, numpy, scipy and absl-py)
 
 and a launch whose key is stored prints the stored lines: the same lines the computation would
 print (any edit under app/ or any other library version is another key). A plan that fails to
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -60,7 +61,7 @@ def _library_versions() -> dict[str, str | None]:
 def plan_key(run: Any, sizes: Sequence[int] | None, dim: int, sizes_from: str) -> str:
     """The cache key of the module docstring."""
     what = {"format": FORMAT, "run": repr(run), "sizes": None if sizes is None else [int(n) for n in sizes],
-            "dim": int(dim), "sizes_from": sizes_from, "code": code_fingerprint(), "python": sys.version,
+            "dim": int(dim), "sizes_from": sizes_from, "code": code_fingerprint(), "python": sys.version, "machine": platform.machine(),
             "libraries": _library_versions()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
