@@ -141,13 +141,19 @@ def preflight(cfg: dict[str, Any]) -> Any:
 
 def print_noise_plan(settings: Any, sizes: list[int] | None, sizes_from: str) -> None:
     """The pre-flight's noise plan (app/noise_plan.py): each silo's planned sigma against its
-    signal, and a warning when the plan cannot learn; before anything is spent."""
+    signal, and a warning when the plan cannot learn; before anything is spent. The lines of a plan
+    computed before with the same inputs and code are read back (app/noise_plan_cache.py: exact,
+    and no dp-accounting import)."""
     if not settings.privacy.enabled:
         return
     from app.noise_plan import preflight_lines
+    from app.noise_plan_cache import noise_plan_lines
 
     dim = sum(math.prod(shape) for shape in model_layout(settings).values())
-    for line in preflight_lines(noise_run(settings), sizes, dim, sizes_from):
+    run = noise_run(settings)
+    home = Path(flower_env()["FLWR_HOME"])
+    for line in noise_plan_lines(run, sizes, dim, sizes_from, home,
+                                 lambda: preflight_lines(run, sizes, dim, sizes_from)):
         print(line, flush=True)
 
 
@@ -319,11 +325,18 @@ def resume_config(cfg: dict[str, Any], name: str) -> tuple[dict[str, Any], list[
 
 
 def model_layout(settings: Any) -> dict[str, tuple[int, ...]]:
-    """The shapes of the run's model parameters (what the ServerApp builds; imports torch)."""
+    """The shapes of the run's model parameters (what the ServerApp builds): a zoo model's from its
+    spec alone (app.model_spec.zoo_layout, no torch); your own model, or a spec the zoo refuses, built
+    with torch (its checks and its error)."""
     from app.data.federated import dataset_meta
-    from app.models import build_model
+    from app.model_spec import zoo_layout
 
     feature_shape, num_classes = dataset_meta(settings)
+    layout = zoo_layout(settings.model, feature_shape, num_classes, settings.model_hidden)
+    if layout is not None:
+        return layout
+    from app.models import build_model
+
     model = build_model(settings.model, feature_shape, num_classes, hidden=settings.model_hidden,
                         kwargs=settings.model_kwargs)
     return {k: tuple(v.shape) for k, v in model.named_parameters()}
