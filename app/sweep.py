@@ -7,8 +7,8 @@
 Each job composes conf/ (config groups algorithm/, dataset/, model/, privacy/, sketch/,
 experiment/), flattens it onto the flat run config (app.config.flatten_run_config, the one
 mapping), validates it, and runs the real ServerApp and ClientApp where ``sweep.engine`` says:
-``batched`` (the default; app.federation.run_in_process, the in-process grid's batched path,
-app/privacy/row_batcher.py), ``in-process`` (the same grid, one silo at a time) or ``flower``
+``in-process`` (the default; app.federation.run_in_process, the in-process grid, one silo at a
+time), ``batched`` (the same grid's batched path, app/privacy/row_batcher.py) or ``flower``
 (app.federation.run_federation: Flower's simulation engine, one virtual SuperNode per silo,
 Ray). Each job says which path it took. It appends one
 row to ``outputs/sweeps/<sweep.name>/results.csv``: every setting, final and best metrics, the epsilon
@@ -150,19 +150,19 @@ def sweep_retries(sweep: Mapping[str, Any]) -> int:
     return raw
 
 
-#: ``sweep.engine``: batched (the default: the in-process grid's batched path,
-#: app/privacy/row_batcher.py), in-process (the in-process grid, one silo at a time), flower
-#: (Flower's simulation engine, one virtual SuperNode per silo on Ray)
-SWEEP_ENGINES = ("batched", "in-process", "flower")
+#: ``sweep.engine``: in-process (the default: the in-process grid, one silo at a time), batched
+#: (the in-process grid's batched path, app/privacy/row_batcher.py), flower (Flower's simulation
+#: engine, one virtual SuperNode per silo on Ray)
+SWEEP_ENGINES = ("in-process", "batched", "flower")
 #: the sweep settings that only Flower's engine reads
 ENGINE_ONLY = ("ray-address", "client-cpus", "client-gpus")
 _SAID: list[str] = []  # what this process has told the user once already
 
 
 def sweep_engine(sweep: Mapping[str, Any]) -> str:
-    """``sweep.engine`` (batched by default), checked against :data:`SWEEP_ENGINES`; a Ray
+    """``sweep.engine`` (in-process by default), checked against :data:`SWEEP_ENGINES`; a Ray
     setting (:data:`ENGINE_ONLY`) given for another engine is refused, not ignored."""
-    engine = str(sweep.get("engine") or "batched")
+    engine = str(sweep.get("engine") or "in-process")
     if engine not in SWEEP_ENGINES:
         raise ConfigError(f"sweep.engine = {engine!r}; allowed: {', '.join(SWEEP_ENGINES)}")
     defaults = {"ray-address": None, "client-cpus": 1, "client-gpus": 0.0}

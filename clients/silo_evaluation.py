@@ -83,7 +83,9 @@ class Evaluator:
         # the model's outputs on each split (with the other silos' in one pass on the batched path)
         logits = forward_logits(self.model, dict(w), r.test_x)
         with torch.no_grad():
-            test_loss = cross_entropy(logits, r.test_y).item() * len(r.test_y)
+            # the sum of the test records' losses: 0 over none (the mean of none is NaN, which the
+            # server would drop as a non-finite reply, and a run of tiny silos would read as diverged)
+            test_loss = cross_entropy(logits, r.test_y).item() * len(r.test_y) if len(r.test_y) else 0.0
             errors = (logits.argmax(1) != r.test_y).sum().item()
             train_loss = float(cross_entropy(forward_logits(self.model, dict(w), r.train_x), r.train_y)) * r.n
         val_errors = val_count = None

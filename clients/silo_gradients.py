@@ -22,7 +22,7 @@ from app.data.split import fixed_size_batch
 from app.models.losses import cross_entropy
 from app.privacy.clipping import clip_rows
 from app.privacy.per_sample import batch_loss
-from app.privacy.row_batcher import in_batch, mean_rows, per_sample_rows
+from app.privacy.row_batcher import per_sample_rows
 from app.seeding import np_rng, torch_gen
 
 
@@ -117,12 +117,9 @@ class RecordGradients:
         return batch_loss(self.model, dict(w), x, y)
 
     def full_gradient(self, w: Mapping[str, torch.Tensor], chunk: int = 4096) -> dict[str, np.ndarray]:
-        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks; on the
-        batched path, the mean of the per-record rows, computed with the other silos' (the same
-        gradient, summed in another order: an open evaluation's statistic, not a release)."""
-        if in_batch():
-            mean = mean_rows(self.model, dict(w), self.train_x, self.train_y)
-            return {k: v.detach().cpu().numpy() for k, v in unflatten(mean, w).items()}
+        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks (one
+        backward pass per chunk: on the batched path too, where the mean of per-record rows
+        computed with the other silos' cost more, in time and memory, than it saved)."""
         params = {k: v.detach().clone().requires_grad_(True) for k, v in w.items()}
         total = {k: torch.zeros_like(v) for k, v in params.items()}
         for start in range(0, self.n, chunk):

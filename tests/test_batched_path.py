@@ -227,13 +227,13 @@ def test_a_sweep_job_on_the_batched_engine_says_which_path_it_took(tmp_path: Pat
     requests, calls = int(found[1]), int(found[2])
     assert requests >= 5 * 2 and calls <= requests / 5  # each call served the 5 silos' requests of one kind
     assert "sweep.engine = batched, simulation path: batched" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: batched, in-process, flower"):
+    with pytest.raises(ConfigError, match="sweep.engine = 'ray'; allowed: in-process, batched, flower"):
         federation_with_retries(cfg, {"engine": "ray"}, "job")
     # a Ray setting with an engine that runs no Ray is refused, not ignored
     with pytest.raises(ConfigError, match="sweep.client-cpus is set but sweep.engine = 'batched' runs no Ray"):
         federation_with_retries(cfg, {"engine": "batched", "client-cpus": 2}, "job")
-    # the default engine is the batched path
-    assert sweep_engine({}) == "batched"
+    # the default engine: the in-process grid, one silo at a time (the fastest on CPU, scripts/bench/sweep_engines.py)
+    assert sweep_engine({}) == "in-process"
 
 
 def test_a_node_parses_each_run_config_once_and_tells_1_from_true() -> None:
@@ -285,3 +285,14 @@ def test_requests_beyond_one_call_s_size_are_split_into_calls_of_whole_requests(
     assert calls_made == [5, 5, 6]  # 3+2 | 4+1 | 6 alone (more than a call holds, but a request is never cut)
     for (x, y), rows in zip(data, got, strict=True):
         torch.testing.assert_close(rows, real(model, w, x, y), rtol=1e-6, atol=1e-7)
+
+
+def test_silos_without_test_records_answer_a_loss_sum_of_0_and_the_run_is_not_read_as_diverged(tmp_path: Path) -> None:
+    """With 1,000 silos of digits' 1,797 records some silos hold one record, none for testing: the sum
+    of its test losses is 0 (before: the mean of none, NaN, times 0; the server dropped every
+    such reply as non-finite and the run health called a healthy run diverged)."""
+    over = {"dataset": "digits", "partition": "iid", "num-silos": 1000, "silos-per-round": 1000, "num-rounds": 1,
+            "lr": 0.1, "privacy.delta": 1e-5, "checkpoint": False}
+    summary, rows, _ = run(tmp_path, over)
+    assert summary["status"] == "completed", summary.get("status_reason")
+    assert "non_finite_evaluations" not in rows[-1] and rows[-1]["refused"] == 0

@@ -74,17 +74,8 @@ def forward_logits(model: nn.Module, params: dict[str, torch.Tensor], x: torch.T
     return _served(LOGITS, model, params, x, None)
 
 
-def mean_rows(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(1/n) sum_i grad f0(w, x_i) over the n records of (x, y): the gradient of the mean loss,
-    as the mean of the per-record rows (computed with the other silos' in a batcher's thread,
-    without holding every silo's rows at once)."""
-    if not in_batch():
-        return per_sample_grads(model, params, x, y).mean(dim=0)
-    return _served(MEAN_ROWS, model, params, x, y)
-
-
-#: what a request asks: per-record gradient rows [K, d], their mean [d], or the model's outputs
-ROWS, MEAN_ROWS, LOGITS = "rows", "mean-rows", "logits"
+#: what a request asks: per-record gradient rows [K, d], or the model's outputs
+ROWS, LOGITS = "rows", "logits"
 
 
 @dataclass
@@ -161,7 +152,7 @@ def compute(requests: Sequence[_Request]) -> None:
                     out = per_sample_grads(first.model, first.params, x, y)
                 blocks = [out] if len(chunk) == 1 else list(torch.split(out, [len(r.x) for r in chunk]))
                 for r, block in zip(chunk, blocks, strict=True):
-                    r.rows = block.mean(dim=0) if first.kind == MEAN_ROWS else block
+                    r.rows = block
             except BaseException as exc:  # noqa: BLE001 - each waiting silo sees the call's error as its own
                 for r in chunk:
                     r.error = exc

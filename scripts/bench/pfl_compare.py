@@ -3,8 +3,8 @@
 For each data set and client count, two fresh processes back to back:
 
 1. **silofl**: ``app.local_grid.run_local`` (the real ServerApp / ClientApp code, strategies, silos,
-   ledgers, accounting, on the in-process grid; ``--silofl-path batched``, the default, is the
-   batched simulation path, ``alone`` one silo at a time) with ``app.launch.default_run_config()`` and
+   ledgers, accounting, on the in-process grid, one silo at a time; ``--silofl-path batched``:
+   the batched simulation path) with ``app.launch.default_run_config()`` and
 
        dataset = D, partition = "iid", num-silos = silos-per-round = N, num-rounds = R,
        privacy.delta = 1e-5, eval-every = 1, checkpoint = false, outputs-dir = a temp dir
@@ -86,7 +86,7 @@ def silofl_config(dataset: str, clients: int, rounds: int, outputs: str, extra: 
     return cfg
 
 
-def silofl_child(dataset: str, clients: int, rounds: int, extra: list[str], path: str = "batched") -> None:
+def silofl_child(dataset: str, clients: int, rounds: int, extra: list[str], path: str = "alone") -> None:
     """silofl's side, in this (fresh) process: one run_local on ``path`` (batched: the batched
     simulation path, app/privacy/row_batcher.py; alone: one silo at a time); prints ``SILOFL_RESULT {json}``."""
     from app.local_grid import run_local
@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pfl-python", default=DEFAULT_PFL_PYTHON)
     ap.add_argument("--silofl-config", action="append", default=[], metavar="KEY=VALUE",
                     help="a run-config key for silofl's side (repeatable), e.g. a simulation-path switch")
-    ap.add_argument("--silofl-path", choices=("batched", "alone"), default="batched",
-                    help="silofl's simulation path: batched (the default; app/privacy/row_batcher.py) or alone "
-                         "(one silo at a time)")
+    ap.add_argument("--silofl-path", choices=("alone", "batched"), default="alone",
+                    help="silofl's simulation path: alone (the default: one silo at a time, the fastest on CPU) or "
+                         "batched (app/privacy/row_batcher.py)")
     ap.add_argument("--no-floor", action="store_true", help="skip the vectorised floor")
     ap.add_argument("--no-pfl-epsilon", action="store_true",
                     help="skip the untimed epsilon of pfl's noise (its PLD accountant takes ~1 min of CPU at "
