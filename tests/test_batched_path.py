@@ -287,6 +287,7 @@ def test_requests_beyond_one_call_s_size_are_split_into_calls_of_whole_requests(
         torch.testing.assert_close(rows, real(model, w, x, y), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_silos_without_test_records_answer_a_loss_sum_of_0_and_the_run_is_not_read_as_diverged(tmp_path: Path) -> None:
     """With 1,000 silos of digits' 1,797 records some silos hold one record, none for testing: the sum
     of its test losses is 0 (before: the mean of none, NaN, times 0; the server dropped every
