@@ -1,22 +1,24 @@
 """Per-record gradient rows for many silos in one call: the batched simulation path.
 
 A simulation that serves many virtual silos in one process (app/local_grid.py with
-``batched=True``) answers one exchange's messages in turn,
-each in a thread of its own (:class:`RowBatcher`), through the same code as the one-silo-at-a-time path: each silo admits the instruction, records the
-release in its own ledger, draws its own batch and its own noise from its own generators,
-clips, privatises and encodes, exactly as alone. The one step that differs is the per-record
-gradient matrix G_i = [grad f0(w, x_ij)]_j of its batch (app/privacy/per_sample.py): a silo's
-thread asks :func:`per_sample_rows`, which hands the request to the exchange's
-:class:`RowBatcher` and waits; once every silo of the exchange is waiting for its rows (or done),
-the batcher computes the rows of all requests that share a model architecture and a point w in
-one call on the concatenated records, G = per_sample_grads(model, w, [x_1; ...; x_m]), and
-gives each silo its own block G_i back. Records never interact in a per-record gradient, so
-each block is the silo's own matrix; the arithmetic of a row can still differ in the last bits
-(a matrix product over m·K rows may take another kernel than over K rows), which
-tests/test_batched_path.py measures against the one-at-a-time path.
+``batched=True``, ``sweep.engine=batched``) answers one exchange's messages in turn, each in a
+thread of its own (:class:`RowBatcher`), through the same code as the one-silo-at-a-time path:
+each silo admits the instruction, records the release in its own ledger, draws its own batch and
+its own noise from its own generators, clips, privatises and encodes, exactly as alone. What
+differs is where two computations on its records run: the per-record gradient matrix
+G_i = [grad f0(w, x_ij)]_j of its batch (:func:`per_sample_rows`, app/privacy/per_sample.py) and
+an open evaluation's model outputs (:func:`forward_logits`). A silo's thread hands the request to
+the exchange's :class:`RowBatcher` and waits; once every silo of the exchange is waiting (or
+done), the batcher computes all requests that share a model architecture, a point w and a kind
+in one call on the concatenated records, G = per_sample_grads(model, w, [x_1; ...; x_m]), and
+gives each silo its own block back. Records never interact in these computations, so each block
+is the silo's own; the arithmetic of a row can still differ in the last bits (a matrix product
+over m·K rows may take another kernel than over K rows), which tests/test_batched_path.py
+measures against the one-at-a-time path. On 2 CPU cores with the zoo's small models the threads'
+hand-offs cost more than the batching saves (docs/results.md, "Speed after issue 37").
 
-Outside a batcher's threads :func:`per_sample_rows` is ``per_sample_grads`` itself, so the
-default path (and the golden runs) are unchanged. Standard library and torch only.
+Outside a batcher's threads both functions compute here, so the default path (and the golden
+runs) are unchanged. Standard library and torch only.
 """
 
 from __future__ import annotations
