@@ -111,8 +111,9 @@ def run_local(run_config: dict[str, Any], state_dir: str, run_id: int | None = N
     grid = InProcessGrid(run_config, simulation_nodes(run_config), state_dir, run_id=run_id, hook=hook,
                          node_config=node_config, client=client, batched=batched)
     try:
-        server_app.main(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
-                                      run_config=run_config))
+        # through the ServerApp object, as Flower calls it: its registered main, not the function by name
+        server_app.app(grid, Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
+                                     run_config=run_config))
     except Exception as exc:  # a failed run: the caller may still want to see what was sent
         exc.grid = grid  # type: ignore[attr-defined]
         raise

@@ -214,7 +214,6 @@ def reach(rows: list[dict[str, Any]], accuracy: float) -> tuple[int | None, floa
     return None, None
 
 
-@app.main()
 def _ledgers_after(grid: Grid, timeout: float, crashed: Exception | None) -> list[dict[str, Any]]:
     """The silos' ledger reports (:func:`query_ledgers`); after rounds that crashed, [] when the
     query fails too (the grid may be gone: the summary then says so)."""
@@ -227,6 +226,7 @@ def _ledgers_after(grid: Grid, timeout: float, crashed: Exception | None) -> lis
         return []
 
 
+@app.main()
 def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     try:
