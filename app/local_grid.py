@@ -31,9 +31,9 @@ class InProcessGrid:
         """``client``: the ClientApp every node runs (None: silofl's, app/client_app.py).
         ``node_config``: added to every node's config, or a function of the node's index giving
         its own (e.g. each silo's own data-file). ``batched``: answer each exchange's messages
-        concurrently and compute their silos' per-record gradients together, one call per model
-        and point (app/privacy/row_batcher.py); the same releases, each silo's own ledger, batch
-        and noise."""
+        in turn, each in a thread of its own, and compute their silos' per-record gradients (and
+        an open evaluation's model outputs) together, one call per model, point and kind
+        (app/privacy/row_batcher.py); the same releases, each silo's own ledger, batch and noise."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
         self.node_ids = [1000 + i for i in range(num_nodes)]
         extra = node_config if callable(node_config) else (lambda i: node_config or {})
