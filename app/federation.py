@@ -178,9 +178,7 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
 
     run_config = with_inline_schema(run_config)  # the silos read the schema's text, never a path
     s = parse_settings(run_config)
-    out = Path(s.outputs_dir) / s.run_name
-    for name in ("summary.json", "rounds.jsonl"):
-        (out / name).unlink(missing_ok=True)
+    out = _fresh_outputs(s)
     watch: dict[str, Any] = {"since": len(engine_losses()), "ledger_run_key": None}
     server, client = simulation_apps(run_config, watch)
     t0 = time.perf_counter()
@@ -202,7 +200,20 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
                              f"the simulation engine lost {len(lost)} actor(s) or node(s): {lost[0]}",
                              ledger_run_key=watch["ledger_run_key"], wall_s=time.perf_counter() - t0) from exc
         raise
-    wall = time.perf_counter() - t0
+    return _federation_result(out, time.perf_counter() - t0)
+
+
+def _fresh_outputs(s: Any) -> Path:
+    """The run's outputs folder, without the summary and rows of an earlier run of that name."""
+    out = Path(s.outputs_dir) / s.run_name
+    for name in ("summary.json", "rounds.jsonl"):
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+def _federation_result(out: Path, wall: float) -> dict[str, Any]:
+    """A finished federation's summary.json with its rounds, wall time and overhead (wall time
+    minus the time inside rounds); RuntimeError when it left no summary."""
     if not (out / "summary.json").exists():
         raise RuntimeError(f"the federation left no summary in {out} (see the log above)")
     summary = json.loads((out / "summary.json").read_text())
@@ -211,34 +222,26 @@ def run_federation(run_config: dict[str, Any], warm: bool = True, fast: Any = No
     return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out)}
 
 
-def run_in_process(run_config: dict[str, Any], batched: bool = True) -> dict[str, Any]:
+def run_in_process(run_config: dict[str, Any], batched: bool = False) -> dict[str, Any]:
     """Run one federation in this process on the in-process grid (app/local_grid.py: the real
-    ServerApp and ClientApp, no Flower engine or Ray); ``batched``: the batched simulation path
-    (each exchange's per-record gradients in one call per model and point,
-    app/privacy/row_batcher.py). The silos keep their state where the engine's virtual
+    ServerApp and ClientApp, no Flower engine or Ray), one silo at a time; ``batched``: the
+    batched simulation path (app/privacy/row_batcher.py). The silos keep their state where the engine's virtual
     SuperNodes do (app.node_context.state_dir). Returns what :func:`run_federation` returns."""
     from app.data.schema import with_inline_schema
     from app.local_grid import run_local
     from app.node_context import state_dir
 
     run_config = with_inline_schema(run_config)
-    s = parse_settings(run_config)
-    out = Path(s.outputs_dir) / s.run_name
-    for name in ("summary.json", "rounds.jsonl"):
-        (out / name).unlink(missing_ok=True)
+    out = _fresh_outputs(parse_settings(run_config))
     t0 = time.perf_counter()
     # a fresh 63-bit run id, as Flower's engine draws one: the run-scoped ledgers in the shared
     # state dir are named by it, so this run never meets another run's
     grid = run_local(run_config, str(state_dir({})), run_id=secrets.randbits(63), batched=batched)
-    wall = time.perf_counter() - t0
-    summary = json.loads((out / "summary.json").read_text())
-    rounds = load_rounds(out / "rounds.jsonl")
-    inside = sum(float(r["wall_s"]) for r in rounds)
+    result = _federation_result(out, time.perf_counter() - t0)
     path = ("batched: each exchange's per-record gradients and model outputs in one call per model, point "
             f"and kind ({grid.batcher.requests} requests in {grid.batcher.batches} calls)" if grid.batcher is not None
             else "one silo at a time")
-    return summary | {"wall_s": wall, "overhead_s": wall - inside, "rounds_rows": rounds, "run_dir": str(out),
-                      "simulation_path": path}
+    return result | {"simulation_path": path}
 
 
 def retry_config(run_config: dict[str, Any], lost: EngineLost) -> dict[str, Any]:

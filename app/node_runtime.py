@@ -232,7 +232,7 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
                                ledger_key_file=node.get("ledger-key-file") or None,
                                ledger_witness_dir=node.get("ledger-witness-dir") or None,
                                # a deployed silo, or one whose operator set a cap, fsyncs every
-                               # release; a simulation's virtual silo once per round (PrivacyLedger.sync)
+                               # release; a simulation's virtual silo once per exchange (PrivacyLedger.sync)
                                ledger_sync=deployed or policy.safe)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))

@@ -104,7 +104,7 @@ class Silo:
         ``ledger_key_file``, ``ledger_witness_dir``: node config ledger-key-file (None:
         ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger/witness.py).
         ``ledger_sync``: fsync each ledger entry (False: a simulation's virtual silo, whose ledger
-        reaches the disk once per round, PrivacyLedger.sync)."""
+        reaches the disk once per exchange, PrivacyLedger.sync)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,

@@ -117,9 +117,7 @@ class RecordGradients:
         return batch_loss(self.model, dict(w), x, y)
 
     def full_gradient(self, w: Mapping[str, torch.Tensor], chunk: int = 4096) -> dict[str, np.ndarray]:
-        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks (one
-        backward pass per chunk: on the batched path too, where the mean of per-record rows
-        computed with the other silos' cost more, in time and memory, than it saved)."""
+        """Gradient of the mean training loss (1/n) sum_x f0(w, x), accumulated in chunks."""
         params = {k: v.detach().clone().requires_grad_(True) for k, v in w.items()}
         total = {k: torch.zeros_like(v) for k, v in params.items()}
         for start in range(0, self.n, chunk):

@@ -42,6 +42,9 @@ MAX_ELEMENTS = 1 << 26
 
 _CURRENT = threading.local()
 
+#: what a request asks: per-record gradient rows [K, d], or the model's outputs
+ROWS, LOGITS = "rows", "logits"
+
 
 def in_batch() -> bool:
     """Whether this thread is one of a :class:`RowBatcher`'s (the batched simulation path)."""
@@ -74,10 +77,6 @@ def forward_logits(model: nn.Module, params: dict[str, torch.Tensor], x: torch.T
         with torch.no_grad():
             return functional_call(model, params, (x,))
     return _served(LOGITS, model, params, x, None)
-
-
-#: what a request asks: per-record gradient rows [K, d], or the model's outputs
-ROWS, LOGITS = "rows", "logits"
 
 
 @dataclass
@@ -138,8 +137,8 @@ def _chunks(members: list[_Request], per_row: int) -> list[list[_Request]]:
 
 
 def compute(requests: Sequence[_Request]) -> None:
-    """Serve ``requests``: one ``per_sample_grads`` call per group and chunk (:func:`_groups`),
-    each request's block of rows set on it (or the call's error)."""
+    """Serve ``requests``: one call per group and chunk (:func:`_groups`; ``per_sample_grads``
+    for rows, the model's forward for outputs), each request's block set on it (or the call's error)."""
     for members in _groups(requests):
         first = members[0]
         per_row = sum(v.numel() for v in first.params.values())

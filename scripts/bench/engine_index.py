@@ -38,14 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench.scale_silos import BASE, TreeSampler
+from scripts.bench.scale_silos import BASE, run_sampled
 
 ROOT = Path(__file__).resolve().parents[2]
 NOOP_DIR = ROOT / "scripts" / "bench" / "noop_app"
@@ -105,25 +104,15 @@ def measure(app: str, nodes: int, rounds: int, index: bool, timeout: float) -> d
     env = os.environ | {"OMP_NUM_THREADS": "1", "SILOFL_ENGINE_INDEX": "1" if index else "0",
                         "PYTHONPATH": os.pathsep.join([str(ROOT), str(NOOP_DIR)])}
     load_before = _load()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    sampler = TreeSampler([proc.pid], 0.2)
-    sampler.start()
     row: dict[str, Any] = {"app": app, "nodes": nodes, "rounds": rounds, "index": index, "load_before": load_before}
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        sampler.stop.set()
-        return row | {"failed": f"timed out after {timeout:.0f} s", "cpu_s": sampler.cpu_s(),
-                      "process_wall_s": time.perf_counter() - t0, "load_after": _load()}
-    sampler.stop.set()
-    sampler.join()
-    row |= {"process_wall_s": time.perf_counter() - t0, "cpu_s": sampler.cpu_s(), "load_after": _load()}
+    run = run_sampled(cmd, env, timeout=timeout)
+    row |= {"process_wall_s": run.wall_s, "cpu_s": run.sampler.cpu_s(), "load_after": _load()}
+    if run.timed_out:
+        return row | {"failed": f"timed out after {timeout:.0f} s"}
+    out, err = run.out, run.err
     line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if proc.returncode or line is None:
-        return row | {"failed": f"rc {proc.returncode}", "stderr_tail": err[-2000:]}
+    if run.returncode or line is None:
+        return row | {"failed": f"rc {run.returncode}", "stderr_tail": err[-2000:]}
     res = json.loads(line[len("RESULT "):])
     walls = res["round_walls_s"]
     steady = walls[1:] or walls

@@ -39,6 +39,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -109,6 +111,40 @@ class TreeSampler(threading.Thread):
         return sum(c - self.base.get(p, 0.0) for p, c in self.cpu.items())
 
 
+@dataclass
+class SampledRun:
+    """A finished (or killed) process and what :class:`TreeSampler` saw of its tree."""
+
+    out: str
+    err: str
+    returncode: int
+    wall_s: float
+    sampler: TreeSampler
+    timed_out: bool
+
+
+def run_sampled(cmd: list[str], env: dict[str, str], *, cwd: str | Path = ROOT, roots: Sequence[int] = (),
+                interval: float = 0.2, timeout: float | None = None, stderr: int = subprocess.PIPE) -> SampledRun:
+    """Run ``cmd`` as a fresh process and sample its tree (and ``roots``') every ``interval`` s
+    until it exits, or until ``timeout`` s have passed (then it is killed: ``timed_out``).
+    ``stderr=subprocess.STDOUT`` folds its error output into ``out``."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=cwd)
+    sampler = TreeSampler([proc.pid, *roots], interval)
+    sampler.start()
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        timed_out = True
+    wall = time.perf_counter() - t0
+    sampler.stop.set()
+    sampler.join()
+    return SampledRun(out, err or "", proc.returncode, wall, sampler, timed_out)
+
+
 # -- one federation (in the child process) -----------------------------------------------------
 def one(silos: int, rounds: int, extra: list[str], address: str | None) -> dict:
     import tempfile
@@ -132,30 +168,20 @@ def measure(silos: int, rounds: int, extra: list[str], address: str | None, root
     cmd += [a for e in extra for a in ("--run-config", e)] + (["--ray-address", address] if address else [])
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    sampler = TreeSampler([proc.pid] + roots, interval)
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        sampler.stop.set()
+    run = run_sampled(cmd, env, roots=roots, interval=interval, timeout=timeout)
+    sampler, out, err, wall = run.sampler, run.out, run.err, run.wall_s
+    if run.timed_out:
         return {"silos": silos, "rounds": rounds, "failed": f"timed out after {timeout:.0f} s",
-                "wall_s": time.perf_counter() - t0, "cpu_s": sampler.cpu_s(), "peak_rss_mb": sampler.peak_rss / 2**20,
+                "wall_s": wall, "cpu_s": sampler.cpu_s(), "peak_rss_mb": sampler.peak_rss / 2**20,
                 "stderr_tail": err[-1500:]}
-    wall = time.perf_counter() - t0
-    sampler.stop.set()
-    sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     reaped = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
     row = {"silos": silos, "rounds": rounds, "silo_rounds": silos * rounds, "process_wall_s": wall,
            "cpu_s": sampler.cpu_s(), "cpu_s_reaped_children": reaped, "peak_rss_mb": sampler.peak_rss / 2**20,
            "max_processes": sampler.max_procs}
-    if proc.returncode or line is None:
-        return row | {"failed": f"rc {proc.returncode}", "stderr_tail": err[-3000:]}
+    if run.returncode or line is None:
+        return row | {"failed": f"rc {run.returncode}", "stderr_tail": err[-3000:]}
     res = json.loads(line[len("RESULT "):])
     steady = res["round_walls_s"][1:] or res["round_walls_s"]
     sr = silos * rounds

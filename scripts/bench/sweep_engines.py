@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.bench.scale_silos import TreeSampler
+from scripts.bench.scale_silos import run_sampled
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ["dataset=digits", "partition=iid", "privacy.delta=1e-5", "lr=0.1", "num-rounds=3", "eval-every=1"]
@@ -41,19 +41,12 @@ def one(n: int, engine: str) -> dict:
         cmd = [sys.executable, "-m", "app.sweep", "-m", *JOB, f"num-silos={n}", f"silos-per-round={n}",
                f"sweep.engine={engine}", "sweep.name=bench", f"hydra.sweep.dir={tmp}/hydra"]
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sampler = TreeSampler([proc.pid], 0.2)
-        sampler.start()
-        out = proc.communicate()[0]
-        wall = time.perf_counter() - t0
-        sampler.stop.set()
-        sampler.join()
-        rows = list(csv.DictReader((Path(tmp) / "outputs/sweeps/bench/results.csv").open())) if proc.returncode == 0 \
+        run = run_sampled(cmd, env, cwd=tmp, stderr=subprocess.STDOUT)
+        rows = list(csv.DictReader((Path(tmp) / "outputs/sweeps/bench/results.csv").open())) if run.returncode == 0 \
             else []
         if not rows or rows[0]["status"] not in ("completed", "diverged", "no-progress"):  # a run to its end
-            raise RuntimeError(f"{engine}, {n} silos: the sweep failed (rc {proc.returncode}):\n{out[-3000:]}")
-        return {"wall": wall, "cpu": sampler.cpu_s(), "test_error": float(rows[0]["test_error"] or "nan"),
+            raise RuntimeError(f"{engine}, {n} silos: the sweep failed (rc {run.returncode}):\n{run.out[-3000:]}")
+        return {"wall": run.wall_s, "cpu": run.sampler.cpu_s(), "test_error": float(rows[0]["test_error"] or "nan"),
                 "eps": float(rows[0]["eps_max_spent"]), "load": load, "status": rows[0]["status"]}
 
 

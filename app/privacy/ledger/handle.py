@@ -427,7 +427,7 @@ class PrivacyLedger:
         """Epsilon spent so far at the ledger's delta (0 when nothing was released)."""
         with self._locked():
             self._reload()
-        return epsilon_spent(self._grouped(), self.delta)
+        return self.spent_as_read()
 
     def _check_loaded(self, new: list[Release], exclusive_round: int | None = None) -> float:
         if exclusive_round is not None:
