@@ -38,6 +38,7 @@ app = ClientApp()
 #: the query actions, as app.wire names them (LEDGER, IDENTITY, KEYS, SHUFFLE); app.wire imports
 #: torch (through app.sketch), so they are spelled here and tests/test_lazy_imports.py checks them
 LEDGER, IDENTITY, KEYS, SHUFFLE = "ledger", "identity", "keys", "shuffle"
+SECAGG_KEYS, SECAGG_SHARE, SECAGG_UNMASK = "secagg_keys", "secagg_share", "secagg_unmask"
 
 
 def _unavailable(path: str, exc: Exception) -> RecordDict:
@@ -94,6 +95,24 @@ def shuffle(msg: Message, context: Context) -> Message:
 def identity(msg: Message, context: Context) -> Message:
     """This node's partition id, for the simulation's attack harness (never a weight)."""
     return _answer(f"{MessageType.QUERY}.{IDENTITY}", msg, context)
+
+
+@app.query(SECAGG_KEYS)
+def secagg_keys(msg: Message, context: Context) -> Message:
+    """Secure aggregation, round 1: a fresh mask key for the exchange (app/wire/secagg.py)."""
+    return _answer(f"{MessageType.QUERY}.{SECAGG_KEYS}", msg, context)
+
+
+@app.query(SECAGG_SHARE)
+def secagg_share(msg: Message, context: Context) -> Message:
+    """Secure aggregation, round 2: the shares sealed to each neighbour."""
+    return _answer(f"{MessageType.QUERY}.{SECAGG_SHARE}", msg, context)
+
+
+@app.query(SECAGG_UNMASK)
+def secagg_unmask(msg: Message, context: Context) -> Message:
+    """Secure aggregation, round 4: the shares that open the sum (or a refusal)."""
+    return _answer(f"{MessageType.QUERY}.{SECAGG_UNMASK}", msg, context)
 
 
 def _engine_patches() -> None:

@@ -30,7 +30,7 @@ from app.options import (
     OPTION, ConfigError, Option, boolean, choice, declared, group, groups, inert_keys, int_list, number, number_or_word,
 )
 from app.presets import PRESET, PRESET_KEYS, PRESETS, preset_values
-from app.privacy.settings import PrivacySettings, ShuffleSettings
+from app.privacy.settings import PrivacySettings, SecAggSettings, ShuffleSettings
 from app.runtime_options import RuntimeOptions
 from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS, SketchSettings
 from app.config_robust import check_byzantine
@@ -69,6 +69,7 @@ class Settings(RuntimeOptions, DataOptions, TrainingOptions):
     attack: AttackSettings = group(AttackSettings)
     privacy: PrivacySettings = group(PrivacySettings)
     shuffle: ShuffleSettings = group(ShuffleSettings)
+    secagg: SecAggSettings = group(SecAggSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, for summary.json."""
@@ -250,6 +251,7 @@ def check_relations(s: Settings) -> None:
     _check_attack(s)
     check_byzantine(s)
     _check_shuffle(s)
+    _check_secagg(s)
     check_own_data(s, ConfigError)
 
 
@@ -297,6 +299,47 @@ def _check_shuffle(s: Settings) -> None:
     if s.shuffle.count_on > s.silos_per_round:
         raise ConfigError(f"shuffle.count-on = {s.shuffle.count_on} is out of range; allowed: [0, silos-per-round = "
                           f"{s.silos_per_round}] (0 means silos-per-round)")
+
+
+_SECAGG_DEFAULTS = SecAggSettings()
+
+
+def _check_secagg(s: Settings) -> None:
+    """Secure aggregation's settings: which algorithms (the server gets only the sum, like the
+    shuffler's), no sketch, a finite budget, a threshold and count-on the exchange can meet."""
+    if s.privacy.mode in ("isrl", "shuffle"):  # secagg.* act only in secagg mode
+        for f in fields(SecAggSettings):
+            value, key = getattr(s.secagg, f.name), f.metadata[OPTION].key
+            if value != getattr(_SECAGG_DEFAULTS, f.name):
+                raise ConfigError(f"{key} = {value!r} is set but privacy.mode = {s.privacy.mode!r} (secagg.* act only "
+                                  "in secagg mode: every value would run the same federation); use privacy.mode = "
+                                  f"'secagg', or leave {key} at its default {OPTIONS[key].default!r}")
+    if s.privacy.mode != "secagg":
+        return
+    if s.algorithm not in SHUFFLE_ALGORITHMS:
+        raise ConfigError(f"privacy.mode = 'secagg' is not available for algorithm = {s.algorithm!r}; allowed: "
+                          f"{', '.join(SHUFFLE_ALGORITHMS)} (secure aggregation releases only the sum of the silos' "
+                          "messages)")
+    if resolve_scaling(s.standardize, s.dataset) == "dp":
+        raise ConfigError("standardize = 'dp' is not allowed with privacy.mode = 'secagg' (its calibration has no "
+                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
+    if math.isinf(s.privacy.epsilon):
+        raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'secagg'; allowed: (0, inf) "
+                          "(use privacy.mode = off for a non-private run)")
+    if s.sketch.kind != "none":
+        raise ConfigError(f"sketch.kind = {s.sketch.kind!r} is not allowed with privacy.mode = 'secagg'; allowed: none "
+                          "(the masked sum is of integers; a sketch of them would not unmask)")
+    for key, value in (("secagg.count-on", s.secagg.count_on), ("secagg.threshold", s.secagg.threshold)):
+        if value > s.silos_per_round:
+            raise ConfigError(f"{key} = {value} is out of range; allowed: [0, silos-per-round = {s.silos_per_round}] "
+                              "(0: automatic)")
+    if 0 < s.secagg.threshold <= s.silos_per_round // 2:
+        raise ConfigError(f"secagg.threshold = {s.secagg.threshold} is out of range; allowed: 0 or "
+                          f"[{s.silos_per_round // 2 + 1}, {s.silos_per_round}] (more than half of silos-per-round = "
+                          f"{s.silos_per_round}, so that no two disjoint sets of silos can both open a sum)")
+    if s.silos_per_round < 2:
+        raise ConfigError(f"privacy.mode = 'secagg' needs silos-per-round >= 2, got {s.silos_per_round} (a sum of "
+                          "one silo's vector is that vector)")
 
 
 def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:

@@ -130,6 +130,8 @@ def simulation_apps(run_config: dict[str, Any], watch: dict[str, Any] | None = N
     client.query(wire.IDENTITY)(forward("identity"))  # the attack harness's ground truth
     client.query(wire.KEYS)(forward("keys"))  # shuffle DP: roles and public keys
     client.query(wire.SHUFFLE)(forward("shuffle"))  # shuffle DP: the shuffler's sum
+    for action in ("secagg_keys", "secagg_share", "secagg_unmask"):  # secure aggregation's rounds 1, 2, 4
+        client.query(action)(forward(action))
     return server, client
 
 

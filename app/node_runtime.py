@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,8 @@ from app.data.sources import DataUnavailableError
 from app.node_context import state_dir
 from app.privacy.envelope import EnvelopeError, StaticKeys, parse_public_key
 from app.privacy.ledger import BudgetExceededError, LedgerError
-from app.privacy.policy import NodePolicy, node_policy, policy_violation, shuffle_trust_violation
+from app.privacy.policy import (NodePolicy, node_policy, policy_violation, secagg_trust_violation,
+                                shuffle_trust_violation)
 from clients.byzantine import DATA_ATTACKS, byzantine_indices, poison_labels
 from clients.shuffler import ShuffleRefused, Shuffler
 
@@ -222,6 +224,9 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
                          "it does not seal contributions to a key the server chose")
         if violation is None and s.privacy.mode == "shuffle":
             violation = shuffle_trust_violation(policy, s.shuffle.count_on or s.silos_per_round)
+        peer_keys, peer_violation = secagg_peers(policy, deployed) if s.privacy.mode == "secagg" else (None, None)
+        if violation is None and s.privacy.mode == "secagg":
+            violation = peer_violation or secagg_trust_violation(policy, s.secagg.count_on or s.silos_per_round)
         try:
             _SILOS[key] = Silo(s, data, num_classes, feature_shape, where, ledger_key,
                                policy_violation=violation, ledger_budget=ledger_budget,
@@ -233,7 +238,7 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
                                ledger_witness_dir=node.get("ledger-witness-dir") or None,
                                # a deployed silo, or one whose operator set a cap, fsyncs every
                                # release; a simulation's virtual silo once per exchange (PrivacyLedger.sync)
-                               ledger_sync=deployed or policy.safe)
+                               ledger_sync=deployed or policy.safe, secagg_peer_keys=peer_keys)
         except LedgerError as exc:  # no trustworthy record of what was spent: release nothing
             _SILOS[key] = RefusingSilo(index, refusal.ledger_reason(index, exc))
         except BudgetExceededError as exc:  # the pre-processing release did not fit: ledger totals only
@@ -241,6 +246,29 @@ def _silo(context: Context, deployed: bool) -> Silo | RefusingSilo:
         except Exception as exc:  # noqa: BLE001 - a silo that cannot be built refuses; its detail stays here
             _SILOS[key] = RefusingSilo(index, refusal.internal_reason(index, exc), wire.REFUSED_INTERNAL)
     return _SILOS[key]
+
+
+def secagg_peers(policy: NodePolicy, deployed: bool) -> tuple[frozenset[str] | None, str | None]:
+    """(the peer keys this silo's operator pinned, or None; why it refuses secagg, or None). A
+    silo that guards real records (deployed, or with a cap) seals shares to no key the server
+    chose: without node config secagg-peer-keys it refuses."""
+    path = policy.secagg_peer_keys
+    if path is None:
+        if policy.safe:
+            why = "is deployed" if deployed else "has a privacy cap"
+            return None, (f"this node {why} and pinned no peer keys (node config secagg-peer-keys): it does not seal "
+                          "its secure-aggregation shares to keys the server chose")
+        return None, None
+    try:
+        lines = [ln.strip().lower() for ln in Path(path).read_text().splitlines()]
+    except OSError as exc:
+        return None, f"node config secagg-peer-keys: cannot read {path} ({exc.strerror})"
+    keys = [ln for ln in lines if ln and not ln.startswith("#")]
+    bad = [k for k in keys if len(k) != 64 or any(c not in "0123456789abcdef" for c in k)]
+    if bad or not keys:
+        return None, (f"node config secagg-peer-keys: {path} must list X25519 public keys, 64 hex characters a line "
+                      f"({len(bad)} malformed line(s), {len(keys)} key(s))")
+    return frozenset(keys), None
 
 
 def model_violation(model: str, node: Mapping[str, Any], policy: NodePolicy) -> str | None:
@@ -417,6 +445,28 @@ def identity(content: RecordDict, context: Context, deployed: bool = False) -> R
     return wire.identity_reply(pid)
 
 
+def secagg(content: RecordDict, context: Context, deployed: bool = False, *, message_type: str = "") -> RecordDict:
+    """Secure aggregation's keys, share and unmask rounds (app/wire/secagg.py), answered by the
+    silo's secagg mechanism (clients/silo_secagg.py); the shuffler and a refusing silo refuse."""
+    if node_role(context) == wire.ROLE_SHUFFLER:
+        return wire.Refusal(wire.REFUSED_CONFIG, "this node is the shuffler; it takes no part in secure aggregation",
+                            0.0).encode()
+    from clients.silo import Silo  # torch: with the silo, on the first message that needs one
+
+    node_silo = silo(context, deployed)
+    if not isinstance(node_silo, Silo):
+        return node_silo.train(content)  # its refusal, the same for every request
+    return node_silo.secagg(message_type, content, int(context.node_id))
+
+
+def _secagg_handler(message_type: str) -> Callable[[RecordDict, Context, bool], RecordDict]:
+    def handler(content: RecordDict, context: Context, deployed: bool = False) -> RecordDict:
+        return secagg(content, context, deployed, message_type=message_type)
+
+    handler.__name__ = f"secagg_{message_type.rpartition('_')[2]}"
+    return handler
+
+
 #: Flower message type -> handler; the ClientApp registers exactly these
 HANDLERS: dict[str, Callable[[RecordDict, Context, bool], RecordDict]] = {
     str(MessageType.TRAIN): train,
@@ -425,6 +475,9 @@ HANDLERS: dict[str, Callable[[RecordDict, Context, bool], RecordDict]] = {
     wire.KEYS_QUERY: keys,
     wire.SHUFFLE_QUERY: shuffle,
     wire.IDENTITY_QUERY: identity,
+    wire.SECAGG_KEYS_QUERY: _secagg_handler(wire.SECAGG_KEYS_QUERY),
+    wire.SECAGG_SHARE_QUERY: _secagg_handler(wire.SECAGG_SHARE_QUERY),
+    wire.SECAGG_UNMASK_QUERY: _secagg_handler(wire.SECAGG_UNMASK_QUERY),
 }
 
 

@@ -188,8 +188,8 @@ class PrivateSilo:
         """What this silo's plan and policy refuse about the run itself (its mode, its algorithm)."""
         run = context.run_config
         mode = str(run.get("privacy.mode", "isrl"))
-        if mode == "shuffle":
-            return ("this silo releases Gaussian ISRL-DP (PrivateSilo); the run asks for privacy.mode = 'shuffle', "
+        if mode in ("shuffle", "secagg"):
+            return (f"this silo releases Gaussian ISRL-DP (PrivateSilo); the run asks for privacy.mode = {mode!r}, "
                     "which needs silofl's own silo node")
         algorithm = str(run.get("algorithm", self.plan["algorithm"]))
         if algorithm != self.plan["algorithm"]:

@@ -52,6 +52,7 @@ from app.seeding import derive_seed
 from clients.silo_evaluation import Evaluator
 from clients.silo_gradients import RecordGradients, ReleaseDraws, as_tensors, on_device
 from clients.silo_mechanism import GaussianSiloMechanism, SiloMechanism
+from clients.silo_secagg import SecAggSiloMechanism
 from clients.silo_shuffle import AMPLIFIED_BOUND, ShuffleSiloMechanism
 
 
@@ -90,7 +91,8 @@ class Silo:
                  evaluation_noise_ratio: float = 1.0, run_id: int = 0, shuffler_pin: str | None = None,
                  ledger_mark_dir: str | Path | None = None, model: torch.nn.Module | None = None,
                  trust_silo_sampling: bool = False, ledger_key_file: str | Path | None = None,
-                 ledger_witness_dir: str | Path | None = None, ledger_sync: bool = True) -> None:
+                 ledger_witness_dir: str | Path | None = None, ledger_sync: bool = True,
+                 secagg_peer_keys: frozenset[str] | None = None) -> None:
         """``ledger_budget`` (epsilon, delta): the ledger's lifetime budget when it spans several
         runs (node scope); each run still calibrates its noise for the run's own epsilon, and the
         ledger refuses whatever would take the total past the lifetime budget. ``evaluation``:
@@ -104,7 +106,9 @@ class Silo:
         ``ledger_key_file``, ``ledger_witness_dir``: node config ledger-key-file (None:
         ``ledger.key`` in ``state_dir``) and ledger-witness-dir (app/privacy/ledger/witness.py).
         ``ledger_sync``: fsync each ledger entry (False: a simulation's virtual silo, whose ledger
-        reaches the disk once per exchange, PrivacyLedger.sync)."""
+        reaches the disk once per exchange, PrivacyLedger.sync). ``secagg_peer_keys``: the other
+        silos' static public keys (hex) its operator pinned (node config secagg-peer-keys; None:
+        the server's, simulations only)."""
         # shuffle.amplification = auto resolved once, for this silo (app/privacy/amplification_choice.py)
         amplification, self.amplification_why = resolve_amplification(
             settings.shuffle.amplification, settings.privacy.noise_seed,
@@ -129,7 +133,8 @@ class Silo:
                                          key_file=ledger_key_file, witness_dir=ledger_witness_dir, sync=ledger_sync)
         self.draws = ReleaseDraws(settings.seed, data.index, priv.noise_seed == "os")
         shuffle = self.private and priv.mode == "shuffle"  # the run's privacy mode picks the mechanism, here only
-        self.mechanism: SiloMechanism = ShuffleSiloMechanism(
+        self.mechanism: SiloMechanism = self._secagg_mechanism(secagg_peer_keys, state_dir, run_id) if (
+            self.private and priv.mode == "secagg") else ShuffleSiloMechanism(
             settings.shuffle, self.amplification_why, settings.silos_per_round, settings.num_silos, self.clip,
             settings.diff_clip, self.n, sum(p.numel() for p in self.model.parameters()), data.index, int(run_id),
             shuffler_pin, StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key"),
@@ -144,6 +149,44 @@ class Silo:
         self.evaluation = Evaluator(evaluation, policy_violation, self.private, self.mechanism.evaluation_refusal,
                                     self.model, self.records, self.device, self.gradients, self.ledger, self.plan,
                                     self.draws)
+
+    def _secagg_mechanism(self, pinned: frozenset[str] | None, state_dir: str | Path, run_id: int) -> SiloMechanism:
+        """Secure aggregation's silo half (clients/silo_secagg.py), its amplification resolved for this silo."""
+        s = self.s
+        count_on = s.secagg.count_on or s.silos_per_round
+        amplification, why = resolve_amplification(s.secagg.amplification, s.privacy.noise_seed, count_on)
+        return SecAggSiloMechanism(
+            s.secagg, amplification, why.replace("shuffle.amplification", "secagg.amplification"), s.silos_per_round,
+            self.clip, s.diff_clip, self.n, sum(p.numel() for p in self.model.parameters()), self.data.index,
+            int(run_id), StaticKeys.load_or_create(Path(state_dir) / f"secagg-silo{self.data.index}.key"), pinned,
+            state_dir, self.draws)
+
+    def secagg(self, message_type: str, content: RecordDict, me: int) -> RecordDict:
+        """Secure aggregation's rounds 1, 2 and 4 (keys, share, unmask: app/wire/secagg.py);
+        round 3 is :meth:`train`. A malformed request is refused, never a crash."""
+        if self.policy_violation:
+            return self._refuse(wire.REFUSED_POLICY, self.policy_violation)
+        mechanism = self.mechanism
+        if not isinstance(mechanism, SecAggSiloMechanism):
+            return self._refuse(wire.REFUSED_CONFIG, "this is not a secagg run (privacy.mode)")
+        try:
+            if message_type == wire.SECAGG_KEYS_QUERY:
+                params = wire.SecAggParams.decode(content)
+                answer = mechanism.advertise(params, me, self._secagg_spec(params.phase))
+            elif message_type == wire.SECAGG_SHARE_QUERY:
+                request = wire.ShareRequest.decode(content)
+                answer = mechanism.share(request, self._secagg_spec(request.params.phase))
+            else:
+                answer = mechanism.unmask(wire.UnmaskRequest.decode(content))
+        except wire.ReplyError as exc:
+            return self._refuse(wire.REFUSED_CONFIG, str(exc))
+        return self._refuse(answer.code, answer.reason) if isinstance(answer, Rejection) else answer
+
+    def _secagg_spec(self, phase: str) -> ReleaseSpec | None:
+        try:
+            return self.plan.get(Phase(phase))
+        except ValueError:
+            return None
 
     def _data_digest(self) -> str:
         """SHA-256 of the training records (once): a replayed reply is only ever one computed
@@ -277,15 +320,17 @@ class Silo:
         releases = [
             {"kind": r.kind, "count": r.count, "noise_multiplier": r.noise_multiplier, "n": r.n, "batch": r.batch,
              "sampling": ("disjoint blocks (parallel composition)" if r.disjoint else
-                          "none claimed (binomial: accounted as if the record were included)"
-                          if r.binomial and r.sampled and r.gamma == 1.0 else
+                          f"none claimed ({r.mechanism}: accounted as if the record were included)"
+                          if (r.binomial or r.skellam) and r.sampled and r.gamma == 1.0 else
                           f"fixed-size without replacement, amplified at gamma = K/n = {r.gamma:.6g} ({AMPLIFIED_BOUND})"
-                          if r.binomial and r.sampled
+                          if (r.binomial or r.skellam) and r.sampled
                           else "fixed-size without replacement" if r.sampled else "none (full batch)")}
             | ({"mechanism": "binomial", "trials": r.trials, "levels": r.levels, "p": r.p, "dim": r.dim}
                | ({"amplification": r.amplification} if r.amplification != "none" else {})
                | ({"silo_sampling": r.silo_sampling} if r.silo_sampling < 1 else {})
                if r.binomial else {})
+            | ({"mechanism": "skellam", "l1": r.l1, "l2": r.l2, "dim": r.dim, "mu": (r.noise_multiplier * r.l2) ** 2}
+               | ({"amplification": r.amplification} if r.amplification != "none" else {}) if r.skellam else {})
             for r in group_releases(self.ledger.recorded())
         ]
         fields, planned, accountant = self.mechanism.report(self.plan)

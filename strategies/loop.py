@@ -57,10 +57,9 @@ from strategies.aggregators import Aggregator, make_aggregator, with_harness
 from strategies.exchange import Exchange, Round, RoundContext, StepResult
 from strategies.flower_rounds import FlowerRounds
 from strategies.nodes import SiloNodes
-from strategies.server_mechanism import DirectReplies, ServerMechanism
+from strategies.server_mechanism import ServerMechanism, server_mechanism
 from strategies.steps import IterateSampler, RunResult, composite_prox, nan_mean, same_point
 from strategies.replies import NodeRoster, Params, ReplyReader, Updates, model_in_range
-from strategies.shuffle_relay import ShuffleRelay
 
 RoundCallback = Callable[[dict[str, Any]], None]
 Ask = Callable[..., Updates]
@@ -112,10 +111,7 @@ class FederatedOptimizer(FlowerRounds):
         self.algorithm: Algorithm = get_algorithm(settings.algorithm)
         self.on_round = on_round or (lambda row: None)
         #: the privacy mechanism's server half: direct replies, or the shuffler relay (shuffle DP)
-        self.mechanism: ServerMechanism = (
-            ShuffleRelay(settings.shuffle, settings.privacy.clip, settings.diff_clip,
-                         lambda msg, what: self.nodes.client_error(msg, what))
-            if settings.privacy.enabled and settings.privacy.mode == "shuffle" else DirectReplies())
+        self.mechanism: ServerMechanism = server_mechanism(settings, lambda msg, what: self.nodes.client_error(msg, what))
         self.roster = NodeRoster()
         #: the silo nodes: waiting, sampling, ClientApp failures and gone nodes
         self.nodes = SiloNodes(num_silos=settings.num_silos, min_silos=settings.min_silos,
@@ -365,15 +361,15 @@ class FederatedOptimizer(FlowerRounds):
         nodes = ctx.nodes
 
         def ask(phase: Phase, at: Params, prev: Params | None = None) -> Updates:
-            ticket = self.mechanism.ticket()
+            ticket = self.mechanism.open_exchange(grid, rnd, phase, nodes, timeout, self.run_id)
             tally = None
             if self.pending is not None:  # the evaluation of w waits for this exchange
                 if same_point(at, w):
                     tally = EvaluationTally(int(self.pending["round"]), w, self.layout, self.nodes.client_error)
                 else:
                     self._evaluate_pending(grid, w, timeout)
-            messages = self.train_messages(ctx, Exchange(phase, at, prev), ticket,
-                                           None if tally is None else tally.rnd)
+            messages = self.mechanism.address(self.train_messages(ctx, Exchange(phase, at, prev), ticket,
+                                                                  None if tally is None else tally.rnd), ticket)
             if tally is None:
                 replies = grid.send_and_receive(messages, timeout=timeout)
             else:  # the silos not sampled get the evaluation request alone, in the same send

@@ -15,15 +15,19 @@ if TYPE_CHECKING:
     from strategies.options import RobustSettings
 
 
+#: the privacy modes whose server gets only the sum of the silos' messages (the shuffler's, the secure sum)
+SUM_ONLY_MODES = ("shuffle", "secagg")
+
+
 def refuse_pre(rule: str, robust: RobustSettings, *, privacy_mode: str, silos_per_round: int, f: int) -> None:
     """ConfigError (one line) for a ``pre-aggregators`` chain (``robust.pre``) that cannot work with
     ``rule`` on ``silos_per_round`` replies; ``f``: the Byzantine silos to tolerate (byzantine.f, or a
     simulated attack's count; -1: neither)."""
     pre, n = robust.pre, silos_per_round
     chain = ",".join(pre)
-    if privacy_mode == "shuffle":
-        raise ConfigError(f"pre-aggregators = {chain!r} needs each silo's message, but privacy.mode = 'shuffle' gives "
-                          "the server only their sum; allowed: \"\"")
+    if privacy_mode in SUM_ONLY_MODES:
+        raise ConfigError(f"pre-aggregators = {chain!r} needs each silo's message, but privacy.mode = {privacy_mode!r} "
+                          "gives the server only their sum; allowed: \"\"")
     if rule == "gradbant" and "bucketing" in pre:
         raise ConfigError(f"pre-aggregators = {chain!r}: bucketing mixes random silos each round, so Grad-BANT's "
                           "per-silo trust p would follow no silo; allowed with gradbant: nnm, arc")
@@ -69,6 +73,6 @@ def refuse_space(rule: str, sketch_kind: str) -> None:
 
 def refuse_combination(rule: str, privacy_mode: str) -> None:
     """ConfigError (one line) for an aggregator the privacy mode cannot aggregate with."""
-    if rule != "mean" and privacy_mode == "shuffle":
-        raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = 'shuffle' gives the "
-                          "server only their sum; allowed: mean")
+    if rule != "mean" and privacy_mode in SUM_ONLY_MODES:
+        raise ConfigError(f"aggregator = {rule!r} needs each silo's message, but privacy.mode = {privacy_mode!r} gives "
+                          "the server only their sum; allowed: mean")

@@ -5,6 +5,8 @@ carries for it, and how the silos' releases come back as one exchange's updates.
                     back in its own reply, read by the round's ReplyReader
     ShuffleRelay    the binomial shuffle (strategies/shuffle_relay.py): sealed contributions go
                     through the shuffler node, and only the debiased mean comes back
+    SecAggRelay     secure aggregation (strategies/secagg_relay.py): masked Skellam encodings,
+                    four message rounds an exchange, and only their decoded sum comes back
 
 The silo half of each is in clients/ (the Gaussian release, the binomial encoding); the round
 loop (strategies/loop.py) and the node bookkeeping (strategies/nodes.py) ask the mechanism instead
@@ -13,11 +15,12 @@ of branching on ``privacy.mode``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flwr.app import Message
+
 if TYPE_CHECKING:
-    from flwr.app import Message
     from flwr.serverapp import Grid
 
     from app.algorithms import Phase
@@ -44,7 +47,14 @@ class ServerMechanism(Protocol):
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None: ...
 
-    def ticket(self) -> Any: ...
+    def open_exchange(self, grid: Grid, rnd: int, phase: Phase, nodes: list[int], timeout: float,
+                      run_id: int) -> Any:
+        """What the exchange's instructions carry for the mechanism (its ticket), after any
+        message rounds it needs first (secure aggregation's keys and shares)."""
+
+    def address(self, messages: list[Message], ticket: Any) -> list[Message]:
+        """The exchange's training instructions as the mechanism sends them (secure aggregation:
+        only to the silos that shared, each with the payloads sealed to it)."""
 
     def collect(self, grid: Grid, rnd: int, phase: Phase, ticket: Any, replies: Iterable[Message],
                 nodes: list[int], reader: ReplyReader, timeout: float, run_id: int) -> Updates: ...
@@ -75,8 +85,12 @@ class DirectReplies:
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """No node to find."""
 
-    def ticket(self) -> None:
+    def open_exchange(self, grid: Grid, rnd: int, phase: Phase, nodes: list[int], timeout: float,
+                      run_id: int) -> None:
         return None
+
+    def address(self, messages: list[Message], ticket: Any) -> list[Message]:
+        return messages
 
     def collect(self, grid: Grid, rnd: int, phase: Phase, ticket: Any, replies: Iterable[Message],
                 nodes: list[int], reader: ReplyReader, timeout: float, run_id: int) -> Updates:
@@ -85,3 +99,16 @@ class DirectReplies:
 
     def row(self, tally: Updates) -> dict[str, Any]:
         return {}
+
+
+def server_mechanism(settings: Any, client_error: Callable[[Message, str], str]) -> ServerMechanism:
+    """The server half of the run's privacy mode (``settings``: the run's parsed Settings)."""
+    if settings.privacy.enabled and settings.privacy.mode == "shuffle":
+        from strategies.shuffle_relay import ShuffleRelay
+
+        return ShuffleRelay(settings.shuffle, settings.privacy.clip, settings.diff_clip, client_error)
+    if settings.privacy.enabled and settings.privacy.mode == "secagg":
+        from strategies.secagg_relay import SecAggRelay
+
+        return SecAggRelay(settings.secagg, settings.privacy.clip, settings.diff_clip, settings.seed, client_error)
+    return DirectReplies()

@@ -117,6 +117,14 @@ class ShuffleRelay:
             extra["shuffle_refused"] = tally.shuffle_refusal
         return extra
 
+    def open_exchange(self, grid: Grid, rnd: int, phase: Phase, nodes: list[int], timeout: float,
+                      run_id: int) -> wire.ShuffleTicket:
+        """The next exchange's ticket (no message round before the instructions)."""
+        return self.ticket()
+
+    def address(self, messages: list[Message], ticket: wire.ShuffleTicket) -> list[Message]:
+        return messages
+
     def ticket(self) -> wire.ShuffleTicket:
         """The next exchange's ticket (the exchange number binds the contributions' context)."""
         self.exchanges += 1

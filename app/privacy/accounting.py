@@ -99,6 +99,11 @@ class Release:
     #: binomial releases: q = M / N when the shuffler keeps a random M of the N silos and this
     #: silo's node trusts it to (app/privacy/silo_sampling.py); 1: no silo sampling claimed
     silo_sampling: float = 1.0
+    #: "skellam" releases (secure aggregation): the replace-one L1 and L2 sensitivities of the
+    #: release's integer vector; its Skellam noise has variance mu = (noise_multiplier * l2)^2 per
+    #: coordinate (app/privacy/skellam/accounting.py)
+    l1: float = 0.0
+    l2: float = 0.0
 
     def __post_init__(self) -> None:
         if not (0 < self.silo_sampling <= 1 and (self.silo_sampling == 1 or self.mechanism == "binomial")):
@@ -106,8 +111,10 @@ class Release:
                              f"{self.silo_sampling!r}")
         if self.amplification not in AMPLIFICATIONS:
             raise ValueError(f"release amplification must be one of {AMPLIFICATIONS}, got {self.amplification!r}")
-        if self.mechanism not in ("gaussian", "binomial"):
-            raise ValueError(f"release mechanism must be gaussian or binomial, got {self.mechanism!r}")
+        if self.mechanism not in ("gaussian", "binomial", "skellam"):
+            raise ValueError(f"release mechanism must be gaussian, binomial or skellam, got {self.mechanism!r}")
+        if self.mechanism == "skellam" and not (self.l2 > 0 and 0 < self.l1 and self.dim >= 1):
+            raise ValueError(f"a skellam release needs l1, l2 > 0 and dim >= 1; got {self}")
         if self.mechanism == "binomial" and not (self.trials >= 1 and self.levels >= 1 and 0 < self.p < 1
                                                  and self.dim >= 1):
             raise ValueError(f"a binomial release needs trials, levels, dim >= 1 and p in (0, 1); got {self}")
@@ -127,10 +134,15 @@ class Release:
         return self.mechanism == "binomial"
 
     @property
+    def skellam(self) -> bool:
+        return self.mechanism == "skellam"
+
+    @property
     def gamma(self) -> float:
-        """The sampling rate amplification is claimed at: K / n for a sampled binomial release
-        with amplification "sampling", else 1 (none claimed)."""
-        return self.batch / self.n if self.binomial and self.sampled and self.amplification == "sampling" else 1.0
+        """The sampling rate amplification is claimed at: K / n for a sampled binomial or skellam
+        release with amplification "sampling", else 1 (none claimed)."""
+        return self.batch / self.n if ((self.binomial or self.skellam) and self.sampled
+                                       and self.amplification == "sampling") else 1.0
 
     @property
     def blocks(self) -> int:
@@ -175,8 +187,32 @@ def epsilon_spent(releases: Sequence[Release], delta: float) -> float:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     live = _live(releases)
     if any(r.binomial for r in live):
+        if any(r.skellam for r in live):
+            raise ValueError("a ledger holds binomial (shuffle) and skellam (secagg) releases: not composed here")
         return _epsilon_rdp_binomial(live, float(delta))
+    if any(r.skellam for r in live):
+        return _epsilon_rdp_skellam(live, float(delta))
     return _epsilon(live, float(delta))
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon_rdp_skellam(live: tuple[Release, ...], delta: float) -> float:
+    """A ledger with Skellam releases (secure aggregation): each release's Renyi curve at
+    :data:`RDP_ORDERS` (app/privacy/skellam/accounting.py; amplified by the batch's sampling
+    where claimed), Gaussian releases by their curves, composed and converted by dp-accounting."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+    from app.privacy.skellam.accounting import release_curve
+
+    rdp = np.zeros(len(RDP_ORDERS))
+    for r in live:
+        if r.noise_multiplier == 0:
+            return math.inf
+        if r.skellam:
+            rdp += r.count * np.asarray(release_curve(RDP_ORDERS, r.l1, r.l2, (r.noise_multiplier * r.l2) ** 2,
+                                                      r.gamma))
+        else:
+            rdp += r.count * _rdp_one(r.n, r.batch, r.noise_multiplier, r.sampled)
+    return float(compute_epsilon(RDP_ORDERS, rdp, delta)[0])
 
 
 def epsilon_spent_reference(releases: Sequence[Release], delta: float) -> float:
@@ -202,7 +238,7 @@ def _live(releases: Sequence[Release]) -> tuple[Release, ...]:
     """The releases that count, identical ones merged, disjoint ones as their parallel view, in
     a canonical order (the cache key, and the order the curves are summed in)."""
     return tuple(sorted((parallel_view(r) for r in group_releases(releases) if r.count > 0),
-                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier, r.trials)))
+                        key=lambda r: (r.kind, r.n, r.batch, r.noise_multiplier, r.trials, r.l2, r.l1)))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -38,6 +38,13 @@ protects the silo's records is decided here, by the silo's operator:
     cannot raise it above this bound: a run asking for more is refused. Default 1 (the silo
     adds all the noise its epsilon needs, trusting no other silo) when a cap is set or the node
     is deployed; unbounded in a simulation without caps.
+``secagg-count-on-max``
+    secure aggregation: the same bound for ``secagg.count-on``.
+``secagg-peer-keys``
+    secure aggregation: a file of the other silos' static public keys (64 hex characters a
+    line). The silo seals its shares only to these keys and opens only payloads from them, so a
+    server that substitutes keys gets nothing. A deployed silo refuses secagg without it; a
+    simulation's silos take the keys the server saw.
 
 A node "sets a cap" when it has ``epsilon-cap`` or ``delta-cap``: that is how an operator says
 this node guards real records, and every default above then takes the safe side.
@@ -63,7 +70,8 @@ NOISE_SEEDS = ("run", "os")
 EVALUATION_POLICIES = ("open", "private", "off")
 #: node-config keys this module reads (besides the silo's identity and paths, read by the ClientApp)
 POLICY_KEYS = ("epsilon-cap", "delta-cap", "ledger-scope", "noise-seed", "evaluation", "evaluation-noise-ratio",
-               "allow-non-private", "shuffle-count-on-max", "shuffle-trust-silo-sampling")
+               "allow-non-private", "shuffle-count-on-max", "shuffle-trust-silo-sampling", "secagg-count-on-max",
+               "secagg-peer-keys")
 
 
 class PolicyError(ValueError):
@@ -87,6 +95,11 @@ class NodePolicy:
     shuffle_count_on_max: int | None = None
     #: shuffle DP: claim amplification by the shuffler's silo sampling (app/privacy/silo_sampling.py)
     shuffle_trust_silo_sampling: bool = False
+    #: secure aggregation: the most silos whose noise this silo counts on (None: no bound)
+    secagg_count_on_max: int | None = None
+    #: secure aggregation: the file of the other silos' static public keys (64 hex characters a
+    #: line) its operator pinned; None: take them from the server (simulations only)
+    secagg_peer_keys: str | None = None
 
     @property
     def capped(self) -> bool:
@@ -156,21 +169,23 @@ def node_policy(node: Mapping[str, Any], *, deployed: bool = False) -> NodePolic
         deployed=deployed,
         shuffle_count_on_max=_count_on_max(node, 1 if safe else None),
         shuffle_trust_silo_sampling=bool(_flag(node, "shuffle-trust-silo-sampling")),
+        secagg_count_on_max=_count_on_max(node, 1 if safe else None, "secagg-count-on-max"),
+        secagg_peer_keys=str(node["secagg-peer-keys"]) if node.get("secagg-peer-keys") else None,
     )
 
 
-def _count_on_max(node: Mapping[str, Any], default: int | None) -> int | None:
-    if "shuffle-count-on-max" not in node:
+def _count_on_max(node: Mapping[str, Any], default: int | None, key: str = "shuffle-count-on-max") -> int | None:
+    if key not in node:
         return default
-    value = node["shuffle-count-on-max"]
+    value = node[key]
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise PolicyError(f"node config shuffle-count-on-max = {value!r} must be an integer >= 1")
+        raise PolicyError(f"node config {key} = {value!r} must be an integer >= 1")
     try:
         number = float(value)
     except ValueError:
-        raise PolicyError(f"node config shuffle-count-on-max = {value!r} must be an integer >= 1") from None
+        raise PolicyError(f"node config {key} = {value!r} must be an integer >= 1") from None
     if not (math.isfinite(number) and number >= 1 and number == int(number)):
-        raise PolicyError(f"node config shuffle-count-on-max = {value!r} is out of range; allowed: integers >= 1")
+        raise PolicyError(f"node config {key} = {value!r} is out of range; allowed: integers >= 1")
     return int(number)
 
 
@@ -183,6 +198,17 @@ def shuffle_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
     source = "its node config shuffle-count-on-max" if policy.safe else "shuffle-count-on-max"
     return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
             f"{count_on} (shuffle.count-on), which would let fewer dishonest silos break its epsilon")
+
+
+def secagg_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
+    """Why this silo refuses a secagg run that asks it to count on ``count_on`` silos' noise
+    (``secagg.count-on``, or silos-per-round when 0), or None."""
+    bound = policy.secagg_count_on_max
+    if bound is None or count_on <= bound:
+        return None
+    source = "its node config secagg-count-on-max" if policy.safe else "secagg-count-on-max"
+    return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
+            f"{count_on} (secagg.count-on), which would let fewer dishonest silos break its epsilon")
 
 
 def collusion_threshold(count_on: int, silos: int) -> int:

@@ -11,12 +11,14 @@ from app.privacy.policy import NOISE_SEEDS
 from app.privacy.shuffle import MAX_HEADROOM, auto_levels
 
 #: "off" + app.privacy.mechanism.MECHANISMS (a copy: that module imports torch; tests/test_registries.py)
-PRIVACY_MODES = ("off", "isrl", "shuffle")
+PRIVACY_MODES = ("off", "isrl", "shuffle", "secagg")
 PLANNED_PRIVACY_MODES: tuple[str, ...] = ()
 _OFF = ("privacy.mode", ("off",))
 #: the shuffle.* keys act only in shuffle mode (under isrl a value other than the default is
 #: refused, app.config._check_shuffle; under off it is inert like every privacy.* key)
 _SHUFFLE_ONLY = ("privacy.mode", ("shuffle",))
+#: the secagg.* keys act only in secagg mode (another mode refuses a value other than the default)
+_SECAGG_ONLY = ("privacy.mode", ("secagg",))
 
 
 def _delta(key: str, value: object) -> float | None:
@@ -28,7 +30,8 @@ def _delta(key: str, value: object) -> float | None:
 @dataclass(frozen=True)
 class PrivacySettings:
     mode: str = option("privacy.mode", choice(PRIVACY_MODES, PLANNED_PRIVACY_MODES), "isrl",
-                       "isrl (Gaussian noise on each silo), shuffle (shuffle DP) or off")
+                       "isrl (Gaussian noise on each silo), shuffle (shuffle DP), secagg (secure aggregation "
+                       "with distributed Skellam noise) or off")
     epsilon: float = option("privacy.epsilon", number(0, None, lo_open=True, allow_inf=True), 3.0,
                             "each silo's epsilon budget (inf: non-private)", inert=_OFF)
     #: delta in (0, 1), or None for the paper's 1/n^2 with each silo's own n.
@@ -95,3 +98,30 @@ class ShuffleSettings:
         choice (app.privacy.shuffle.auto_levels). Silos and server both take it from here."""
         return self.levels or auto_levels(dim)
 
+
+
+@dataclass(frozen=True)
+class SecAggSettings:
+    """Secure aggregation with distributed Skellam noise (privacy.mode secagg): the modulus
+    2**bits each coordinate of the masked sum lives in, the SecAgg+ threshold t and neighbourhood
+    degree, how many silos' noise a silo counts on (0: silos-per-round) with its headroom, and
+    whether record-level amplification by sampling may be claimed (as shuffle.amplification)."""
+
+    bits: int = option("secagg.bits", number(8, 62, integer=True), 16,
+                       "secagg: bits per coordinate of the modular sum (the wire and the modulus 2**bits)",
+                       only=_SECAGG_ONLY)
+    threshold: int = option("secagg.threshold", number(0, 10_000, integer=True), 0,
+                            "secagg: t, the shares that open a silo's secrets (0: a majority of the exchange)",
+                            only=_SECAGG_ONLY)
+    degree: int = option("secagg.degree", number(0, 10_000, integer=True), 0,
+                         "secagg: each silo's neighbours in the SecAgg+ graph (0: every other silo)",
+                         only=_SECAGG_ONLY)
+    count_on: int = option("secagg.count-on", number(0, 10_000, integer=True), 0,
+                           "secagg: how many silos' noise each silo counts on (0: silos-per-round)",
+                           only=_SECAGG_ONLY)
+    headroom: float = option("secagg.headroom", number(0, MAX_HEADROOM), 0.1,
+                             "secagg: each silo adds (1 + headroom)/count-on of the noise it needs",
+                             only=_SECAGG_ONLY)
+    amplification: str = option("secagg.amplification", choice(AMPLIFICATION_SETTINGS), "auto",
+                                "secagg: sampling claims record-level amplification; none does not; auto decides",
+                                only=_SECAGG_ONLY)

@@ -15,7 +15,7 @@ tests can build and inspect hostile messages.
 
 Modules: :mod:`app.wire.records` (record and field names, refusal codes, the array codec),
 :mod:`app.wire.messages` (the typed messages of a round), :mod:`app.wire.queries` (the ledger,
-identity and keys queries and the shuffle-DP messages). This module is the public API:
+identity and keys queries and the shuffle-DP messages), :mod:`app.wire.secagg` (secure aggregation). This module is the public API:
 ``from app import wire`` and ``wire.X``.
 """
 
@@ -29,6 +29,9 @@ from app.wire.queries import (IDENTITY, IDENTITY_QUERY, KEYS, KEYS_QUERY, LEDGER
                               ROLE_SHUFFLER, ROLE_SILO, SEALED, SHUFFLE, SHUFFLE_QUERY, SealedReply, ShuffleReply,
                               ShuffleRequest, identity_reply, keys_reply, ledger_reply, read_identity, read_keys,
                               read_ledger, shuffle_context)
+from app.wire.secagg import (SECAGG_KEYS_QUERY, SECAGG_SHARE_QUERY, SECAGG_UNMASK_QUERY, BlobReply, MaskedReply,
+                             SecAggParams, ShareReply, ShareRequest, UnmaskRequest, advert_reply, advert_terms, shares_of,
+                             shares_record, vector_dtype)
 from app.wire.records import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL_STEPS, LOSS, LR, METRICS,
                               NUMPY_STYPE, PHASE, PREV_ARRAYS, REFUSED_BUDGET, REFUSED_CONFIG, REFUSED_DATA,
                               REFUSED_INTERNAL, REFUSED_LEDGER, REFUSED_NON_FINITE, REFUSED_POLICY, ROUND, SHUFFLER_KEY,
@@ -54,4 +57,8 @@ __all__ = [
     "ROLE_SHUFFLER", "ROLE_SILO", "SEALED", "SHUFFLE", "SHUFFLE_QUERY", "SealedReply", "ShuffleReply",
     "ShuffleRequest", "identity_reply", "keys_reply", "ledger_reply", "read_identity", "read_keys", "read_ledger",
     "shuffle_context",
+    # secure aggregation (privacy.mode secagg)
+    "SECAGG_KEYS_QUERY", "SECAGG_SHARE_QUERY", "SECAGG_UNMASK_QUERY", "BlobReply", "MaskedReply", "SecAggParams",
+    "ShareReply", "ShareRequest", "UnmaskRequest", "advert_reply", "advert_terms", "shares_of", "shares_record",
+    "vector_dtype",
 ]

@@ -15,10 +15,15 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from app.algorithms.base import Phase
 from app.sketch.broadcast import RoundSketch
+from app.wire.secagg import SECAGG_SHARES, SecAggParams, shares_of, shares_record
 from app.wire.records import (ARRAYS, CONFIG, EPS_SPENT, EVALUATE_ROUND, EXCHANGE, LOCAL_STEPS, LOSS, LR, METRICS, PHASE,
                       PREV_ARRAYS, ROUND, SHUFFLER_KEY, SKETCH_FIELDS, TRAIN_GRADIENT, Layout, NonFiniteReply,
                       ReplyError, instruction, metrics_reply, params_to_record, read_metrics, read_update,
                       record_of, record_to_params, refusal_of, refusal_reply, update_reply)
+
+
+#: an instruction's config keys of its secagg parameters
+_SECAGG_PREFIX = "secagg-"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,11 @@ class Instruction:
     shuffle: ShuffleTicket | None = None
     evaluate_round: int | None = None
     train_gradient: bool = False
+    #: privacy.mode secagg: the exchange's parameters (app/wire/secagg.py); the share payloads
+    #: sealed to this silo travel beside them, one record per recipient (secagg.SECAGG_SHARES)
+    secagg: SecAggParams | None = None
+    #: privacy.mode secagg: the share payloads sealed to this silo (sender node -> blob)
+    shares: Mapping[int, bytes] | None = None
 
     def evaluation(self) -> EvaluateRequest | None:
         """The evaluation request folded into this instruction (None when there is none)."""
@@ -91,8 +101,13 @@ class Instruction:
             config |= _encode_sketch(self.sketch)
         if self.evaluate_round is not None:
             config |= {EVALUATE_ROUND: int(self.evaluate_round), TRAIN_GRADIENT: bool(self.train_gradient)}
-        return instruction(params_to_record(self.arrays), config,
-                           None if self.prev is None else params_to_record(self.prev))
+        if self.secagg is not None:
+            config |= {_SECAGG_PREFIX + k: v for k, v in self.secagg.config().items()}
+        content = instruction(params_to_record(self.arrays), config,
+                              None if self.prev is None else params_to_record(self.prev))
+        if self.shares is not None:
+            content[SECAGG_SHARES] = shares_record(self.shares)
+        return content
 
     @classmethod
     def decode(cls, content: RecordDict) -> Instruction:
@@ -105,7 +120,11 @@ class Instruction:
                    shuffle=ShuffleTicket(str(config[SHUFFLER_KEY]), config_int(config, EXCHANGE))
                    if SHUFFLER_KEY in config else None,
                    evaluate_round=config_int(config, EVALUATE_ROUND) if EVALUATE_ROUND in config else None,
-                   train_gradient=bool(config.get(TRAIN_GRADIENT, False)))
+                   train_gradient=bool(config.get(TRAIN_GRADIENT, False)),
+                   secagg=SecAggParams.read({k[len(_SECAGG_PREFIX):]: v for k, v in config.items()
+                                             if k.startswith(_SECAGG_PREFIX)})
+                   if _SECAGG_PREFIX + "exchange" in config else None,
+                   shares=shares_of(content) if _SECAGG_PREFIX + "exchange" in config else None)
 
 
 def _encode_sketch(sketch: RoundSketch) -> dict[str, Any]:

@@ -216,18 +216,25 @@ def release_of_row(r: dict[str, Any]) -> Release:
     return Release(r["kind"], int(r["n"]), int(r["batch"]), float(r["noise_multiplier"]), int(r.get("count", 1)),
                    bool(r.get("disjoint", False)), str(r.get("mechanism", "gaussian")), int(r.get("trials", 0)),
                    int(r.get("levels", 0)), float(r.get("p", 0.0)), int(r.get("dim", 0)),
-                   str(r.get("amplification", "none")), float(r.get("silo_sampling", 1.0)))
+                   str(r.get("amplification", "none")), float(r.get("silo_sampling", 1.0)),
+                   float(r.get("l1", 0.0)), float(r.get("l2", 0.0)))
 
 
 _RELEASE_FIELDS = tuple(f.name for f in fields(Release))
 _BINOMIAL_FIELDS = ("mechanism", "trials", "levels", "p", "dim")
+#: a skellam release's own fields (it also keeps mechanism and dim)
+_SKELLAM_FIELDS = ("l1", "l2")
+_KEPT_FOR_SKELLAM = ("mechanism", "dim")
 
 
 def row_of_release(r: Release) -> dict[str, Any]:
     """A release as a ledger row (its fields in order, as ``asdict`` gives them: they are plain
-    values); a Gaussian one without the binomial fields (unused there), and ``amplification``
+    values); a Gaussian one without the binomial and skellam fields (unused there; a skellam one
+    keeps mechanism, dim, l1 and l2), and ``amplification``
     only where one is claimed (rows without it read as "none"), ``silo_sampling`` likewise (1)."""
-    return {name: getattr(r, name) for name in _RELEASE_FIELDS if (r.binomial or name not in _BINOMIAL_FIELDS)
+    return {name: getattr(r, name) for name in _RELEASE_FIELDS
+            if (r.binomial or name not in _BINOMIAL_FIELDS or (r.skellam and name in _KEPT_FOR_SKELLAM))
+            and (r.skellam or name not in _SKELLAM_FIELDS)
             and not (name == "amplification" and r.amplification == "none")
             and not (name == "silo_sampling" and r.silo_sampling == 1)}
 
