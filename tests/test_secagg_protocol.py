@@ -333,7 +333,7 @@ def test_forged_replayed_tampered_blobs_are_dropped_never_a_crash():
     tampered = bytearray(fed.sent[4][1])
     tampered[-5] ^= 1
     routed[1][4] = bytes(tampered)                                 # one flipped bit
-    forged = SharePayload(2, 3, fed.silos[2].advertise().s_pk, shamir.encode_share(1),
+    forged = SharePayload(2, 3, fed.silos[5].advertise().s_pk, shamir.encode_share(1),
                           shamir.encode_share(2), b"").encode()
     routed[3][5] = seal(keys[3].public, keys[5], forged, CTX)      # 5 claims to be 2
     routed[3][6], routed[3][7] = None, "text"                      # not even bytes
@@ -353,6 +353,15 @@ def test_forged_replayed_tampered_blobs_are_dropped_never_a_crash():
     shares[1] = "junk"
     shares[2] = {**fed.sent[2], 3: b"short"}
     assert set(srv.route(shares)) == {3, 4, 5, 6, 7}
+    srv = SecAggServer(CTX, 4, 16, 6, None, b"g")
+    adverts = {i: s.advertise() for i, s in fed.silos.items()}
+    adverts[1] = Advert(1, bytes(32), adverts[1].b_commit)         # small-order key
+    adverts[2] = Advert(2, adverts[3].s_pk, adverts[2].b_commit)   # copies 3's key
+    adverts[4] = adverts[5]                                        # answers for another node
+    adverts[6] = b"junk"
+    with pytest.raises(SecAggAborted, match="2 adverts < threshold 4"):
+        srv.adverts(adverts)
+    assert set(SecAggServer(CTX, 2, 16, 6, None, b"g").adverts(adverts)) == {5, 7}
 
 
 def test_malformed_masked_vectors_count_as_dropped():
@@ -383,17 +392,35 @@ def test_malformed_masked_vectors_count_as_dropped():
 
 
 def test_finish_survives_a_lying_share_and_rejects_a_short_or_foreign_reply():
+    """A Byzantine responder shifts its b-shares by delta / lambda_2, lambda_2 being its Lagrange
+    coefficient at 0 in the responder set {1, 2, 5, 6} (x's are public): that set then
+    interpolates to b + delta, a valid-looking 32-byte secret. The advert's commitment exposes
+    it; with a fifth reply the server finds an honest subset, with exactly t it aborts instead of
+    returning a wrong sum."""
     fed = _masked_fed(n=7, t=4, seed=12)
     replies = fed.unmask()
+    honest = dict(replies)
+    lam = 1
+    for xj in (1, 5, 6):
+        lam = lam * xj * pow(xj - 2, P - 2, P) % P
+    shift = pow(lam, P - 2, P)                                     # delta = 1
     liar = replies[2]
-    bad_b = {k: shamir.encode_share((int.from_bytes(v, "big") + 1) % P) for k, v in liar.b_shares.items()}
-    replies[2] = UnmaskReply(2, bad_b, liar.ssk_shares)            # consistent-looking, wrong
+    lying = UnmaskReply(2, {k: shamir.encode_share((int.from_bytes(v, "big") + shift) % P)
+                            for k, v in liar.b_shares.items()}, liar.ssk_shares)
+    owner = 3
+    pts = {r: honest[r].b_shares[owner] for r in (1, 2, 5, 6)}
+    b_true = int.from_bytes(shamir.combine(pts, 4), "big")
+    assert int.from_bytes(shamir.combine({**pts, 2: lying.b_shares[owner]}, 4), "big") == b_true + 1
+    replies[2] = lying
     replies[3] = b"garbage"
     replies[4] = UnmaskReply(5, {}, {})                            # answers for another node
     out = fed.server.finish(replies)
     assert out.tolist() == fed.direct_sum(range(1, 8))
-    with pytest.raises(SecAggAborted):
+    with pytest.raises(SecAggAborted, match="no threshold subset"):
+        fed.server.finish({r: replies[r] for r in (1, 2, 5, 6)})
+    with pytest.raises(SecAggAborted, match="replies < threshold"):
         fed.server.finish({k: replies[k] for k in (1, 2, 5)})
+    assert fed.server.finish({r: honest[r] for r in (1, 2, 5, 6)}).tolist() == out.tolist()
 
 
 # --------------------------------------------------------------------------------------------

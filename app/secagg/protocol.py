@@ -48,11 +48,14 @@ coalition unless it learns b_i and all pairwise seeds of i with honest peers. Ag
 server a silo enforces what it can see: it answers one unmask request only (a repeat with the same
 lists gets the same reply), never both kinds of share of one node, and only if at least t
 survivors are named; and it refuses a roster whose size is >= 2t (see :func:`default_threshold`).
-Without a consistency round an active server that tells different silos different survivor
-lists can still unmask an honest silo when it also controls about t - 1 silos (as in Bonawitz
-et al., who need t > (n + n_C) / 2 even with the consistency round); with no colluding silo
-the refusals alone make it impossible (tests/test_secagg_protocol.py checks every accepted
-request combination for n = 4).
+Without a consistency round an active server may tell different silos different survivor
+lists. To unmask an honest v (complete graph, n_C colluding silos that hand over all their
+shares) it needs, for each of the n - 1 - n_C honest peers h, t - n_C honest holders that name
+h dropped, while each of the n - n_C honest silos names at least t survivors, hence at most
+n - t dropped nodes. So it needs (n - 1 - n_C)(t - n_C) <= (n - n_C)(n - t): impossible with
+n_C = 0 and t = n // 2 + 1, possible with n_C = t - 1 (as in Bonawitz et al., who need
+t > (n + n_C) / 2 even with their consistency round). tests/test_secagg_protocol.py checks
+every accepted request combination for n = 4, t = 3 with 0, 1 and 2 colluders.
 """
 
 from __future__ import annotations
@@ -319,6 +322,18 @@ def _draw_bytes(randbelow: Callable[[int], int]) -> bytes:
     if not isinstance(value, int) or not 0 <= value < 2 ** (8 * KEY_BYTES):
         raise SecAggError("randbelow(2**256) returned a value out of range")
     return value.to_bytes(KEY_BYTES, "big")
+
+
+_PROBE = X25519PrivateKey.from_private_bytes(hashlib.sha256(b"silofl-secagg-probe").digest())
+
+
+def _usable_key(s_pk: bytes) -> bool:
+    """False for an X25519 public key that gives the all-zero secret (small order)."""
+    try:
+        pair_seed(_PROBE, s_pk, b"")
+    except ValueError:
+        return False
+    return True
 
 
 _PHASES = ("new", "advertised", "shared", "masked", "unmasked")
@@ -671,7 +686,7 @@ class SecAggServer:
 
     def adverts(self, replies: Mapping[int, Advert | bytes]) -> dict[int, Advert]:
         """U1: the well-formed adverts (Advert or its encoding, for the node it answers for,
-        s_pk not repeated). SecAggAborted if fewer than t, or if a node's closed neighbourhood
+        s_pk not of small order and not repeated). SecAggAborted if fewer than t, or if a node's closed neighbourhood
         has fewer than t or at least 2t nodes."""
         self._expect("new")
         accepted: dict[int, Advert] = {}
@@ -681,7 +696,7 @@ class SecAggServer:
                 advert = Advert.decode(reply) if isinstance(reply, (bytes, bytearray)) else reply
             except SecAggError:
                 continue
-            if isinstance(advert, Advert) and advert.node == node:
+            if isinstance(advert, Advert) and advert.node == node and _usable_key(advert.s_pk):
                 accepted[node] = advert
         counts: dict[bytes, int] = {}
         for a in accepted.values():

@@ -11,6 +11,8 @@ give s back by Lagrange interpolation at 0::
 
     s = sum_i y_i * prod_{j != i} x_j / (x_j - x_i)   (mod p)
 
+(computed in barycentric form with one batched modular inversion per evaluation point).
+
 Perfect secrecy: for t - 1 shares and ANY candidate secret s' there is exactly one coefficient
 vector (a_1..a_{t-1}) that gives those shares (t points fix a degree t - 1 polynomial), so with
 uniform coefficients the t - 1 shares have the same distribution whatever the secret.
@@ -97,17 +99,44 @@ def split(secret: bytes, threshold: int, xs: Sequence[int],
     return shares
 
 
-def _lagrange_at(points: Sequence[tuple[int, int]], z: int) -> int:
-    """The value at z of the polynomial of degree < len(points) through ``points`` (mod p)."""
-    total = 0
-    for i, (xi, yi) in enumerate(points):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(points):
-            if j != i:
-                num = num * (z - xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
-    return total
+def _batch_inverse(values: Sequence[int]) -> list[int]:
+    """Inverses mod p of nonzero ``values`` with one modular inversion (Montgomery's trick)."""
+    prefix, acc = [], 1
+    for v in values:
+        prefix.append(acc)
+        acc = acc * v % PRIME
+    inv = pow(acc, -1, PRIME)
+    out = [0] * len(values)
+    for i in range(len(values) - 1, -1, -1):
+        out[i] = prefix[i] * inv % PRIME
+        inv = inv * values[i] % PRIME
+    return out
+
+
+class _Interpolant:
+    """The polynomial of degree < t through t points, in barycentric Lagrange form:
+    f(z) = l(z) * sum_i w_i y_i / (z - x_i), l(z) = prod_i (z - x_i), w_i = 1 / prod_{j != i} (x_i - x_j)."""
+
+    def __init__(self, points: Sequence[tuple[int, int]]) -> None:
+        self.xs = [x for x, _ in points]
+        dens = []
+        for i, xi in enumerate(self.xs):
+            d = 1
+            for j, xj in enumerate(self.xs):
+                if j != i:
+                    d = d * (xi - xj) % PRIME
+            dens.append(d)
+        self.wy = [w * y % PRIME for w, (_, y) in zip(_batch_inverse(dens), points)]
+
+    def __call__(self, z: int) -> int:
+        diffs = [(z - x) % PRIME for x in self.xs]
+        if 0 in diffs:
+            raise ShamirError("evaluation at a base point")
+        total, ell = 0, 1
+        for wy, inv, d in zip(self.wy, _batch_inverse(diffs), diffs):
+            total = (total + wy * inv) % PRIME
+            ell = ell * d % PRIME
+        return total * ell % PRIME
 
 
 def combine(shares: Mapping[int, bytes], threshold: int) -> bytes:
@@ -122,11 +151,11 @@ def combine(shares: Mapping[int, bytes], threshold: int) -> bytes:
     if len(shares) < t:
         raise ShamirError(f"{len(shares)} shares < threshold {t}")
     points = sorted((_check_point(x), decode_share(y)) for x, y in shares.items())
-    base, extra = points[:t], points[t:]
-    for x, y in extra:
-        if _lagrange_at(base, x) != y:
+    f = _Interpolant(points[:t])
+    for x, y in points[t:]:
+        if f(x) != y:
             raise ShamirError("inconsistent shares: they do not lie on one polynomial of degree t - 1")
-    secret = _lagrange_at(base, 0)
+    secret = f(0)
     if secret >= 2 ** (8 * SECRET_BYTES):
         raise ShamirError("reconstructed value is not a 32-byte secret (wrong or inconsistent shares)")
     return secret.to_bytes(SECRET_BYTES, "big")
