@@ -333,7 +333,7 @@ def _check_secagg(s: Settings) -> None:
         if value > s.silos_per_round:
             raise ConfigError(f"{key} = {value} is out of range; allowed: [0, silos-per-round = {s.silos_per_round}] "
                               "(0: automatic)")
-    if 0 < s.secagg.threshold <= s.silos_per_round // 2:
+    if s.secagg.degree == 0 and 0 < s.secagg.threshold <= s.silos_per_round // 2:
         raise ConfigError(f"secagg.threshold = {s.secagg.threshold} is out of range; allowed: 0 or "
                           f"[{s.silos_per_round // 2 + 1}, {s.silos_per_round}] (more than half of silos-per-round = "
                           f"{s.silos_per_round}, so that no two disjoint sets of silos can both open a sum)")

@@ -212,14 +212,16 @@ class SecAggSiloMechanism:
         proto, data = loaded
         roster = len(request.adverts)
         if not roster // 2 < request.params.threshold <= roster:
-            return Rejection(wire.REFUSED_POLICY, f"secagg: threshold t = {request.params.threshold} for a roster of "
-                             f"{roster} silos; this silo requires a majority (t in [{roster // 2 + 1}, {roster}]) so "
-                             "that no two disjoint sets of silos open sums")
+            return Rejection(wire.REFUSED_POLICY, f"secagg: threshold t = {request.params.threshold} for a "
+                             f"neighbourhood of {roster} silos; this silo requires a majority (t in "
+                             f"[{roster // 2 + 1}, {roster}]) so that no two disjoint sets of silos open its secrets")
         from app.secagg.protocol import Advert
 
         try:
             adverts = {n: Advert.decode(b) for n, b in request.adverts.items()}
             peers = self._peers_static(request.static_keys)
+            assert self.sender_keys is not None
+            peers[int(data["me"])] = self.sender_keys.public  # its own key is its own, whatever the server says
             roster_nodes = {n: a for n, a in adverts.items() if n in peers}
             blobs = proto.share(roster_nodes, peers, encode_claim(self.added(spec), spec.noise_multiplier))
         except SecAggError as exc:
@@ -279,7 +281,7 @@ class SecAggSiloMechanism:
         if data.get("own") is not None:
             return Rejection(wire.REFUSED_CONFIG, "secagg: this silo already sent its vector in this exchange")
         try:
-            verified = proto.receive(ins.shares or {})
+            verified = proto.verify(ins.shares or {})
         except SecAggError as exc:
             return Rejection(wire.REFUSED_POLICY, f"secagg: {exc}")
         claims = {n: decode_claim(c) for n, c in verified.items()}
@@ -325,7 +327,7 @@ class SecAggSiloMechanism:
         data["own"] = [self.added(spec), spec.noise_multiplier]
         data["claims"] = {str(n): list(c) for n, c in claims.items() if c is not None}
         self._save(params, proto, data)
-        return wire.MaskedReply(masked, spec.batch, spent).encode(params.bits)
+        return wire.MaskedReply(masked, spec.batch, spent, tuple(sorted(proto.u2))).encode(params.bits)
 
     def report(self, plan: Mapping[str, ReleaseSpec]) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         from app.privacy.policy import collusion_threshold

@@ -44,14 +44,15 @@ from app.algorithms import Phase
 from app.privacy.settings import SecAggSettings
 from app.privacy.shuffle import row_bound
 from app.privacy.skellam import encoding as skellam
-from app.secagg.protocol import Advert, SecAggAborted, SecAggError, SecAggServer, UnmaskReply
+from app.secagg.protocol import Advert, SecAggAborted, SecAggError, SecAggServer, UnmaskReply, default_threshold
 from strategies.replies import Updates, check_bounded, sort_replies
 
 
-def exchange_threshold(setting: int, roster: int) -> int:
-    """t for an exchange of ``roster`` silos: ``secagg.threshold``, or a majority (roster // 2 + 1):
-    no two disjoint sets of silos can then both open a sum."""
-    return int(setting) if setting else roster // 2 + 1
+def exchange_threshold(setting: int, holders: int) -> int:
+    """t for neighbourhoods of ``holders`` share holders (every silo of the exchange, or a
+    SecAgg+ neighbourhood: degree + 1): ``secagg.threshold``, or a majority
+    (app/secagg/protocol.py ``default_threshold``): no two disjoint sets can then both open a secret."""
+    return int(setting) if setting else default_threshold(max(holders, 1))
 
 
 @dataclass
@@ -134,7 +135,8 @@ class SecAggRelay:
         seed = int.from_bytes(hashlib.sha256(f"silofl-secagg|{self.seed}|{self.exchanges}".encode()).digest()[:8],
                               "big") >> 1
         candidates = [n for n in nodes if n in self.silo_keys]
-        t = exchange_threshold(self.options.threshold, len(candidates))
+        degree = self.options.degree
+        t = exchange_threshold(self.options.threshold, min(degree + 1, len(candidates)) if degree else len(candidates))
         params = wire.SecAggParams(self.exchanges, rnd, str(phase), self.options.bits, t, self.options.degree, 1.0,
                                    seed)
         ex = SecAggExchange(params)
@@ -167,15 +169,18 @@ class SecAggRelay:
         ex.params = params = wire.SecAggParams(params.exchange, rnd, str(phase), params.bits, t, params.degree,
                                                gamma, seed)
         ex.code = skellam.SkellamCode(params.bits, gamma, self.dim, seed)
-        request = wire.ShareRequest(params, {n: adverts[n].encode() for n in roster},
-                                    {n: self.silo_keys[n] for n in roster}).encode()
         shares: dict[int, dict[int, bytes]] = {}
 
         def keep_shares(node: int, content: RecordDict) -> None:
             shares[node] = dict(wire.ShareReply.decode(content).blobs)
 
-        self._round(grid, rnd, [Message(request, dst_node_id=n, message_type=wire.SECAGG_SHARE_QUERY)
-                                for n in roster], list(roster), keep_shares, "secagg share", timeout)
+        requests = []
+        for n in sorted(roster):  # each silo gets its neighbourhood's adverts and static keys (and its own)
+            near = ex.server.roster_for(n)
+            request = wire.ShareRequest(params, {j: a.encode() for j, a in near.items()},
+                                        {j: self.silo_keys[j] for j in near})
+            requests.append(Message(request.encode(), dst_node_id=n, message_type=wire.SECAGG_SHARE_QUERY))
+        self._round(grid, rnd, requests, sorted(roster), keep_shares, "secagg share", timeout)
         try:
             ex.routed = ex.server.route(shares)
         except SecAggAborted as exc:
@@ -228,22 +233,25 @@ class SecAggRelay:
         params = ex.params
         padded = skellam.padded_dim(self.dim)
         masked: dict[int, np.ndarray] = {}
+        views: dict[int, frozenset[int]] = {}
 
         def accept(node: int, content: RecordDict) -> None:
             reply = wire.MaskedReply.decode(content, params.bits, padded)
             if reply.records != ex.records.get(node):
                 raise wire.ReplyError(f"secagg: the reply sums {reply.records} records, the advert announced "
                                       f"{ex.records.get(node)}")
-            masked[node] = reply.vector
+            masked[node], views[node] = reply.vector, frozenset(reply.view)
             out.nodes.append(node)
             out.metrics.append(wire.TrainReply({}, reply.eps_spent))
 
         sent_to = sorted(ex.routed)
         sort_replies(rnd, replies, sent_to, self.client_error, accept, out)
         out.uplink_floats = len(masked) * padded * wire.vector_dtype(params.bits).itemsize / 4.0
-        ex.server.collect(masked)
-        survivors, dropped = ex.server.unmask_request()
-        request = wire.UnmaskRequest(params, sorted(survivors), sorted(dropped)).encode()
+        survivors = ex.server.collect(masked, views=views)
+        dropped = ex.server.dropped
+        requests = [Message(wire.UnmaskRequest(params, sorted(alive), sorted(gone)).encode(), dst_node_id=n,
+                            message_type=wire.SECAGG_UNMASK_QUERY)
+                    for n, (alive, gone) in sorted(ex.server.unmask_requests().items())]
         unmasks: dict[int, UnmaskReply] = {}
 
         def keep_unmask(node: int, content: RecordDict) -> None:
@@ -252,9 +260,7 @@ class SecAggRelay:
             except SecAggError as exc:
                 raise wire.ReplyError(f"secagg unmask: {exc}") from exc
 
-        tally = self._round(grid, rnd, [Message(request, dst_node_id=n, message_type=wire.SECAGG_UNMASK_QUERY)
-                                        for n in sorted(survivors)], sorted(survivors), keep_unmask, "secagg unmask",
-                            timeout)
+        tally = self._round(grid, rnd, requests, sorted(survivors), keep_unmask, "secagg unmask", timeout)
         try:
             total = ex.server.finish(unmasks)
         except SecAggAborted as exc:

@@ -484,6 +484,41 @@ class SecAggSilo:
             raise SecAggError("payload's s_pk differs from the roster's advert (substituted key)")
         return payload, pair_seed(sk, payload.s_pk, self.context)
 
+    def _open_all(self, received: Mapping[int, bytes]) -> tuple[dict[int, tuple[bytes, bytes]], dict[int, bytes],
+                                                                dict[int, bytes], dict[int, str]]:
+        """(held shares, claims, pair seeds, rejected) of the neighbours' sealed payloads."""
+        assert self._s_sk is not None and self._own_shares is not None
+        sk = X25519PrivateKey.from_private_bytes(self._s_sk)
+        held = {self.me: self._own_shares}
+        claims, seeds, rejected = {}, {}, {}
+        for j in sorted(self._roster):
+            if j == self.me:
+                continue
+            if j not in received:
+                rejected[j] = "no blob"
+                continue
+            try:
+                payload, seeds[j] = self._verify(j, received[j], sk)
+            except (ValueError, TypeError) as exc:  # EnvelopeError, SecAggError, ShamirError
+                rejected[j] = str(exc)
+                continue
+            held[j] = (payload.b_share, payload.ssk_share)
+            claims[j] = payload.noise_claim
+        return held, claims, seeds, rejected
+
+    def verify(self, received: Mapping[int, bytes]) -> dict[int, bytes]:
+        """The noise claims of the neighbours whose payloads in ``received`` verify, without
+        changing any state (what :meth:`masked` will count, so the caller can check them before it
+        records its release). Refused as :meth:`masked` is, but for the vector."""
+        if self._phase != "shared":
+            raise SecAggError("verify() outside the masked-input round")
+        if not isinstance(received, Mapping):
+            raise SecAggError("received must be a mapping sender -> blob")
+        _, claims, seeds, _ = self._open_all(received)
+        if len(seeds) + 1 < self.threshold:
+            raise SecAggError(f"only {len(seeds)} verified neighbours + me < threshold {self.threshold}")
+        return claims
+
     def masked(self, received: Mapping[int, bytes], x: np.ndarray) -> np.ndarray:
         """Verify the neighbours' sealed shares and return the masked input
 
@@ -501,22 +536,7 @@ class SecAggSilo:
         if not isinstance(received, Mapping):
             raise SecAggError("received must be a mapping sender -> blob")
         assert self._s_sk is not None and self._b is not None and self._own_shares is not None
-        sk = X25519PrivateKey.from_private_bytes(self._s_sk)
-        held = {self.me: self._own_shares}
-        claims, seeds, rejected = {}, {}, {}
-        for j in sorted(self._roster):
-            if j == self.me:
-                continue
-            if j not in received:
-                rejected[j] = "no blob"
-                continue
-            try:
-                payload, seeds[j] = self._verify(j, received[j], sk)
-            except (ValueError, TypeError) as exc:  # EnvelopeError, SecAggError, ShamirError
-                rejected[j] = str(exc)
-                continue
-            held[j] = (payload.b_share, payload.ssk_share)
-            claims[j] = payload.noise_claim
+        held, claims, seeds, rejected = self._open_all(received)
         u2 = frozenset(seeds)
         if len(u2) + 1 < self.threshold:
             raise SecAggError(f"only {len(u2)} verified neighbours + me < threshold {self.threshold}")

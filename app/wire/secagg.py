@@ -256,17 +256,20 @@ def vector_dtype(bits: int) -> np.dtype:
 @dataclass(frozen=True)
 class MaskedReply:
     """Silo -> server: the masked vector y (values in [0, 2**bits), sent in the narrowest
-    unsigned dtype), the number K of records in its sum (public: the plan's batch) and the
-    epsilon the silo has spent."""
+    unsigned dtype), the number K of records in its sum (public: the plan's batch), the
+    epsilon the silo has spent and the neighbours it masked against (its view)."""
 
     vector: np.ndarray
     records: int
     eps_spent: float
+    #: the neighbours whose share payloads the silo verified (its masks cancel only against theirs)
+    view: tuple[int, ...] = ()
 
     def encode(self, bits: int) -> RecordDict:
         vec = np.ascontiguousarray(self.vector, dtype=vector_dtype(bits))
         return RecordDict({MASKED: ArrayRecord({MASKED: Array(vec)}),
-                           METRICS: MetricRecord({EPS_SPENT: float(self.eps_spent), "records": int(self.records)})})
+                           METRICS: MetricRecord({EPS_SPENT: float(self.eps_spent), "records": int(self.records)}),
+                           SECAGG: ConfigRecord({"view": [str(int(n)) for n in self.view]})})
 
     @classmethod
     def decode(cls, content: RecordDict, bits: int, dim: int) -> MaskedReply:
@@ -287,7 +290,8 @@ class MaskedReply:
         records = metrics["records"]
         if not float(records).is_integer() or not 1 <= records <= 2**40:
             raise ReplyError(f"secagg: records = {records!r} must be a positive integer")
-        return cls(vec, int(records), metrics[EPS_SPENT])
+        view = record_of(content, SECAGG, ConfigRecord)
+        return cls(vec, int(records), metrics[EPS_SPENT], _node_list(view, "view") if view is not None else ())
 
 
 @dataclass(frozen=True)
