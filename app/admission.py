@@ -59,6 +59,8 @@ class SiloTerms:
     num_rounds: int
     local_steps: int
     shuffle: bool
+    #: whether its mechanism is secure aggregation's (its instructions carry the exchange's parameters)
+    secagg: bool = False
 
 
 def silo_terms(silo: Any) -> SiloTerms:
@@ -69,7 +71,8 @@ def silo_terms(silo: Any) -> SiloTerms:
     return SiloTerms(layout={k: tuple(v.shape) for k, v in silo.model.named_parameters()},
                      phases=frozenset(str(p) for p in silo.plan if p in TRAINING_PHASES),
                      num_rounds=int(silo.s.num_rounds), local_steps=int(silo.s.local_steps),
-                     shuffle=bool(silo.mechanism.sealed))
+                     shuffle=getattr(silo.mechanism, "ticket", "") == "shuffle",
+                     secagg=getattr(silo.mechanism, "ticket", "") == "secagg")
 
 
 def _one_line(text: str) -> str:
@@ -169,6 +172,10 @@ def check_instruction(content: RecordDict, terms: SiloTerms) -> wire.Instruction
             return _bad(f"exchange {ins.shuffle.exchange} is negative")
     elif ins.shuffle is not None:
         return _bad("the instruction carries a shuffle ticket, but this silo's run is not in shuffle mode")
+    if terms.secagg and ins.secagg is None:
+        return _bad("a secagg-mode instruction must carry the exchange's secagg parameters and shares")
+    if not terms.secagg and ins.secagg is not None:
+        return _bad("the instruction carries secagg parameters, but this silo's run is not in secagg mode")
     if ins.evaluate_round is not None and not 0 <= ins.evaluate_round < ins.round:
         return _bad(f"evaluate-round {ins.evaluate_round} is outside [0, round {ins.round})")
     return ins

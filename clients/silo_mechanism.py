@@ -46,6 +46,9 @@ class SiloMechanism(Protocol):
     #: the reply is sealed to the shuffler the instruction names: it carries nothing else (no
     #: folded evaluation) and is not kept for a replayed request
     sealed: bool
+    #: what its instructions carry for it: "shuffle" (a ShuffleTicket), "secagg" (the exchange's
+    #: parameters and shares) or "" (app/admission.py)
+    ticket: str
     #: the key this silo seals its contributions with (None: it seals nothing)
     sender_keys: StaticKeys | None
     #: why this mechanism releases no private evaluation (None: it does, as a Gaussian release)
@@ -84,6 +87,7 @@ class GaussianSiloMechanism:
     step size (a local-steps instruction may send its own); ``draws``: the noise generators."""
 
     sealed = False
+    ticket = ""
     sender_keys: StaticKeys | None = None
     evaluation_refusal: str | None = None
     composes_fixed = True

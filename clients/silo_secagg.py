@@ -36,6 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 
@@ -44,10 +45,10 @@ from app.admission import Rejection
 from app.algorithms import Phase, ReleaseSpec
 from app.privacy.accounting import Release
 from app.privacy.envelope import StaticKeys
+from app.privacy.mechanism import SkellamSecAggMechanism
 from app.privacy.release_plan import ReleasePlan
 from app.privacy.settings import SecAggSettings
 from app.privacy.shuffle import row_bound
-from app.privacy.skellam import accounting as skellam_accounting
 from app.privacy.skellam import encoding as skellam
 from app.secagg.protocol import SecAggError, SecAggSilo
 from clients.silo_gradients import RecordGradients, ReleaseDraws
@@ -55,6 +56,8 @@ from clients.silo_gradients import RecordGradients, ReleaseDraws
 #: the bound a release is accounted with
 SKELLAM_BOUND = ("multi-dimensional Skellam RDP of Agarwal, Kairouz & Liu 2021 (app/privacy/skellam/accounting.py)"
                  ", composed in RDP and converted by dp-accounting")
+SAMPLED_BOUND = ("Theorem 9 of Wang, Balle & Kasiviswanathan 2019 as published, eps(inf) = inf "
+                 "(app/privacy/skellam/accounting.py wbk_theorem9)")
 _CLAIM = struct.Struct(">dd")  # (z_add, z_req), sealed to each neighbour with its share payload
 
 
@@ -92,6 +95,8 @@ class SecAggSiloMechanism:
     generators."""
 
     sealed = True
+    #: what the instruction carries for it (app/admission.py)
+    ticket = "secagg"
     evaluation_refusal = ("this silo evaluates privately (node config evaluation = 'private'), which is not "
                           "available in secagg mode; its operator may choose open or off")
     composes_fixed = False
@@ -115,15 +120,16 @@ class SecAggSiloMechanism:
     def gamma_min(self, phase: Phase) -> float:
         """The smallest scale this silo accepts for a ``phase`` release: gamma R >= sqrt(D), so a
         row's rounding moves it by at most half its bound (the calibration's scale)."""
-        return math.sqrt(self.padded) / row_bound(phase == Phase.DIFF, self.clip, self.diff_clip)
+        return skellam.gamma_floor(self.padded, self.bound(phase))
+
+    def bound(self, phase: Phase) -> float:
+        """R: the L2 bound of a ``phase`` release's rows (app/privacy/shuffle.py ``row_bound``)."""
+        return row_bound(phase == Phase.DIFF, self.clip, self.diff_clip)
 
     def sensitivities(self, phase: Phase, gamma: float) -> tuple[float, float]:
         """(l1, l2): the replace-one sensitivities of the integer sum of a batch's rounded rows
-        at scale ``gamma``: l2 = 2 B(gamma R, D), l1 = min(l2^2, sqrt(D) l2) (integer vectors)."""
-        bound = skellam.rounded_row_bound(gamma * row_bound(phase == Phase.DIFF, self.clip, self.diff_clip),
-                                          self.padded)
-        l2 = 2.0 * bound
-        return min(l2 * l2, math.sqrt(self.padded) * l2), l2
+        at scale ``gamma`` (app/privacy/skellam/encoding.py ``sensitivity``)."""
+        return skellam.sensitivity(gamma, self.bound(phase), self.dim)
 
     def skellam_release(self, kind: str, batch: int, z: float, count: int, disjoint: bool, phase: Phase,
                         gamma: float) -> Release:
@@ -315,10 +321,10 @@ class SecAggSiloMechanism:
                 gradients.batch(spec.batch, seq, 0)
             rows = gradients.clipped_rows(w0, x, y)
         _, l2 = self.sensitivities(phase, params.gamma)
-        code = skellam.SkellamCode(params.bits, params.gamma, self.dim, params.seed)
+        code = skellam.SkellamCode(params.bits, params.gamma, self.dim, params.seed, self.bound(phase))
         mu_add = (self.added(spec) * l2) ** 2
-        encoded = skellam.encode(rows.detach().cpu().double().numpy(), code, mu_add,
-                                 self.draws.np_rng(seq, "secagg-encoding", 0))
+        mechanism = SkellamSecAggMechanism(code, mu_add, self.draws.np_rng(seq, "secagg-encoding", 0))
+        encoded = mechanism.release(rows).numpy().astype(np.uint64)
         try:
             masked = proto.masked(ins.shares or {}, encoded)
         except SecAggError as exc:
@@ -336,7 +342,7 @@ class SecAggSiloMechanism:
         secagg = {"bits": self.options.bits, "threshold": self.options.threshold or "majority of each exchange",
                   "degree": self.options.degree or "all", "count_on": self.count_on,
                   "headroom": self.options.headroom, "padded_dim": self.padded,
-                  "record_amplification": (f"sampling: {skellam_accounting.AMPLIFIED_BOUND}"
+                  "record_amplification": (f"sampling: {SAMPLED_BOUND}"
                                            if self.options.amplification == "sampling" else "none"),
                   "record_amplification_why": self.amplification_why,
                   "trust": {"count_on": self.count_on, "collusion_threshold": k,

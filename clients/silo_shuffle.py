@@ -45,6 +45,8 @@ class ShuffleSiloMechanism:
     generators."""
 
     sealed = True
+    #: what the instruction carries for it (app/admission.py)
+    ticket = "shuffle"
     evaluation_refusal = ("this silo evaluates privately (node config evaluation = 'private'), which is not "
                           "available in shuffle mode; its operator may choose open or off")
     composes_fixed = False  # the exact binomial accountant calibrates the plan alone

@@ -339,7 +339,9 @@ class FederatedOptimizer(FlowerRounds):
         """The instruction of exchange ``ex`` to each sampled silo."""
         local = ex.phase == Phase.LOCAL
         content = wire.Instruction(ctx.rnd, ex.phase, ex.at, ex.prev, ctx.spec, self.s.local_steps if local else None,
-                                   self.s.lr if local else None, ticket, evaluate_round=evaluate_round,
+                                   self.s.lr if local else None,
+                                   ticket if isinstance(ticket, wire.ShuffleTicket) else None,
+                                   evaluate_round=evaluate_round,
                                    train_gradient=evaluate_round is not None).encode()
         messages = [Message(content, dst_node_id=n, message_type=MessageType.TRAIN) for n in ctx.nodes]
         ctx.sent += len(messages)

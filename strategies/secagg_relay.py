@@ -168,7 +168,8 @@ class SecAggRelay:
         gamma, ex.wrap_bound = self._scale(phase, [n for n in roster], ex)
         ex.params = params = wire.SecAggParams(params.exchange, rnd, str(phase), params.bits, t, params.degree,
                                                gamma, seed)
-        ex.code = skellam.SkellamCode(params.bits, gamma, self.dim, seed)
+        ex.code = skellam.SkellamCode(params.bits, gamma, self.dim, seed,
+                                      row_bound(phase == Phase.DIFF, self.clip, self.diff_clip))
         shares: dict[int, dict[int, bytes]] = {}
 
         def keep_shares(node: int, content: RecordDict) -> None:
@@ -188,12 +189,24 @@ class SecAggRelay:
         return ex
 
     def _scale(self, phase: Phase, roster: list[int], ex: SecAggExchange) -> tuple[float, float]:
-        """gamma for the exchange and the bound on a coordinate's wrap-around probability
-        (app/privacy/skellam/encoding.py ``choose_gamma``), from the K and noise the roster announced."""
+        """gamma for the exchange and the bound on a coordinate's wrap-around probability: the
+        largest gamma within the wrap target (app/privacy/skellam/encoding.py ``choose_gamma``),
+        from the K and noise the roster announced, and never below the silos' floor sqrt(D)/R
+        (``gamma_floor``: the scale they calibrated at; below it they refuse)."""
         bound = row_bound(phase == Phase.DIFF, self.clip, self.diff_clip)
+        padded = skellam.padded_dim(self.dim)
+        floor = skellam.gamma_floor(padded, bound)
         records = sum(ex.records[n] for n in roster)
-        noise = math.sqrt(sum(ex.noise[n] ** 2 for n in roster))  # total noise multiplier, in row-bound units
-        return skellam.choose_gamma(self.options.bits, bound, self.dim, records, noise)
+        # the noise's std in signal units: z * l2 / gamma, largest (most rounding slack) at the floor
+        _, l2 = skellam.sensitivity(floor, bound, self.dim)
+        noise = math.sqrt(sum(ex.noise[n] ** 2 for n in roster)) * l2 / floor
+        try:
+            gamma = max(skellam.choose_gamma(self.options.bits, bound, self.dim, records, noise).gamma, floor)
+        except ValueError:  # no scale fits these records in the bits: the floor, and its (large) wrap bound
+            gamma = floor
+        wrap = skellam.wrap_probability(gamma, bits=self.options.bits, clip=bound, dim=self.dim,
+                                        records_total=records, noise_std=noise)
+        return gamma, wrap
 
     def _round(self, grid: Grid, rnd: int, messages: list[Message], sent_to: list[int],
                accept: Callable[[int, RecordDict], None], what: str, timeout: float) -> Updates:

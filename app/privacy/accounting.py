@@ -201,18 +201,24 @@ def _epsilon_rdp_skellam(live: tuple[Release, ...], delta: float) -> float:
     :data:`RDP_ORDERS` (app/privacy/skellam/accounting.py; amplified by the batch's sampling
     where claimed), Gaussian releases by their curves, composed and converted by dp-accounting."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-    from app.privacy.skellam.accounting import release_curve
 
     rdp = np.zeros(len(RDP_ORDERS))
     for r in live:
         if r.noise_multiplier == 0:
             return math.inf
         if r.skellam:
-            rdp += r.count * np.asarray(release_curve(RDP_ORDERS, r.l1, r.l2, (r.noise_multiplier * r.l2) ** 2,
-                                                      r.gamma))
+            rdp += r.count * _skellam_curve(r.l1, r.l2, (r.noise_multiplier * r.l2) ** 2, r.gamma)
         else:
             rdp += r.count * _rdp_one(r.n, r.batch, r.noise_multiplier, r.sampled)
     return float(compute_epsilon(RDP_ORDERS, rdp, delta)[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _skellam_curve(l1: float, l2: float, mu: float, gamma: float) -> np.ndarray:
+    """One Skellam release's Renyi curve at :data:`RDP_ORDERS` (cached: a ledger grows by count)."""
+    from app.privacy.skellam.accounting import skellam_curve
+
+    return np.asarray(skellam_curve(RDP_ORDERS, l1, l2, mu, gamma), dtype=np.float64)
 
 
 def epsilon_spent_reference(releases: Sequence[Release], delta: float) -> float:

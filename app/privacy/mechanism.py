@@ -7,10 +7,11 @@ undoes. One object per mechanism, both halves together:
   that the server step uses.
 
 The silo's pipeline is clip -> mechanism -> sketch, the server's lift -> decode -> aggregate.
-Two mechanisms: the Gaussian mechanism (ISRL-DP) and the binomial shuffle encoding (shuffle DP,
+Three mechanisms: the Gaussian mechanism (ISRL-DP); the binomial shuffle encoding (shuffle DP,
 app/privacy/shuffle.py), whose message is an integer count vector sealed to the shuffler and
 whose server half (``aggregated``) runs on the shuffler's totals, not on each message
-(strategies/shuffle_relay.py).
+(strategies/shuffle_relay.py); and the distributed Skellam encoding (secure aggregation,
+app/privacy/skellam/), masked so that the server holds only the sum (strategies/secagg_relay.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from app.privacy.shuffle import ShuffleCode, encode_counts
+from app.privacy.skellam.encoding import SkellamCode, encode as encode_skellam
 
 
 def add_gaussian_noise(vec: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
@@ -83,8 +85,28 @@ class BinomialShuffleMechanism(Mechanism):
         return torch.from_numpy(counts)
 
 
+class SkellamSecAggMechanism(Mechanism):
+    """Distributed DP over secure aggregation: the integer sum of the rows rotated, scaled and
+    conditionally rounded, plus Sk(mu_add) per coordinate, mod 2**bits
+    (app/privacy/skellam/encoding.py ``encode``). Its server half decodes the masked *sum* of all
+    silos' messages (strategies/secagg_relay.py), so ``decode`` is never applied to one message."""
+
+    aggregated = True
+
+    def __init__(self, code: SkellamCode, mu_add: float, rng: np.random.Generator) -> None:
+        self.code = code
+        self.mu_add = mu_add
+        self.rng = rng
+
+    def release(self, rows: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The uint64 vector of length D in [0, 2**bits) (draws from ``self.rng``)."""
+        encoded = encode_skellam(rows.detach().cpu().double().numpy(), self.code, self.mu_add, self.rng)
+        return torch.from_numpy(encoded.astype(np.int64))
+
+
 #: privacy.mode -> the mechanism a silo releases with
-MECHANISMS: dict[str, type[Mechanism]] = {"isrl": GaussianMechanism, "shuffle": BinomialShuffleMechanism}
+MECHANISMS: dict[str, type[Mechanism]] = {"isrl": GaussianMechanism, "shuffle": BinomialShuffleMechanism,
+                                          "secagg": SkellamSecAggMechanism}
 
 
 def make_mechanism(mode: str, sigma: float) -> Mechanism:

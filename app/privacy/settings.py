@@ -107,7 +107,7 @@ class SecAggSettings:
     degree, how many silos' noise a silo counts on (0: silos-per-round) with its headroom, and
     whether record-level amplification by sampling may be claimed (as shuffle.amplification)."""
 
-    bits: int = option("secagg.bits", number(8, 62, integer=True), 16,
+    bits: int = option("secagg.bits", number(8, 30, integer=True), 16,
                        "secagg: bits per coordinate of the modular sum (the wire and the modulus 2**bits)",
                        only=_SECAGG_ONLY)
     threshold: int = option("secagg.threshold", number(0, 10_000, integer=True), 0,

@@ -387,6 +387,14 @@ def wrap_probability(gamma: float, *, bits: int, clip: float, dim: int, records_
     return min(1.0, 2.0 * math.exp(log_p)) if log_p < 0 else 1.0
 
 
+def gamma_floor(padded: int, bound: float) -> float:
+    """gamma_min = sqrt(D) / R: the smallest scale a silo accepts and the one it calibrates its
+    noise at (clients/silo_secagg.py; its accounting only gets better for a larger gamma, as every
+    term of the Skellam bound falls with Delta_2 at a fixed noise multiplier). Public: the
+    server never sends less (strategies/secagg_relay.py)."""
+    return math.sqrt(padded) / bound
+
+
 @dataclass(frozen=True)
 class GammaChoice:
     """:func:`choose_gamma`'s answer: the scale, the per-coordinate and whole-vector (union over the
