@@ -53,7 +53,8 @@ def _answer(message_type: str, msg: Message, context: Context) -> Message:
     path = str(node.get("silo-service", "") or "")
     if path:
         try:
-            content = silo_protocol.request(path, message_type, msg.content, context.run_id, context.run_config)
+            content = silo_protocol.request(path, message_type, msg.content, context.run_id, context.run_config,
+                                            node_id=context.node_id)
         except silo_protocol.ServiceUnavailable as exc:
             content = _unavailable(path, exc)
     else:

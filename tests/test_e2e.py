@@ -100,3 +100,31 @@ def test_flwr_run_shuffle_mode_the_server_holds_no_plaintext(tmp_path: Path) -> 
             else:
                 assert arr.dtype.kind == "f", (e["type"], name, arr.dtype)
     assert sealed == 3 * 3 and totals == 3
+
+
+def test_flwr_run_secagg_mode_the_server_holds_only_masked_vectors(tmp_path: Path) -> None:
+    """Real `flwr run` in secagg mode (4 silos, the four SecAgg+ rounds of every exchange through
+    Flower's engine) with ``transcript=true``: from the silos the server got only protocol blobs
+    (uint8) and masked vectors (uint16 at 16 bits), and float replies only to the open evaluation."""
+    import numpy as np
+
+    proc, out = launch(tmp_path, 'num-rounds=3 privacy.mode="secagg" model="logistic" partition="iid" num-silos=4 '
+                                 'silos-per-round=4 privacy.delta=1e-5 transcript=true')
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert summary["status"] == "completed" and all(r["answered"] == 4 for r in rounds), rounds
+    assert summary["test_error"] < 42 / 114
+    entries = [json.loads(x) for x in (out / "transcript" / "index.jsonl").read_text().splitlines()]
+    masked = 0
+    for e in entries:
+        arrays = np.load(out / "transcript" / e["file"])
+        for name in arrays.files:
+            arr = arrays[name]
+            if name == "secagg-masked/secagg-masked":
+                masked += 1
+                assert arr.dtype == np.uint16
+            elif "evaluat" not in e["type"]:
+                assert arr.dtype == np.uint8, (e["type"], name, arr.dtype)
+    assert masked == 3 * 4
+    assert all(s["releases"][0]["mechanism"] == "skellam" and s["eps_spent"] <= 3.0 for s in summary["silos"])

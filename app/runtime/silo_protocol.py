@@ -39,7 +39,7 @@ MAX_HEADER_BYTES = 16 << 20
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
 PING = "ping"
 #: the fields of a request header: nothing else is accepted
-REQUEST_KEYS = frozenset({"type", "run_id", "run_config"})
+REQUEST_KEYS = frozenset({"type", "run_id", "run_config", "node_id"})
 CONNECT_TIMEOUT_S = 5.0
 #: seconds a connected peer may take to send its whole request (from the accept to its last byte)
 REQUEST_TIMEOUT_S = 10.0
@@ -297,11 +297,11 @@ def _exchange(path: str, frame: bytes, timeout: float | None, max_bytes: int) ->
 
 
 def request(path: str, message_type: str, content: RecordDict, run_id: int, run_config: Mapping[str, Any], *,
-            timeout: float | None = None, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> RecordDict:
+            timeout: float | None = None, max_bytes: int = DEFAULT_MAX_FRAME_BYTES, node_id: int = 0) -> RecordDict:
     """Forward one message to the service on ``path``; its reply content. ServiceUnavailable if
     nothing answers, ServiceError if the service answers with an error."""
     body = recorddict_to_proto(content).SerializeToString()
-    header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config)}
+    header = {"type": message_type, "run_id": int(run_id), "run_config": dict(run_config), "node_id": int(node_id)}
     reply, reply_body = _exchange(path, encode_frame(REQUEST, header, body), timeout, max_bytes)
     if reply.get("ok") is not True:
         raise ServiceError(f"silo service on {path}: {reply.get('error', 'error reply without a reason')}")

@@ -96,6 +96,12 @@ def _log(msg: str) -> None:
         print(f"[silo-service] {msg}", flush=True)
 
 
+
+def request_node_id(header: dict[str, Any]) -> int:
+    """The Flower node id a request's header carries (0 when absent or not a 64-bit unsigned integer)."""
+    value = header.get("node_id", 0)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64 else 0
+
 class _Conn:
     """One accepted connection: its socket, its peer's pid, when it was accepted, and what it
     holds (a request slot, bytes of the memory budget)."""
@@ -414,7 +420,7 @@ class SiloService:
                 return
             try:
                 self._handling = f"run {run_id} {mtype}"
-                reply = self.handle(mtype, run_id, run_config, content)
+                reply = self.handle(mtype, run_id, run_config, content, node_id=request_node_id(header))
             finally:
                 self._handling = None
                 self._node.release()
@@ -469,9 +475,11 @@ class SiloService:
         except OSError:
             pass
 
-    def handle(self, mtype: str, run_id: int, run_config: dict[str, Any], content: RecordDict) -> RecordDict:
-        """The reply to one request: this node's own config, the request's run and content."""
-        context = Context(run_id=run_id, node_id=0, node_config=dict(self.node_config), state=RecordDict(),
+    def handle(self, mtype: str, run_id: int, run_config: dict[str, Any], content: RecordDict,
+               node_id: int = 0) -> RecordDict:
+        """The reply to one request: this node's own config, the request's run and content, and the
+        Flower node id the forwarding ClientApp was given (secure aggregation names silos by it)."""
+        context = Context(run_id=run_id, node_id=node_id, node_config=dict(self.node_config), state=RecordDict(),
                           run_config=run_config)
         return self.runtime.handle(mtype, content, context, deployed=True)
 
