@@ -296,11 +296,13 @@ class SecAggRelay:
         return out
 
     def row(self, tally: Updates) -> dict[str, Any]:
-        """The round's row entries: silos that dropped after sharing, the exchange's scale and
-        wrap-around bound, and why the sum did not open, if it did not."""
+        """The round's row entries: silos that dropped after sharing, the exchange's scale, its
+        wrap-around bound (per coordinate) and rounding-bias bound, and why the sum did not open."""
         extra: dict[str, Any] = {"secagg_dropped": tally.shuffle_dropped}
         if self.last is not None and self.last.params is not None:
-            extra |= {"secagg_gamma": self.last.params.gamma, "secagg_wrap_bound": self.last.wrap_bound}
+            extra |= {"secagg_gamma": self.last.params.gamma, "secagg_wrap_bound": self.last.wrap_bound,
+                      # the L2 bound on the decoded mean's bias from conditional rounding (signal units)
+                      "secagg_bias_bound": skellam.rounding_bias_bound(self.last.params.gamma)}
         if tally.shuffle_refusal:
             extra["secagg_refused"] = tally.shuffle_refusal
         return extra
