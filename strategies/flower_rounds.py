@@ -100,8 +100,9 @@ class FlowerRounds(Strategy):
                         grid: Grid) -> Iterable[Message]:
         """Round ``server_round``'s first exchange, to the sampled silos."""
         if not self.mechanism.under_flower_start:
-            raise MultiExchangeRound("shuffle DP (privacy.mode = shuffle) needs the shuffler relay: run the strategy "
-                                     "with silofl's driver (FederatedOptimizer.run), not Strategy.start")
+            raise MultiExchangeRound(f"privacy.mode = {self.s.privacy.mode} needs message rounds of its own (the "
+                                     "shuffler relay, secure aggregation's keys, shares and unmasking): run the "
+                                     "strategy with silofl's driver (FederatedOptimizer.run), not Strategy.start")
         if not self._flower_ready:  # once: the silo nodes, then the optimiser's preparation
             self.nodes.wait_for_nodes(grid, at_start=True)
             self.prepare(grid, self.s.round_timeout)

@@ -26,7 +26,8 @@ from scipy.stats import beta as beta_dist
 from scipy.stats import skellam
 
 from app.privacy.accounting import PlannedRelease
-from app.privacy.skellam import (BETA, ORDERS, SkellamCode, calibrate, choose_gamma, conditional_round, decode_sum,
+from app.privacy.skellam.calibration import calibrate
+from app.privacy.skellam import (BETA, ORDERS, SkellamCode, choose_gamma, conditional_round, decode_sum,
                                  encode, epsilon, modular_sum, padded_dim, rotate, rounded_row_bound,
                                  rounding_bias_bound, row_sq_bound, sensitivity, skellam_curve, skellam_noise,
                                  skellam_rdp, unrotate, wbk_theorem9, wrap_probability)

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.privacy.amplification import AMPLIFICATIONS
+from app.privacy.rdp_orders import RDP_ORDERS
 from app.privacy.wor_gaussian import wor_gaussian_rdp
 
 if TYPE_CHECKING:
@@ -66,9 +67,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Renyi orders used for sampled releases: dense where the optimum usually lies, integers only
-#: (the without-replacement bound of WBK19 is exact at integer orders).
-RDP_ORDERS: tuple[float, ...] = tuple(range(2, 65)) + (80, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
