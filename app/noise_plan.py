@@ -136,9 +136,13 @@ def preflight_lines(run: NoiseRun, sizes: Sequence[int] | None, dim: int, sizes_
     if not run.privacy.enabled:
         return []
     head = "[silofl] pre-flight"
-    if run.privacy.mode != "isrl":
-        return [f"{head}: privacy.mode={run.privacy.mode}: the noise is the shuffle protocol's binomial trials "
+    if run.privacy.mode == "shuffle":
+        return [f"{head}: privacy.mode=shuffle: the noise is the shuffle protocol's binomial trials "
                 "(docs/privacy.md); no Gaussian noise-to-signal is shown"]
+    if run.privacy.mode != "isrl":
+        return [f"{head}: privacy.mode={run.privacy.mode}: each silo calibrates Skellam noise with its own accountant "
+                "and adds 1/count-on of it to the secure sum (docs/privacy.md#secure-aggregation); no Gaussian "
+                "noise-to-signal is shown"]
     unknown = sizes is None
     shown = list(ILLUSTRATIVE_N) if unknown else list(sizes)
     silos = [silo_noise(run, n, dim) for n in shown]
