@@ -132,6 +132,9 @@ class SecAggRelay:
         """Keys and shares for the next exchange among ``nodes``; the returned state routes the
         training instruction (:meth:`address`) and is closed by :meth:`collect`."""
         self.exchanges += 1
+        missing = [n for n in nodes if n not in self.silo_keys]
+        if missing:  # a silo that was slow or absent at discovery (its first ClientApp start) is asked again
+            self.discover(grid, missing, timeout)
         seed = int.from_bytes(hashlib.sha256(f"silofl-secagg|{self.seed}|{self.exchanges}".encode()).digest()[:8],
                               "big") >> 1
         candidates = [n for n in nodes if n in self.silo_keys]

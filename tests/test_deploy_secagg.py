@@ -66,7 +66,7 @@ def test_secagg_over_tls_survives_a_supernode_killed_mid_run(tmp_path: Path) -> 
 
         out = tmp_path / "outputs"
         run_config = (f'num-rounds=4 privacy.mode="secagg" secagg.count-on=1 model="logistic" partition="iid" '
-                      f'num-silos=3 silos-per-round=3 min-silos=2 round-timeout=20 privacy.epsilon=8.0 '
+                      f'num-silos=3 silos-per-round=3 min-silos=2 round-timeout=60 privacy.epsilon=8.0 '
                       f'privacy.delta=1e-5 outputs-dir="{out}" run-name="secagg"')
         launcher_log = tmp_path / "launch.log"
         with launcher_log.open("wb") as fh:
@@ -77,7 +77,11 @@ def test_secagg_over_tls_survives_a_supernode_killed_mid_run(tmp_path: Path) -> 
         wait_for(lambda: "[silofl] round   1/4" in launcher_log.read_text(errors="replace"), 300,
                  "round 1 did not finish", launcher, launcher_log)
         victim, _ = nodes[2]
-        os.killpg(victim.pid, signal.SIGKILL)  # round 2's exchange is already under way: no goodbye
+        # round 2's exchange is already under way: the whole node dies at once, no goodbye (flower-supernode
+        # runs in a session of its own, so it is killed by its pid, with its silo service and launcher)
+        for pid in _node_pids(tmp_path / "state2"):
+            _kill(pid)
+        os.killpg(victim.pid, signal.SIGKILL)
         t0 = time.monotonic()
         rc = launcher.wait(timeout=600)
         text = launcher_log.read_text(errors="replace")
@@ -96,3 +100,33 @@ def test_secagg_over_tls_survives_a_supernode_killed_mid_run(tmp_path: Path) -> 
         print(f"secagg over TLS: rounds 2-4 after the kill took {time.monotonic() - t0:.1f}s")
     finally:
         procs.stop_all()
+        for i in range(3):  # a node whose launcher died first leaves its processes: they are ours, by pid
+            for pid in _node_pids(tmp_path / f"state{i}"):
+                _kill(pid)
+
+
+def _node_pids(state: Path) -> list[int]:
+    """The pids supernode.sh recorded in a node's state dir (flower-supernode, its silo service)."""
+    pids = []
+    for name in ("supernode.pid", "silo-service.pid", "executor.pid"):
+        try:
+            pids.append(int((state / name).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` and its process group if it leads one, if it still is one of the node's
+    processes this test started (a recorded pid that has since gone is never reused blindly)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if not any(name in cmd for name in (b"flower-supernode", b"silo_service", b"app.runtime.executor")):
+        return
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -312,3 +312,23 @@ def test_secagg_settings_that_cannot_work_are_refused_in_one_line(overrides: dic
     with pytest.raises(ConfigError) as info:
         parse_settings(merged_run_config([]) | SECAGG | overrides)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_silo_that_missed_the_keys_query_is_asked_again_and_joins(federation) -> None:
+    """A silo whose first answer did not come (its ClientApp was slow to start) is not left out of
+    the run: every exchange asks the silos without a known key again."""
+    from flwr.app import Error
+
+    from strategies.messaging import UNAVAILABLE_CODES
+
+    missed = {"n": 0}
+
+    def hook(nid: int, msg, reply):
+        if nid == 1002 and msg.metadata.message_type == wire.KEYS_QUERY and missed["n"] == 0:
+            missed["n"] += 1
+            return Message(Error(code=min(UNAVAILABLE_CODES), reason="message expired"), reply_to=msg)
+        return reply
+
+    summary, rows, _ = federation(SECAGG, hook)
+    assert missed["n"] == 1 and summary["status"] == "completed"
+    assert all(r["answered"] == 4 for r in rows), rows
