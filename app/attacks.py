@@ -14,6 +14,7 @@ import operator
 from dataclasses import dataclass
 import numpy as np
 
+from app.edge_attack import EDGE_TARGETS
 from app.options import choice, number, option
 
 
@@ -166,6 +167,10 @@ ATTACKS: dict[str, AttackInfo] = {
                                "update", True),
     "mimic": AttackInfo("repeat the honest silo that most skews the mean, learned over attack.mimic-warmup "
                         "exchanges (Karimireddy et al. 2022)", "update", True),
+    # aimed at Grad-BANT's score (app/edge_attack.py): the most harmful message that still scores > 0
+    "edge-of-score": AttackInfo("the message of largest damage along attack.edge-target whose Grad-BANT score stays "
+                                "positive (white box: g0, L, c), its kept score searched against the rule",
+                                "update", True),
 }
 
 
@@ -227,6 +232,13 @@ class AttackSettings:
     #: Karimireddy et al.'s warm-up T0 (app/adaptive_attacks.py mimic_learning); 0 copies the first honest silo
     mimic_warmup: int = option("attack.mimic-warmup", number(0, 1_000_000, integer=True), 5,
                                "exchanges over which Mimic learns whom to copy (0: the first honest silo)")
+    #: app/edge_attack.py: the direction h the edge attacker moves the model along (damage -<h, u>)
+    edge_target: str = option("attack.edge-target", choice(EDGE_TARGETS), "honest-mean",
+                              "what edge-of-score moves the model along: up the honest mean, or one class's output bias",
+                              only=("attack.kind", ("edge-of-score",)))
+    edge_class: int = option("attack.edge-class", number(0, 1_000_000, integer=True), 0,
+                             "the class whose output bias edge-of-score raises (edge-target = class-bias)",
+                             only=("attack.kind", ("edge-of-score",)))
 
 
 __all__ = ["ATTACKS", "DATA_ATTACKS", "MODEL_ATTACKS", "AttackInfo", "AttackSettings", "alie", "alie_z",

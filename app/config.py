@@ -249,6 +249,7 @@ def check_relations(s: Settings) -> None:
     if s.partition == "even-odd-pairs" and s.num_silos > 25:
         raise ConfigError(f"num-silos = {s.num_silos} is out of range for partition even-odd-pairs; allowed: [1, 25]")
     _check_attack(s)
+    _check_momentum(s)
     check_byzantine(s)
     _check_shuffle(s)
     _check_secagg(s)
@@ -265,6 +266,28 @@ def _check_attack(s: Settings) -> None:
     raise ConfigError(f"attack.kind = {s.attack.kind!r} with attack.fraction = {s.attack.fraction:g} makes 0 of the "
                       f"{s.num_silos} silos Byzantine (no silo attacks; the run would be a no-attack run under the "
                       f"attack's name); allowed: {allowed}, or attack.kind = 'none' (attack=none)")
+
+
+def _check_momentum(s: Settings) -> None:
+    """client-momentum (app/algorithms/momentum.py): single-exchange optimisers only (every round one
+    release of one phase), a silo's own Gaussian releases (not shuffle or secagg contributions, which
+    are encodings of one release for a sum), and not with noise-aware Grad-BANT (its allowance c is
+    one release's noise energy; an average's depends on the silo's sampling history)."""
+    if not s.client_momentum:
+        return
+    phases = {get_algorithm(s.algorithm).round_phases(s.algorithm_options(), r) for r in range(1, s.num_rounds + 1)}
+    if len(phases) != 1 or len(next(iter(phases))) != 1:
+        raise ConfigError(f"client-momentum = {s.client_momentum:g} is not available for algorithm = {s.algorithm!r} "
+                          "(its rounds mix releases of several phases); allowed: 0, or a single-exchange algorithm "
+                          "(mbsgd, proxsgd, localsgd, robust)")
+    if s.privacy.mode in ("shuffle", "secagg"):
+        raise ConfigError(f"client-momentum = {s.client_momentum:g} is not available with privacy.mode = "
+                          f"{s.privacy.mode!r} (a silo's contribution there encodes one release for the sum); "
+                          "allowed: 0, or privacy.mode isrl or off")
+    if s.robust.gradbant_noise_aware and s.aggregation_rule() == "gradbant":
+        raise ConfigError(f"client-momentum = {s.client_momentum:g} is not available with gradbant.noise-aware = "
+                          "true (its allowance c is one release's noise energy; an average of releases has less, "
+                          "depending on the silo's sampling history); allowed: 0, or gradbant.noise-aware = false")
 
 
 _SHUFFLE_DEFAULTS = ShuffleSettings()

@@ -139,7 +139,7 @@ class Silo:
             settings.diff_clip, self.n, sum(p.numel() for p in self.model.parameters()), data.index, int(run_id),
             shuffler_pin, StaticKeys.load_or_create(Path(state_dir) / f"shuffle-sender-silo{data.index}.key"),
             bool(trust_silo_sampling), self.draws) if shuffle else GaussianSiloMechanism(
-            self.private, self.n, settings.lr, self.draws)
+            self.private, self.n, settings.lr, self.draws, settings.client_momentum)
         self.plan = self._calibrate(evaluation, evaluation_noise_ratio)
         if data.dp_stats is not None:  # standardize = "dp": charged above, computed now, on the silo's own records
             self.data = apply_dp_stats(data, self.preprocess_z, self.preprocess_seed)

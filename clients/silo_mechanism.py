@@ -14,7 +14,9 @@ Gaussian releases (app/privacy/accounting.py):
   the message is w_Q - w_0 (post-processing of Q releases).
 * ``anchor``, ``disjoint``: like ``grad`` (``disjoint``: block r of the secret permutation).
 * ``diff``: (1/K2) sum_{i in B} [difference row] + N(0, sigma^2 I) (RecordGradients.difference_rows).
-The noised update is then sketched with the round's broadcast seed (post-processing).
+With ``client-momentum`` beta > 0 the silo sends m_t = beta m_{t-1} + (1 - beta) g_t of its own
+releases instead (app/algorithms/momentum.py; post-processing, kept in memory for the run).
+The noised update (or m_t) is then sketched with the round's broadcast seed (post-processing).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from flwr.app import RecordDict
 from app import wire
 from app.admission import Rejection
 from app.algorithms import TRAINING_PHASES, Phase, ReleaseSpec
+from app.algorithms.momentum import ReleaseMomentum
 from app.privacy.accounting import Release
 from app.privacy.envelope import StaticKeys
 from app.privacy.mechanism import GaussianMechanism
@@ -84,7 +87,8 @@ class SiloMechanism(Protocol):
 class GaussianSiloMechanism:
     """The Gaussian mechanism's silo half (privacy.mode isrl; with ``private`` False the plain
     minibatch gradient, no clipping and no noise). ``n``: the silo's records; ``lr``: the run's
-    step size (a local-steps instruction may send its own); ``draws``: the noise generators."""
+    step size (a local-steps instruction may send its own); ``draws``: the noise generators;
+    ``momentum``: client-momentum beta (0: each release is sent as it is)."""
 
     sealed = False
     ticket = ""
@@ -92,11 +96,13 @@ class GaussianSiloMechanism:
     evaluation_refusal: str | None = None
     composes_fixed = True
 
-    def __init__(self, private: bool, n: int, lr: float, draws: ReleaseDraws) -> None:
+    def __init__(self, private: bool, n: int, lr: float, draws: ReleaseDraws, momentum: float = 0.0) -> None:
         self.private = private
         self.n = n
         self.lr = lr
         self.draws = draws
+        #: the momentum buffer over this silo's releases, kept for the run (in memory); None: beta = 0
+        self.momentum = ReleaseMomentum(momentum) if momentum > 0 else None
         #: PowerSGD's state, kept across this silo's rounds (in memory)
         self.powersgd_state: PowerSGDState | None = None
 
@@ -146,6 +152,8 @@ class GaussianSiloMechanism:
                 loss += step_loss / steps
                 w = {k: w[k] - lr * g[k] for k in w}
             update = {k: w[k] - w0[k] for k in w}
+        if self.momentum is not None:  # m_t of the releases so far, before the sketch (post-processing)
+            update = self.momentum(update)
         layout = [tuple(v.shape) for v in w0.values()]
         if ins.sketch is not None and ins.sketch.kind == "powersgd" and self.powersgd_state is None:
             self.powersgd_state = PowerSGDState(layout)

@@ -14,7 +14,14 @@ y, and the server lifts S^T y), by the attack's output:
   each round against the rule in use, with its pre-aggregators (strategies/composition.py
   ``rule_simulator``); Mimic repeats the honest silo it learned to copy (``mimic_learning``: the
   largest projection on the honest messages' top variance direction, tracked over
-  ``attack.mimic-warmup`` exchanges in the model space, the lifted messages).
+  ``attack.mimic-warmup`` exchanges in the model space, the lifted messages);
+* ``edge-of-score`` (app/edge_attack.py, :func:`edge_message`): aimed at Grad-BANT's score. White
+  box: the attacker reads the exchange's (g0, L, c) as Grad-BANT's server computes them (the rule's
+  own when it is Grad-BANT; otherwise a Grad-BANT reference at the run's settings, noise-aware
+  where that score is defined), and sends the message of largest damage -<h, u> along
+  ``attack.edge-target`` whose score stays >= m > 0, in the plane of two messages it can make the
+  server read (S^T S g0 and the honest mean S^T ybar, or S^T S h), m searched on
+  ``EDGE_FRACTIONS`` of the plane's largest score against the rule in use.
 
 Data-level attacks (label flipping, random labels) run on the Byzantine silos themselves
 (clients/byzantine.py) and need nothing here. :class:`Attacked` wraps any aggregator with the
@@ -32,6 +39,7 @@ import numpy as np
 from flwr.common import log
 
 from app.seeding import np_rng
+from app.edge_attack import EDGE_FRACTIONS, edge_in_span, span_max_score
 from app.adaptive_attacks import ADAPTIVE_ATTACKS, MimicState, adaptive_alie, adaptive_ipm, mimic_learning
 from app.attacks import (MODEL_ATTACKS, AttackSettings, alie, alie_z, byzantine_count, byzantine_indices,
                          gaussian_noise, ipm, sign_flip)
@@ -121,6 +129,44 @@ def adaptive_message(kind: str, byzantine_f: int, honest: np.ndarray, f: int,
     return np.asarray(vector, dtype=np.float32)
 
 
+def edge_message(honest: np.ndarray, f: int, payloads: np.ndarray, basis: np.ndarray, g0: np.ndarray,
+                 harm: np.ndarray, score_terms: tuple[float, float, float],
+                 aggregate: Callable[[np.ndarray], np.ndarray], to_rule: Callable[[np.ndarray], np.ndarray],
+                 report: dict[str, float] | None = None,
+                 fractions: tuple[float, ...] = EDGE_FRACTIONS) -> np.ndarray:
+    """The one message every Byzantine silo sends under ``edge-of-score`` (app/edge_attack.py).
+
+    ``honest`` [h, k]: the honest messages as sent; ``payloads`` [k, j]: messages the attacker can
+    send, whose reading by the server (in the rule's space) is ``basis`` [d, j] (linear: payloads @ w
+    is read as basis @ w); ``g0``, ``harm`` in the rule's space; ``score_terms`` = (L, gamma, c).
+    For each fraction tau, u(tau) = edge_in_span(basis, g0, harm, L, gamma, c, m = tau * s_top)
+    (s_top: :func:`span_max_score`), and the kept tau maximises the aggregate's damage
+    -<harm, to_rule(aggregate([honest; f copies]))> (the rule in use, state copied). ``report`` gets
+    tau as ``attack_scale``, and the crafted score and per-message damage -<harm, u>."""
+    smooth, gamma, c = score_terms
+    top = span_max_score(basis, g0, smooth, gamma, c)
+    best: tuple[float, np.ndarray, Any] | None = None
+    for tau in fractions:
+        w, craft = edge_in_span(basis, g0, harm, smooth, gamma, c, tau * top)
+        message = (payloads @ w).astype(np.float32)
+        rows = np.concatenate([honest, np.repeat(message[None, :].astype(np.float64), f, axis=0)])
+        try:
+            damage = -float(np.asarray(harm, dtype=np.float64) @ to_rule(aggregate(rows)))
+        except ValueError:  # the rule keeps nothing for these rows: no damage
+            damage = 0.0
+        if not np.isfinite(damage):
+            damage = 0.0
+        if best is None or damage > best[0]:
+            best = (damage, message, (tau, craft))
+    assert best is not None
+    tau, craft = best[2]
+    log(DEBUG, "edge-of-score: tau = %.3g, score %.4g (top %.4g), damage %.4g", tau, craft.score, top, craft.damage)
+    if report is not None:
+        report |= {"attack_scale": float(tau), "attack_score": float(craft.score),
+                   "attack_damage": float(craft.damage), "attack_aggregate_damage": float(best[0])}
+    return best[1]
+
+
 class Attacked:
     """The attack harness as a wrapper around any aggregator (simulation only; attack.kind set):
     it learns which nodes are Byzantine once (the experiment's ground truth, :meth:`prepare`),
@@ -136,11 +182,22 @@ class Attacked:
         self.report: dict[str, float] = {}
         #: the learning Mimic's state (app/adaptive_attacks.py mimic_learning)
         self.mimic = MimicState()
+        #: edge-of-score's Grad-BANT reference when the rule in use is not Grad-BANT (built once)
+        self._edge_reference: Any = None
 
     def bind(self, owner: Any) -> None:
         self.s = owner.s  # the run's settings, read for the attack, seed and silos
         self.byzantine = byzantine_indices(owner.s.attack, owner.s.num_silos, owner.s.seed)
         self.inner.bind(owner)
+        if self.s.attack.kind == "edge-of-score":  # what its Grad-BANT reference needs of the strategy
+            self.layout, self.roster = owner.layout, owner.roster
+            self.phase = owner.scheduled_phase(1) if owner.algorithm.rule_step else None
+            last = int(np.prod(list(self.layout.values())[-1]))
+            if self.s.attack.edge_target == "class-bias" and self.s.attack.edge_class >= last:
+                from app.options import ConfigError
+
+                raise ConfigError(f"attack.edge-class = {self.s.attack.edge_class} is out of range for this model; "
+                                  f"allowed: [0, {last - 1}] (the entries of its last parameter, the output bias)")
 
     def prepare(self, grid: Any, timeout: float) -> None:
         """Learn which nodes are Byzantine: every node is asked once for its partition id; an
@@ -173,9 +230,12 @@ class Attacked:
             return updates
         lift = self.model_space_lift(updates)
         run = RunFacts(self.s.seed, self.s.num_silos, self.s.robust.byzantine_f)
-        messages = attack_messages(self.s.attack, run, rnd, updates.messages, byz, self.simulated_rule(rnd, ex, lift),
-                                   self.report, self.mimic_target(rnd, updates, byz), lift,
-                                   self.partition_of)
+        if self.s.attack.kind == "edge-of-score":
+            messages = self.edge_messages(rnd, updates, ex, byz, lift)
+        else:
+            messages = attack_messages(self.s.attack, run, rnd, updates.messages, byz,
+                                       self.simulated_rule(rnd, ex, lift), self.report,
+                                       self.mimic_target(rnd, updates, byz), lift, self.partition_of)
         from app.wire import ReplyError
         from strategies.replies import check_bounded
 
@@ -219,13 +279,94 @@ class Attacked:
     def model_space_lift(self, updates: Any) -> Callable[[np.ndarray], np.ndarray] | None:
         """y -> S_t^T y flattened, when the round is sketched and the rule runs on the lifts
         (``aggregation-space = lifted``): what the adaptive attacks must aim at; else None."""
-        if (self.s.attack.kind not in ("alie-adaptive", "ipm-adaptive") or self.s.sketch.kind == "none"
+        if (self.s.attack.kind not in ("alie-adaptive", "ipm-adaptive", "edge-of-score") or self.s.sketch.kind == "none"
                 or self.s.robust.space != "lifted" or updates.lift is None
                 or getattr(self.inner, "impl", None) is None):  # the mean: no rule to simulate
             return None
         from strategies.gradbant import lift_flat
 
         return lambda y: lift_flat(updates, y)
+
+    def edge_reference(self) -> Any:
+        """Whose score edge-of-score aims at: the rule's own Grad-BANT, or (another rule) a Grad-BANT
+        reference at the run's settings (strategies/gradbant.py RobustAggregator; noise-aware where
+        that score is defined: privacy isrl or off and a sketch kind with an exact noise energy)."""
+        impl = getattr(self.inner, "impl", None)
+        if impl is not None and impl.s.robust.aggregator == "gradbant":
+            return impl
+        if self._edge_reference is None:
+            from app.sketch_settings import NOISE_AWARE_SKETCH_KINDS
+            from strategies.gradbant import RobustAggregator
+
+            s = self.s
+            aware = s.privacy.mode in ("isrl", "off") and s.sketch.kind in NOISE_AWARE_SKETCH_KINDS
+            robust = replace(s.robust, aggregator="gradbant", pre=(), space="lifted", gradbant_noise_aware=aware)
+            self._edge_reference = RobustAggregator(replace(s, robust=robust), self.layout, self.roster, self.phase,
+                                                    trust=getattr(self.inner, "trust", None),
+                                                    model=getattr(self.inner, "model", None))
+        return self._edge_reference
+
+    def edge_messages(self, rnd: int, updates: Any, ex: Any, byz: set[int],
+                      lift: Callable[[np.ndarray], np.ndarray] | None) -> dict[int, np.ndarray]:
+        """The round's messages with the Byzantine nodes' replaced by :func:`edge_message`: g0, L
+        and c of :meth:`edge_reference` at the exchange's point; the plane of two payloads, S g0/scale
+        and the honest mean ybar (target honest-mean) or S h/scale (class-bias), read as the server
+        reads them (lifted, times scale: -1/lr for a local phase's model changes)."""
+        import torch
+
+        from app.algorithms import Phase
+        from app.sketch.broadcast import build_sketch, round_sketch
+        from strategies.composition import rule_simulator
+        from strategies.replies import flatten
+
+        out = {node: np.asarray(m, dtype=np.float32) for node, m in updates.messages.items()}
+        honest_nodes = [node for node in updates.nodes if node not in byz]
+        if not honest_nodes or ex is None:
+            return out
+        s = self.s
+        scale = -1.0 / s.lr if ex.phase == Phase.LOCAL else 1.0
+        g0, smooth, c = self.edge_reference().score_inputs(ex.at, rnd, ex)
+        sk = s.sketch
+        sketch = build_sketch(round_sketch(sk.kind, sk.ratio, sk.epsilon, sk.layerwise, s.seed, rnd,
+                                           sk.error_feedback), list(self.layout.values()))
+
+        def send(x: np.ndarray) -> np.ndarray:  # the payload of a model-space vector
+            if sketch is None:
+                return np.asarray(x, dtype=np.float64)
+            return sketch.compress(torch.from_numpy(np.asarray(x, dtype=np.float32))).numpy().astype(np.float64)
+
+        def read(y: np.ndarray) -> np.ndarray:  # as the server reads a payload: S^T y (decoded), flat
+            return flatten(updates.lift(np.asarray(y, dtype=np.float32))).astype(np.float64) \
+                if updates.lift is not None else np.asarray(y, dtype=np.float64)
+
+        honest = np.stack([out[node] for node in honest_nodes]).astype(np.float64)
+        ybar = honest.mean(axis=0)
+        if s.attack.edge_target == "class-bias":
+            harm = np.zeros(sum(int(np.prod(v)) for v in self.layout.values()))
+            harm[-int(np.prod(list(self.layout.values())[-1])) + s.attack.edge_class] = 1.0
+            p_h = send(harm / scale)
+        else:
+            p_h = ybar
+        payloads = np.stack([send(g0 / scale), p_h], axis=1)
+        basis = scale * np.stack([read(payloads[:, 0]), read(payloads[:, 1])], axis=1)
+        if s.attack.edge_target != "class-bias":
+            harm = basis[:, 1]  # the honest mean as the server reads it, in the rule's space
+        f_rule = s.robust.byzantine_f if s.robust.byzantine_f >= 0 else len(byz)
+        impl = getattr(self.inner, "impl", None)
+        aggregate = rule_simulator(impl, rnd, f_rule, g0 / scale, scale, lift) if impl is not None \
+            else (lambda rows: rows.mean(axis=0))
+        space_lift = lift is None and updates.lift is not None and sketch is not None  # the rule ran on payloads
+
+        def to_rule(vector: np.ndarray) -> np.ndarray:
+            return scale * (read(vector) if space_lift else np.asarray(vector, dtype=np.float64))
+
+        try:
+            new = edge_message(honest, len(byz), payloads, basis, g0, harm, (smooth, s.lr, c), aggregate, to_rule,
+                               self.report)
+        except ValueError as exc:  # no edge this exchange (g0 = 0, or no penalty): send the honest mean
+            log(WARNING, "round %d: edge-of-score: %s; the Byzantine silos send the honest mean", rnd, exc)
+            new = ybar.astype(np.float32)
+        return out | {node: new for node in sorted(byz & set(out))}
 
     def simulated_rule(self, rnd: int, ex: Any,
                        lift: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable[[int, np.ndarray], Any] | None:

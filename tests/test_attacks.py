@@ -135,8 +135,9 @@ def test_gaussian_noise():
 
 def test_attack_registry():
     assert set(ATTACKS) == {"label-flip", "random-labels", "sign-flip", "ipm", "alie", "gaussian", "alie-adaptive",
-                            "ipm-adaptive", "mimic"}
-    assert {k for k, v in ATTACKS.items() if v.omniscient} == {"ipm", "alie", "alie-adaptive", "ipm-adaptive", "mimic"}
+                            "ipm-adaptive", "mimic", "edge-of-score"}
+    assert {k for k, v in ATTACKS.items() if v.omniscient} == {"ipm", "alie", "alie-adaptive", "ipm-adaptive", "mimic",
+                                                               "edge-of-score"}
     assert {k for k, v in ATTACKS.items() if v.level == "data"} == {"label-flip", "random-labels"}
     assert all(v.description for v in ATTACKS.values())
 

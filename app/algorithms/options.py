@@ -66,6 +66,9 @@ class TrainingOptions:
     diff_clip: float = option("diff-clip", number(0, None), 0.0,
                               "C_diff > 0 clips each per-record gradient difference at C_diff")
     output: str = option("output", choice(OUTPUTS), "last", "the run's output: the last or a random iterate")
+    #: app/algorithms/momentum.py: each silo sends m_t = beta m_{t-1} + (1 - beta) g_t of its own releases
+    client_momentum: float = option("client-momentum", number(0, 1, hi_open=True), 0.0,
+                                    "beta of each silo's momentum over its own privatised releases (0: none)")
 
 
 @dataclass(frozen=True)
