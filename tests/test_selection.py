@@ -229,3 +229,37 @@ def test_unreachable_target_is_refused() -> None:
     with pytest.raises(ValueError):
         calibrate_selection(0.01, 1e-5, "tnb", {"eta": 1.0, "gamma": 0.01},
                             lambda s: np.asarray(orders) / (2 * s * s), orders)
+
+
+@pytest.mark.parametrize("protocol", ["compose", "ps"])
+def test_driver_calibration_keeps_the_silos_within_epsilon(protocol: str) -> None:
+    """The chain the driver relies on (scripts/reproduce/isrl_private_tuning.py): the run epsilon it
+    asks for -> each silo's own calibration (app/privacy/accounting.py) -> K runs composed by the
+    silo's accountant (compose: <= epsilon against the server), or Theorem 2 of one run (ps)."""
+    from app.privacy.accounting import PlannedRelease, Release, calibrate_noise_multiplier, epsilon_spent
+    from app.privacy.rdp_orders import RDP_ORDERS
+    from scripts.reproduce.isrl_private_tuning import calibrate, ledger_curve
+
+    eps, k = 1.5, 4
+    silos, plans = [], []
+    for n in (122, 206):  # WBCD's two silos: 25 sampled gradients, one private evaluation at ratio 0.25
+        plan = [PlannedRelease("grad", n, 64, 25, 1.0), PlannedRelease("eval", n, n, 1, 0.25)]
+        plans.append(plan)
+        silos.append({"n": n, "delta": 1 / n**2, "planned": [
+            {"batch": p.batch, "count": p.count, "noise_multiplier": 7.0 * p.weight} for p in plan]})
+    params = {"k": k} if protocol == "compose" else {"eta": 0.0, "gamma": tnb_gamma_for_mean(0.0, 4.0)}
+    run_eps = calibrate(silos, eps, protocol, params)
+    assert 0 < run_eps < eps
+    spent_all = []
+    for silo, plan in zip(silos, plans):
+        z = calibrate_noise_multiplier(plan, run_eps, silo["delta"])
+        one = [r.at(z) for r in plan]
+        if protocol == "compose":  # the node ledger's own number for K runs
+            spent = epsilon_spent([Release(r.kind, r.n, r.batch, r.noise_multiplier, r.count * k) for r in one],
+                                  silo["delta"])
+        else:
+            curve = ledger_curve([{"kind": r.kind, "n": r.n, "batch": r.batch, "noise_multiplier": r.noise_multiplier,
+                                   "count": r.count} for r in one])
+            spent = selection_epsilon(RDP_ORDERS, curve, "tnb", params, silo["delta"])
+        spent_all.append(spent)
+    assert max(spent_all) <= eps and max(spent_all) > 0.99 * eps  # the silo that sets the run epsilon is tight
