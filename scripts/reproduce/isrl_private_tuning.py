@@ -289,6 +289,28 @@ def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[floa
     return "\n".join(lines)
 
 
+def score_table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[float], protocols: list[str]) -> str:
+    """What the noisy score costs: per cell, the median test error of the selected candidate, then
+    (in brackets) the median of the best test error among the same K candidates (an oracle
+    that reads the test split) and the share of selections that picked that best one."""
+    lines = ["| algorithm | protocol | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |",
+             "|---|---|" + "---|" * len(epsilons)]
+    for algo, proto in itertools.product(algorithms, protocols):
+        cells = []
+        for eps in epsilons:
+            done = [r for r in rows if r["algorithm"] == algo and r["protocol"] == proto
+                    and float(r["epsilon"]) == eps and r["status"] == "completed"]
+            if not done:
+                cells.append("n/a")
+                continue
+            best = [min(c["test_error"] for c in json.loads(r["candidates"])) for r in done]
+            hit = sum(float(r["test_error"]) <= b for r, b in zip(done, best)) / len(done)
+            cells.append(f"{statistics.median(float(r['test_error']) for r in done):.2%} "
+                         f"({statistics.median(best):.2%}; {hit:.0%})")
+        lines.append(f"| {algo} | {proto} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--setup", choices=sorted(ic.SETUPS), default="wbcd")
@@ -336,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
               f"K={row.get('k')} run eps {row.get('candidate_epsilon', float('nan')):.3f} -> {row.get('selected')} "
               f"test {row.get('test_error')} eps out {row.get('eps_selection_output')} server {row.get('eps_server')} "
               f"({row['wall_s']}s) {row.get('error') or ''}", flush=True)
-    md = table(rows, args.algorithms, args.eps, args.protocols)
+    md = (table(rows, args.algorithms, args.eps, args.protocols) + "\n\nSelected vs the best of the same K candidates "
+          "(median test error of the selected; in brackets, of the best by test error, and how often it was selected):\n\n"
+          + score_table(rows, args.algorithms, args.eps, args.protocols))
     (out / "table.md").write_text(md + "\n")
     print(md)
     print(f"[private-tuning] wall {time.perf_counter() - t_all:.0f}s for {len(todo)} selections", flush=True)
