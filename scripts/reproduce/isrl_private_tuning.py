@@ -265,11 +265,11 @@ def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[floa
     error over the seeds and the epsilons each silo's guarantee has (max over silos and seeds)."""
     head = "| algorithm | tuning | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |"
     lines = [head, "|---|---|" + "---|" * len(epsilons)]
-    names = {"compose": "private, K fixed: test error (ε vs server = ε vs output)",
-             "ps": "private, PS: test error (ε vs output; ε vs server)"}
+    names = {"compose": "private, K fixed (ε: training + selection, vs server)",
+             "ps": "private, PS (ε: output; ε vs server; K)"}
     for algo in algorithms:
         if algo in DOCS_NONPRIVATE_TUNING and epsilons == EPSILONS:
-            lines.append(f"| {algo} | non-private (docs) | "
+            lines.append(f"| {algo} | non-private (docs; ε: training only) | "
                          + " | ".join(f"{v:.2f}%" for v in DOCS_NONPRIVATE_TUNING[algo]) + " |")
         for proto in protocols:
             cells = []
