@@ -128,6 +128,8 @@ class Silo:
         self.clip = priv.clip if self.private else math.inf
         self.run_epsilon = priv.epsilon if self.private else math.inf
         lifetime_eps, self.delta = ledger_budget or (self.run_epsilon, settings.delta_for(self.n))
+        #: a node-scope ledger (one lifetime budget across runs) rather than this run's own
+        self.lifetime_ledger = ledger_budget is not None
         path = Path(state_dir) / f"ledger-{ledger_key}-silo{data.index}.json"
         self.ledger = PrivacyLedger.open(path, lifetime_eps, self.delta, mark_dir=ledger_mark_dir,
                                          key_file=ledger_key_file, witness_dir=ledger_witness_dir, sync=ledger_sync)
@@ -344,8 +346,17 @@ class Silo:
                                    "noise_multiplier": r.noise_multiplier, "disjoint": r.disjoint}
                                   for r in self.preprocess_rows],
             "releases": releases,
-            "adjacency": "replace-one", "accountant": accountant,
+            "adjacency": "replace-one", "accountant": accountant, "eps_covers": self.eps_covers(),
         }
+
+    def eps_covers(self) -> str:
+        """What eps_spent covers, in words, for summary.json (issue 39: a reader must not mistake a
+        run's epsilon for the whole experiment's)."""
+        what = ("every release this node's lifetime ledger holds (node scope: all its runs)" if self.lifetime_ledger
+                else "this run's training releases"
+                + (" and its DP pre-processing release (standardize = dp)" if self.preprocess_rows else ""))
+        return (f"{what}; not a choice among runs (hyperparameter selection over a grid), unless each candidate "
+                "run was charged to this ledger (scripts/reproduce/isrl_private_tuning.py)")
 
     def _refuse(self, code: str, reason: str) -> RecordDict:
         return wire.Refusal(code, reason, self.ledger.spent()).encode()

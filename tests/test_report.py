@@ -200,3 +200,11 @@ def test_settings_a_job_chose_on_validation_data_are_not_axes(tmp_path: Path) ->
     md = report.GridReport.build(report.load_rows(tmp_path), tmp_path).markdown()
     assert "| jobs | ε = 1 | ε = 3 |" in md and f"| all | {cell_text([0.2, 0.25, 0.3])} | 10.00% (n=1) |" in md
     assert "Chosen by each job on validation data (sweep.tuning=grid), not axes: lr." in md
+
+
+def test_every_report_says_what_its_epsilon_covers(tmp_path: Path) -> None:
+    """Issue 39: a sweep's table must not pass one run's ε off as the whole experiment's."""
+    hand_made(tmp_path)
+    report.main([str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    assert md.rstrip().endswith(report.EPSILON_NOTE) and "is not covered by it" in md

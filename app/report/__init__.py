@@ -50,6 +50,12 @@ def _keys(text: str) -> list[str]:
     return [k.strip() for k in text.split(",") if k.strip()]
 
 
+#: what every sweep table's epsilon covers (issue 39), under each results.md
+EPSILON_NOTE = ("ε here is each silo's budget for one run's training releases (summary.json `eps_covers`); picking "
+                "the best of this sweep's runs by their results is not covered by it — a private selection that "
+                "charges the silos for it: `python -m scripts.reproduce.isrl_private_tuning`.")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m app.report", description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path)
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = load_rows(args.sweep_dir)
     if is_robust_sweep(rows):
-        md = robust_markdown(rows)
+        md = robust_markdown(rows) + "\n\n" + EPSILON_NOTE
         (args.sweep_dir / "results.md").write_text(md + "\n")
         plot_accuracy_vs_epsilon(rows, args.sweep_dir / "accuracy_vs_epsilon.png")
         plot_accuracy_heatmap(rows, args.sweep_dir / "accuracy_heatmap.png")
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     rep = GridReport.build(rows, args.sweep_dir, x=args.x, series=args.series, facets=args.facet,
                            metric=args.metric, target=args.target)
     made = rep.write()
-    print(rep.markdown())
+    with (args.sweep_dir / "results.md").open("a") as fh:
+        fh.write("\n" + EPSILON_NOTE + "\n")
+    print(rep.markdown() + "\n\n" + EPSILON_NOTE)
     print(f"[report] wrote {', '.join(made)} in {args.sweep_dir}")
 
