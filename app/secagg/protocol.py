@@ -486,7 +486,22 @@ class SecAggSilo:
 
     def _open_all(self, received: Mapping[int, bytes]) -> tuple[dict[int, tuple[bytes, bytes]], dict[int, bytes],
                                                                 dict[int, bytes], dict[int, str]]:
-        """(held shares, claims, pair seeds, rejected) of the neighbours' sealed payloads."""
+        """(held shares, claims, pair seeds, rejected) of the neighbours' sealed payloads (kept for
+        the same payloads: :meth:`verify` then :meth:`masked` open them once)."""
+        assert self._s_sk is not None and self._own_shares is not None
+        key = tuple(sorted((int(j), hashlib.sha256(bytes(b)).digest() if isinstance(b, (bytes, bytearray)) else b"?")
+                           for j, b in received.items()))
+        cached = getattr(self, "_opened", None)
+        if cached is not None and cached[0] == key:
+            held, claims, seeds, rejected = cached[1]
+            return dict(held), dict(claims), dict(seeds), dict(rejected)
+        result = self._open_uncached(received)
+        self._opened = (key, result)
+        held, claims, seeds, rejected = result
+        return dict(held), dict(claims), dict(seeds), dict(rejected)
+
+    def _open_uncached(self, received: Mapping[int, bytes]) -> tuple[dict[int, tuple[bytes, bytes]], dict[int, bytes],
+                                                                     dict[int, bytes], dict[int, str]]:
         assert self._s_sk is not None and self._own_shares is not None
         sk = X25519PrivateKey.from_private_bytes(self._s_sk)
         held = {self.me: self._own_shares}
@@ -548,6 +563,7 @@ class SecAggSilo:
         y &= modmask
         self._held, self.claims, self.u2, self.rejected = held, claims, u2, rejected
         self._s_sk = self._b = None  # no longer needed: only the held shares are
+        self._opened = None  # nor the pair seeds the payloads were opened with
         self._phase = "masked"
         return y
 
