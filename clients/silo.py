@@ -52,7 +52,7 @@ from app.seeding import derive_seed
 from clients.silo_evaluation import Evaluator
 from clients.silo_gradients import RecordGradients, ReleaseDraws, as_tensors, on_device
 from clients.silo_mechanism import GaussianSiloMechanism, SiloMechanism
-from clients.silo_secagg import SecAggSiloMechanism
+from clients.silo_secagg import SAMPLED_BOUND, SecAggSiloMechanism
 from clients.silo_shuffle import AMPLIFIED_BOUND, ShuffleSiloMechanism
 
 
@@ -324,7 +324,8 @@ class Silo:
              "sampling": ("disjoint blocks (parallel composition)" if r.disjoint else
                           f"none claimed ({r.mechanism}: accounted as if the record were included)"
                           if (r.binomial or r.skellam) and r.sampled and r.gamma == 1.0 else
-                          f"fixed-size without replacement, amplified at gamma = K/n = {r.gamma:.6g} ({AMPLIFIED_BOUND})"
+                          f"fixed-size without replacement, amplified at gamma = K/n = {r.gamma:.6g} "
+                          f"({SAMPLED_BOUND if r.skellam else AMPLIFIED_BOUND})"
                           if (r.binomial or r.skellam) and r.sampled
                           else "fixed-size without replacement" if r.sampled else "none (full batch)")}
             | ({"mechanism": "binomial", "trials": r.trials, "levels": r.levels, "p": r.p, "dim": r.dim}

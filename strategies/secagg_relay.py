@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
@@ -231,8 +231,7 @@ class SecAggRelay:
             node = msg.metadata.dst_node_id
             if node not in ex.routed:
                 continue
-            ins = wire.Instruction.decode(msg.content)
-            content = replace(ins, secagg=ex.params, shares=ex.routed[node]).encode()
+            content = wire.with_secagg(msg.content, ex.params, ex.routed[node])
             out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
         return out
 

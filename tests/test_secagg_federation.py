@@ -332,3 +332,24 @@ def test_a_silo_that_missed_the_keys_query_is_asked_again_and_joins(federation) 
     summary, rows, _ = federation(SECAGG, hook)
     assert missed["n"] == 1 and summary["status"] == "completed"
     assert all(r["answered"] == 4 for r in rows), rows
+
+
+def test_an_instruction_addressed_to_one_silo_decodes_with_its_exchange_and_shares() -> None:
+    """The relay adds a silo's parameters and payloads to the shared content without re-encoding the model."""
+    w = {"linear.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "linear.bias": np.ones(2, np.float32)}
+    base = wire.Instruction(3, wire.Phase.GRAD, w).encode()
+    params = wire.SecAggParams(4, 3, "grad", 16, 3, 0, 40.0, 9)
+    ins = wire.Instruction.decode(wire.with_secagg(base, params, {1001: b"abc"}))
+    assert ins.secagg == params and ins.shares == {1001: b"abc"} and ins.round == 3
+    assert all(np.array_equal(ins.arrays[k], w[k]) for k in w)
+    assert wire.Instruction.decode(base).secagg is None  # the shared content itself is left as it was
+
+
+def test_a_sampled_secagg_release_names_the_bound_it_is_accounted_with(federation) -> None:
+    from clients.silo_secagg import SAMPLED_BOUND
+
+    summary, _, _ = federation(SECAGG | {"num-rounds": 2, "batch-size": 16, "privacy.noise-seed": "os",
+                                         "secagg.amplification": "sampling"})
+    release = summary["silos"][0]["releases"][0]
+    assert "amplified at gamma = K/n" in release["sampling"] and SAMPLED_BOUND in release["sampling"]
+    assert release["amplification"] == "sampling"

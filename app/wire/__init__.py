@@ -24,7 +24,7 @@ from __future__ import annotations
 from app.algorithms.base import Phase
 from app.wire.messages import (EVALUATION_PREFIX, WITNESS, EvaluateReply, EvaluateRequest, Instruction, Refusal,
                                ShuffleTicket, TrainReply, evaluation_of, read_instruction, with_evaluation,
-                               with_witnesses, witnesses_of)
+                               with_secagg, with_witnesses, witnesses_of)
 from app.wire.queries import (IDENTITY, IDENTITY_QUERY, KEYS, KEYS_QUERY, LEDGER, LEDGER_QUERY, MAX_SEALED_BYTES,
                               ROLE_SHUFFLER, ROLE_SILO, SEALED, SHUFFLE, SHUFFLE_QUERY, SealedReply, ShuffleReply,
                               ShuffleRequest, identity_reply, keys_reply, ledger_reply, read_identity, read_keys,
@@ -51,7 +51,8 @@ __all__ = [
     "Phase",
     # messages
     "EVALUATION_PREFIX", "WITNESS", "EvaluateReply", "EvaluateRequest", "Instruction", "Refusal", "ShuffleTicket",
-    "TrainReply", "evaluation_of", "read_instruction", "with_evaluation", "with_witnesses", "witnesses_of",
+    "TrainReply", "evaluation_of", "read_instruction", "with_evaluation", "with_secagg", "with_witnesses",
+    "witnesses_of",
     # queries
     "IDENTITY", "IDENTITY_QUERY", "KEYS", "KEYS_QUERY", "LEDGER", "LEDGER_QUERY", "MAX_SEALED_BYTES",
     "ROLE_SHUFFLER", "ROLE_SILO", "SEALED", "SHUFFLE", "SHUFFLE_QUERY", "SealedReply", "ShuffleReply",

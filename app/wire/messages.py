@@ -127,6 +127,18 @@ class Instruction:
                    shares=shares_of(content) if _SECAGG_PREFIX + "exchange" in config else None)
 
 
+def with_secagg(content: RecordDict, params: SecAggParams, shares: Mapping[int, bytes]) -> RecordDict:
+    """An encoded instruction for one silo of a secure-aggregation exchange: the same records (the
+    model's arrays are shared, not copied or re-encoded), its config with the exchange's parameters,
+    and the share payloads sealed to that silo. Decodes as ``Instruction(..., secagg=params,
+    shares=shares)``."""
+    out = RecordDict({name: record for name, record in content.items()})
+    config = record_of(content, CONFIG, ConfigRecord)
+    out[CONFIG] = ConfigRecord(dict(config or {}) | {_SECAGG_PREFIX + k: v for k, v in params.config().items()})
+    out[SECAGG_SHARES] = shares_record(shares)
+    return out
+
+
 def _encode_sketch(sketch: RoundSketch) -> dict[str, Any]:
     cfg = {SKETCH_FIELDS["kind"]: sketch.kind, SKETCH_FIELDS["ratio"]: float(sketch.ratio),
            SKETCH_FIELDS["epsilon"]: float(sketch.epsilon), SKETCH_FIELDS["layerwise"]: bool(sketch.layerwise),
