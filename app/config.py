@@ -293,18 +293,24 @@ def _check_momentum(s: Settings) -> None:
 _SHUFFLE_DEFAULTS = ShuffleSettings()
 
 
+def _refuse_inert(group: Any, defaults: Any, mode: str, owner: str) -> None:
+    """ConfigError for a ``<owner>.*`` key set away from its default while privacy.mode = ``mode``,
+    where it does not act (every value would run the same federation)."""
+    for f in fields(group):
+        value, key = getattr(group, f.name), f.metadata[OPTION].key
+        if value != getattr(defaults, f.name):
+            raise ConfigError(f"{key} = {value!r} is set but privacy.mode = {mode!r} ({owner}.* act only in {owner} "
+                              f"mode: every value would run the same federation); use privacy.mode = '{owner}', or "
+                              f"leave {key} at its default {OPTIONS[key].default!r}")
+
+
 def _check_shuffle(s: Settings) -> None:
     """Shuffle DP's settings: which algorithms, no sketch, a finite budget, whom silos count on."""
     if s.shuffle.silo_sample > s.num_silos:
         raise ConfigError(f"shuffle.silo-sample = {s.shuffle.silo_sample} is out of range; allowed: [0, num-silos = "
                           f"{s.num_silos}] (0: no silo sampling)")
-    if s.privacy.mode == "isrl":  # shuffle.* act only in shuffle mode (declared only=); under off they
-        for f in fields(ShuffleSettings):  # are inert like every privacy.* key (a sweep's non-private baseline)
-            value, key = getattr(s.shuffle, f.name), f.metadata[OPTION].key
-            if value != getattr(_SHUFFLE_DEFAULTS, f.name):
-                raise ConfigError(f"{key} = {value!r} is set but privacy.mode = 'isrl' (shuffle.* act only in shuffle "
-                                  "mode: every value would run the same federation); use privacy.mode = 'shuffle', "
-                                  f"or leave {key} at its default {OPTIONS[key].default!r}")
+    if s.privacy.mode in ("isrl", "secagg"):  # shuffle.* act only in shuffle mode (declared only=); under off
+        _refuse_inert(s.shuffle, _SHUFFLE_DEFAULTS, s.privacy.mode, "shuffle")  # they are inert (a baseline)
     if s.privacy.mode != "shuffle":
         return
     if s.algorithm not in SHUFFLE_ALGORITHMS:
@@ -331,12 +337,7 @@ def _check_secagg(s: Settings) -> None:
     """Secure aggregation's settings: which algorithms (the server gets only the sum, like the
     shuffler's), no sketch, a finite budget, a threshold and count-on the exchange can meet."""
     if s.privacy.mode in ("isrl", "shuffle"):  # secagg.* act only in secagg mode
-        for f in fields(SecAggSettings):
-            value, key = getattr(s.secagg, f.name), f.metadata[OPTION].key
-            if value != getattr(_SECAGG_DEFAULTS, f.name):
-                raise ConfigError(f"{key} = {value!r} is set but privacy.mode = {s.privacy.mode!r} (secagg.* act only "
-                                  "in secagg mode: every value would run the same federation); use privacy.mode = "
-                                  f"'secagg', or leave {key} at its default {OPTIONS[key].default!r}")
+        _refuse_inert(s.secagg, _SECAGG_DEFAULTS, s.privacy.mode, "secagg")
     if s.privacy.mode != "secagg":
         return
     if s.algorithm not in SHUFFLE_ALGORITHMS:

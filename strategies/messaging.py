@@ -26,10 +26,12 @@ that are over (each would be a release its silo pays for and the server ignores)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from logging import WARNING
 from typing import Any
 
-from flwr.app import Message, MessageType
+from flwr.app import Message, MessageType, RecordDict
+from flwr.common import log
 from flwr.common.constant import ErrorCode
 
 #: error codes meaning "the node (or its reply) is not there": a dropped silo, not a ClientApp failure
@@ -121,3 +123,28 @@ def attribute(replies: list[Message], asked: dict[str, int]) -> list[Message]:
         if node is not None and reply.has_error() and reply.metadata.src_node_id != node:
             reply.metadata.__dict__["_src_node_id"] = int(node)
     return replies
+
+
+def query_keys(grid: Any, nodes: Iterable[int], timeout: float,
+               client_error: Callable[[Message, str], str]) -> dict[int, tuple[str, str]]:
+    """Each node's (role, X25519 public key hex) from the keys query (wire.KEYS_QUERY): the
+    shuffler relay's and secure aggregation's discovery. A failed, refused or malformed answer
+    leaves its node out (logged), never raises."""
+    from app import wire
+
+    msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.KEYS_QUERY) for n in sorted(nodes)]
+    found: dict[int, tuple[str, str]] = {}
+    for reply in grid.send_and_receive(msgs, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            client_error(reply, "keys")
+            continue
+        refusal = wire.Refusal.decode(reply.content)
+        if refusal is not None:
+            log(WARNING, "keys query: node %d refused: %s", node, refusal.reason)
+            continue
+        try:
+            found[node] = wire.read_keys(reply.content)
+        except wire.ReplyError as exc:
+            log(WARNING, "keys query: node %d answered a malformed reply: %s", node, exc)
+    return found

@@ -45,6 +45,7 @@ from app.privacy.settings import SecAggSettings
 from app.privacy.shuffle import row_bound
 from app.privacy.skellam import encoding as skellam
 from app.secagg.protocol import Advert, SecAggAborted, SecAggError, SecAggServer, UnmaskReply, default_threshold
+from strategies.messaging import query_keys
 from strategies.replies import Updates, check_bounded, sort_replies
 
 
@@ -103,22 +104,7 @@ class SecAggRelay:
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """Every silo's static public key (the shares it is sent are sealed to it)."""
-        nodes = sorted(nodes)
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.KEYS_QUERY) for n in nodes]
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                self.client_error(reply, "keys")
-                continue
-            refusal = wire.Refusal.decode(reply.content)
-            if refusal is not None:
-                log(WARNING, "keys query: node %d refused: %s", node, refusal.reason)
-                continue
-            try:
-                role, key = wire.read_keys(reply.content)
-            except wire.ReplyError as exc:
-                log(WARNING, "keys query: node %d answered a malformed reply: %s", node, exc)
-                continue
+        for node, (role, key) in query_keys(grid, nodes, timeout, self.client_error).items():
             if role == wire.ROLE_SILO:
                 self.silo_keys[node] = key
 

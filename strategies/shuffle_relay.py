@@ -31,6 +31,7 @@ from app import wire
 from app.algorithms import Phase
 from app.privacy.settings import ShuffleSettings
 from app.privacy.shuffle import ShuffleCode, debias, honest_mean_limit, row_bound
+from strategies.messaging import query_keys
 from strategies.replies import Updates, check_bounded, sort_replies
 
 
@@ -67,23 +68,8 @@ class ShuffleRelay:
 
     def discover(self, grid: Grid, nodes: Iterable[int], timeout: float) -> None:
         """Ask every node for its role and key; exactly one shuffler, else RuntimeError."""
-        nodes = sorted(nodes)
-        msgs = [Message(RecordDict(), dst_node_id=n, message_type=wire.KEYS_QUERY) for n in nodes]
         shufflers: dict[int, str] = {}
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                self.client_error(reply, "keys")
-                continue
-            refusal = wire.Refusal.decode(reply.content)
-            if refusal is not None:
-                log(WARNING, "keys query: node %d refused: %s", node, refusal.reason)
-                continue
-            try:
-                role, key = wire.read_keys(reply.content)
-            except wire.ReplyError as exc:
-                log(WARNING, "keys query: node %d answered a malformed reply: %s", node, exc)
-                continue
+        for node, (role, key) in query_keys(grid, nodes, timeout, self.client_error).items():
             if role == wire.ROLE_SHUFFLER:
                 shufflers[node] = key
             else:

@@ -192,23 +192,22 @@ def _count_on_max(node: Mapping[str, Any], default: int | None, key: str = "shuf
 def shuffle_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
     """Why this silo refuses a shuffle-DP run that asks it to count on ``count_on`` silos'
     noise (``shuffle.count-on``, or silos-per-round when 0), or None."""
-    bound = policy.shuffle_count_on_max
-    if bound is None or count_on <= bound:
-        return None
-    source = "its node config shuffle-count-on-max" if policy.safe else "shuffle-count-on-max"
-    return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
-            f"{count_on} (shuffle.count-on), which would let fewer dishonest silos break its epsilon")
+    return _count_on_violation(policy.shuffle_count_on_max, policy.safe, count_on, "shuffle")
 
 
 def secagg_trust_violation(policy: NodePolicy, count_on: int) -> str | None:
     """Why this silo refuses a secagg run that asks it to count on ``count_on`` silos' noise
     (``secagg.count-on``, or silos-per-round when 0), or None."""
-    bound = policy.secagg_count_on_max
+    return _count_on_violation(policy.secagg_count_on_max, policy.safe, count_on, "secagg")
+
+
+def _count_on_violation(bound: int | None, safe: bool, count_on: int, mode: str) -> str | None:
+    """The refusal of a run asking ``count_on`` above the node's ``<mode>-count-on-max`` ``bound``."""
     if bound is None or count_on <= bound:
         return None
-    source = "its node config secagg-count-on-max" if policy.safe else "secagg-count-on-max"
+    source = f"its node config {mode}-count-on-max" if safe else f"{mode}-count-on-max"
     return (f"this silo counts on the noise of at most {bound} silo(s) ({source}); the run asks it to count on "
-            f"{count_on} (secagg.count-on), which would let fewer dishonest silos break its epsilon")
+            f"{count_on} ({mode}.count-on), which would let fewer dishonest silos break its epsilon")
 
 
 def collusion_threshold(count_on: int, silos: int) -> int:
