@@ -297,10 +297,17 @@ class SecAggSiloMechanism:
             return Rejection(wire.REFUSED_POLICY, f"secagg: this silo counts on {self.count_on} silos' noise and the "
                              f"{len(peers)} verified neighbours' claims reach z = {counted:.4g}, below its z = "
                              f"{spec.noise_multiplier:.4g}; nothing was released")
-        self._pending = (params, proto, data, claims)
         kind = disjoint_kind if phase == Phase.DISJOINT else str(phase)
-        return [self.skellam_release(kind, spec.batch, spec.noise_multiplier, 1, phase == Phase.DISJOINT, phase,
-                                     params.gamma)]
+        try:  # the scale's integers must fit: the row bound's int64 norms, the noise's Poisson draws
+            release = self.skellam_release(kind, spec.batch, spec.noise_multiplier, 1, phase == Phase.DISJOINT, phase,
+                                           params.gamma)
+            if (self.added(spec) * release.l2) ** 2 > skellam.MAX_VARIANCE:
+                raise ValueError("its Skellam noise's variance exceeds 2**63")
+        except ValueError as exc:
+            return Rejection(wire.REFUSED_POLICY, f"secagg: scale gamma = {params.gamma:.6g} is too large to encode "
+                             f"({exc}); nothing was released")
+        self._pending = (params, proto, data, claims)
+        return [release]
 
     #: what releases() verified, for answer() right after the ledger recorded the release
     _pending: Any = None

@@ -353,3 +353,17 @@ def test_a_sampled_secagg_release_names_the_bound_it_is_accounted_with(federatio
     release = summary["silos"][0]["releases"][0]
     assert "amplified at gamma = K/n" in release["sampling"] and SAMPLED_BOUND in release["sampling"]
     assert release["amplification"] == "sampling"
+
+
+@pytest.mark.parametrize("gamma", [2.0**30.9, 2.0**40])  # the noise, then the row norms, overflow
+def test_a_scale_too_large_to_encode_is_refused_before_anything_is_recorded(tmp_path: Path, gamma: float) -> None:
+    """A hostile gamma whose Skellam noise or row norms no longer fit the integers must not cost the
+    silo a release it then cannot send (nothing is spent for nothing)."""
+    from app.privacy.ledger import read_ledger
+
+    cfgs, params, _, routed, _ = _exchange(tmp_path)
+    high = wire.SecAggParams(params.exchange, 1, "grad", 16, 3, 0, gamma, params.seed)
+    refusal = wire.Refusal.decode(_train(cfgs[0], high, routed))
+    assert refusal is not None and refusal.code == wire.REFUSED_POLICY and "too large" in refusal.reason
+    (ledger,) = (tmp_path / "state").glob("ledger-*silo0.json")
+    assert read_ledger(ledger)["releases"] == []

@@ -53,6 +53,8 @@ BETA = math.exp(-0.5)
 MAX_TRIES = 1000
 #: largest modulus exponent: every integer here (row norms, sums) stays exact in int64
 MAX_BITS = 30
+#: the largest Skellam variance drawn: each Poisson half has mean <= 2**62, within numpy's sampler
+MAX_VARIANCE = 2.0**63
 #: default per-coordinate wrap-around target of :func:`choose_gamma`
 WRAP_TARGET = 1e-6
 _ROTATION_TAG = b"silofl/skellam/rotation/v1\x00"
@@ -191,8 +193,8 @@ def conditional_round(rows_scaled: np.ndarray, bound: float, rng: np.random.Gene
 
 def skellam_noise(mu: float, shape: int | Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """Sk(mu) iid of the given shape: Poisson(mu/2) - Poisson(mu/2) (mean 0, variance mu), int64."""
-    if not (mu >= 0 and math.isfinite(mu)):
-        raise ValueError(f"Skellam variance must be finite and >= 0, got {mu!r}")
+    if not 0 <= mu <= MAX_VARIANCE:
+        raise ValueError(f"Skellam variance must be in [0, 2**63], got {mu!r}")
     if mu == 0:
         return np.zeros(shape, dtype=np.int64)
     lam = 0.5 * float(mu)
