@@ -108,10 +108,6 @@ class SecAggRelay:
             if role == wire.ROLE_SILO:
                 self.silo_keys[node] = key
 
-    def ticket(self) -> None:
-        """Unused: :meth:`open_exchange` runs the exchange's first two rounds."""
-        return None
-
     # -- rounds 1 and 2 ---------------------------------------------------------------------------
     def open_exchange(self, grid: Grid, rnd: int, phase: Phase, nodes: list[int], timeout: float,
                       run_id: int) -> SecAggExchange:
