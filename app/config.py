@@ -304,6 +304,26 @@ def _refuse_inert(group: Any, defaults: Any, mode: str, owner: str) -> None:
                               f"leave {key} at its default {OPTIONS[key].default!r}")
 
 
+def _check_sum_only(s: Settings, sum_only: str, no_sketch: str) -> None:
+    """What a mode whose server gets only the sum of the silos' integer encodings (shuffle, secagg)
+    refuses: an algorithm whose step needs more than the mean, standardize = dp (its calibration
+    composes no fixed release), an infinite budget, a sketch. ``sum_only``, ``no_sketch``: the
+    mode's reasons, in words."""
+    mode = s.privacy.mode
+    if s.algorithm not in SHUFFLE_ALGORITHMS:
+        raise ConfigError(f"privacy.mode = {mode!r} is not available for algorithm = {s.algorithm!r}; allowed: "
+                          f"{', '.join(SHUFFLE_ALGORITHMS)} ({sum_only})")
+    if resolve_scaling(s.standardize, s.dataset) == "dp":
+        raise ConfigError(f"standardize = 'dp' is not allowed with privacy.mode = {mode!r} (its calibration has no "
+                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
+    if math.isinf(s.privacy.epsilon):
+        raise ConfigError(f"privacy.epsilon = inf is not allowed with privacy.mode = {mode!r}; allowed: (0, inf) "
+                          "(use privacy.mode = off for a non-private run)")
+    if s.sketch.kind != "none":
+        raise ConfigError(f"sketch.kind = {s.sketch.kind!r} is not allowed with privacy.mode = {mode!r}; allowed: "
+                          f"none ({no_sketch})")
+
+
 def _check_shuffle(s: Settings) -> None:
     """Shuffle DP's settings: which algorithms, no sketch, a finite budget, whom silos count on."""
     if s.shuffle.silo_sample > s.num_silos:
@@ -313,18 +333,8 @@ def _check_shuffle(s: Settings) -> None:
         _refuse_inert(s.shuffle, _SHUFFLE_DEFAULTS, s.privacy.mode, "shuffle")  # they are inert (a baseline)
     if s.privacy.mode != "shuffle":
         return
-    if s.algorithm not in SHUFFLE_ALGORITHMS:
-        raise ConfigError(f"privacy.mode = 'shuffle' is not available for algorithm = {s.algorithm!r}; allowed: "
-                          f"{', '.join(SHUFFLE_ALGORITHMS)} (the shuffler releases only the sum of the silos' messages)")
-    if resolve_scaling(s.standardize, s.dataset) == "dp":
-        raise ConfigError("standardize = 'dp' is not allowed with privacy.mode = 'shuffle' (its calibration has no "
-                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
-    if math.isinf(s.privacy.epsilon):
-        raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'shuffle'; allowed: (0, inf) "
-                          "(use privacy.mode = off for a non-private run)")
-    if s.sketch.kind != "none":
-        raise ConfigError(f"sketch.kind = {s.sketch.kind!r} is not allowed with privacy.mode = 'shuffle'; allowed: none "
-                          "(the shuffler sums integer counts; a sketch of them would not debias)")
+    _check_sum_only(s, "the shuffler releases only the sum of the silos' messages",
+                    "the shuffler sums integer counts; a sketch of them would not debias")
     if s.shuffle.count_on > s.silos_per_round:
         raise ConfigError(f"shuffle.count-on = {s.shuffle.count_on} is out of range; allowed: [0, silos-per-round = "
                           f"{s.silos_per_round}] (0 means silos-per-round)")
@@ -340,19 +350,8 @@ def _check_secagg(s: Settings) -> None:
         _refuse_inert(s.secagg, _SECAGG_DEFAULTS, s.privacy.mode, "secagg")
     if s.privacy.mode != "secagg":
         return
-    if s.algorithm not in SHUFFLE_ALGORITHMS:
-        raise ConfigError(f"privacy.mode = 'secagg' is not available for algorithm = {s.algorithm!r}; allowed: "
-                          f"{', '.join(SHUFFLE_ALGORITHMS)} (secure aggregation releases only the sum of the silos' "
-                          "messages)")
-    if resolve_scaling(s.standardize, s.dataset) == "dp":
-        raise ConfigError("standardize = 'dp' is not allowed with privacy.mode = 'secagg' (its calibration has no "
-                          "fixed release); allowed: public, server, none (or pooled, local: not covered by epsilon)")
-    if math.isinf(s.privacy.epsilon):
-        raise ConfigError("privacy.epsilon = inf is not allowed with privacy.mode = 'secagg'; allowed: (0, inf) "
-                          "(use privacy.mode = off for a non-private run)")
-    if s.sketch.kind != "none":
-        raise ConfigError(f"sketch.kind = {s.sketch.kind!r} is not allowed with privacy.mode = 'secagg'; allowed: none "
-                          "(the masked sum is of integers; a sketch of them would not unmask)")
+    _check_sum_only(s, "secure aggregation releases only the sum of the silos' messages",
+                    "the masked sum is of integers; a sketch of them would not unmask")
     for key, value in (("secagg.count-on", s.secagg.count_on), ("secagg.threshold", s.secagg.threshold)):
         if value > s.silos_per_round:
             raise ConfigError(f"{key} = {value} is out of range; allowed: [0, silos-per-round = {s.silos_per_round}] "
