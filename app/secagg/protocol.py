@@ -317,6 +317,16 @@ def _id_set(values: object, what: str) -> frozenset[int]:
     return frozenset(_node(v, what) for v in values)
 
 
+def _exchange_terms(context: object, threshold: object, bits: object, dim: object) -> tuple[bytes, int, int, int]:
+    """(context, t, bits, dim) of an exchange, checked as both sides need them (SecAggError)."""
+    checked_context, t = _context(context), _positive(threshold, "threshold", 2)
+    try:
+        checked_bits = check_bits(bits)
+    except ValueError as exc:
+        raise SecAggError(str(exc)) from None
+    return checked_context, t, checked_bits, _positive(dim, "dim")
+
+
 def _draw_bytes(randbelow: Callable[[int], int]) -> bytes:
     value = randbelow(2 ** (8 * KEY_BYTES))
     if not isinstance(value, int) or not 0 <= value < 2 ** (8 * KEY_BYTES):
@@ -356,13 +366,7 @@ class SecAggSilo:
         if not isinstance(keys, StaticKeys):
             raise SecAggError("keys must be StaticKeys")
         self.keys = keys
-        self.context = _context(context)
-        self.threshold = _positive(threshold, "threshold", 2)
-        try:
-            self.bits = check_bits(bits)
-        except ValueError as exc:
-            raise SecAggError(str(exc)) from None
-        self.dim = _positive(dim, "dim")
+        self.context, self.threshold, self.bits, self.dim = _exchange_terms(context, threshold, bits, dim)
         if not callable(randbelow):
             raise SecAggError("randbelow must be callable")
         self._randbelow = randbelow
@@ -695,13 +699,7 @@ class SecAggServer:
 
     def __init__(self, context: bytes, threshold: int, bits: int, dim: int, degree: int | None,
                  graph_seed: bytes) -> None:
-        self.context = _context(context)
-        self.threshold = _positive(threshold, "threshold", 2)
-        try:
-            self.bits = check_bits(bits)
-        except ValueError as exc:
-            raise SecAggError(str(exc)) from None
-        self.dim = _positive(dim, "dim")
+        self.context, self.threshold, self.bits, self.dim = _exchange_terms(context, threshold, bits, dim)
         self.degree = None if degree is None else _positive(degree, "degree")
         if not isinstance(graph_seed, (bytes, bytearray)):
             raise SecAggError("graph_seed must be bytes")
