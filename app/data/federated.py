@@ -228,8 +228,8 @@ def apply_dp_stats(data: SiloData, noise_multiplier: float, seed: int) -> SiloDa
 
 @dataclass(frozen=True)
 class TrustSet:
-    """The server's small labelled set (Grad-BANT / FLTrust), disjoint from every silo, with the
-    silos' pre-processing applied."""
+    """A small labelled set the server holds, disjoint from every silo, with the silos'
+    pre-processing applied: the trust set (Grad-BANT / FLTrust) or the public sample."""
 
     x: "torch.Tensor"
     y: "torch.Tensor"
@@ -258,6 +258,28 @@ def build_trust_set(data: DataOptions, seed: int, size: int, classes: tuple[int,
         tx = clip_records(tx, dp_step.clip)
         tx = fit_standardizer(tx).apply(tx).astype(np.float32)
     return _trust_set(seed, classes, shift, tx, ty)
+
+
+def public_sample(data: DataOptions, seed: int, trust_size: int) -> TrustSet:
+    """The server's public sample (the records its public pre-processing is fitted on: carved out
+    before the partition, disjoint from every silo and from the trust set) with the silos'
+    pre-processing applied, as the server would score a model on it: a score that reads no
+    silo's record, so it costs no silo any epsilon. ``trust_size``: the run's ``trust.size``
+    (it fixes which records are carved out first). ValueError when the run has no public sample
+    (it has one when ``pca`` is fitted on it or ``standardize`` is ``server``)."""
+    import torch
+
+    key = data_key(data, seed, trust_size)
+    _, _, labels, _, _, _, public = _splits(key)
+    if not len(public):
+        raise ValueError("this run has no public sample at the server: it has one with pca-fit = 'public' "
+                         "(pca > 0) or standardize = 'server'")
+    x, scalers, dp_step = _features(key)
+    px, py = scalers[0].apply(x[public]).astype(np.float32), labels[public].astype(np.int64)
+    if dp_step is not None:  # dp: the silos' clipping, then the server's own statistics, as for the trust set
+        px = clip_records(px, dp_step.clip)
+        px = fit_standardizer(px).apply(px).astype(np.float32)
+    return TrustSet(torch.from_numpy(np.ascontiguousarray(px)), torch.from_numpy(py))
 
 
 def _trust_set(seed: int, classes: tuple[int, ...], shift: str, tx: np.ndarray, ty: np.ndarray) -> TrustSet:

@@ -6,12 +6,17 @@ selection itself is private and charged to the silos:
 
 * each candidate is a federation (isrl_compare's setup and settings) at a hyper-parameter point
   drawn uniformly from the same grid, independently of the data;
-* its score is the validation error that each silo releases privately with its own Gaussian
+* its score (``--score``) is either
+  ``private``: the validation error that each silo releases privately with its own Gaussian
   noise: node config ``evaluation = "private"`` (app/privacy/evaluation.py), one evaluation of
   the final model, charged to the silo's ledger and planned in its calibration, at
   ``evaluation-noise-ratio`` = ``--eval-ratio`` times the training releases' noise multiplier
   (WBCD's setup as run here has a 56-record public sample at the server, which would score for
-  free; it is not used, so the protocol is the one that works when the server holds nothing);
+  free; it is not used, so the protocol is the one that works when the server holds nothing); or
+  ``public``: the final model's error on the server's public sample
+  (app/data/federated.py ``public_sample``: the records the public PCA / scaling is fitted on,
+  disjoint from every silo), which reads no silo's record and costs nothing: the candidates run
+  without any evaluation request (eval-every = 0), so their releases are the training ones only;
 * each silo's ledger is node-scoped across the candidates of one selection, so it records
   every release of every candidate (the noise of two candidates never repeats: it is drawn per
   ledger sequence number);
@@ -68,38 +73,52 @@ from app.run_health import FINISHED  # noqa: E402
 ALGORITHMS = ["mbsgd", "localsgd", "spider", "svrg"]
 EPSILONS = [0.75, 1.5, 3.0, 6.0, 18.0]
 #: the grids of docs/results.md's tables: (lr, clip) for all, diff-clip C for SPIDER and SVRG
-#: (the "with clipped differences" table, whose grid also holds C = 0)
+#: (the "with clipped differences" table, whose grid also holds C = 0); Fashion-MNIST's tables
+#: used lr in {0.3, 1} only
 LRS, CLIPS, DIFF_CLIPS = [0.1, 0.3, 1.0], [0.5, 2.0], [0.0, 0.05, 0.2]
+SETUP_LRS = {"fmnist-pairs": [0.3, 1.0]}
 #: today's non-private-tuning numbers (docs/results.md, WBCD tables; pooled pre-processing, outside
 #: epsilon; 113 test records): MB-SGD and local SGD from the main table, SPIDER and SVRG from the
 #: "with clipped differences" table
-DOCS_NONPRIVATE_TUNING = {
+DOCS_NONPRIVATE_TUNING = {"wbcd": {
     "mbsgd": [8.85, 6.19, 7.96, 5.31, 3.54], "localsgd": [12.39, 9.73, 8.85, 6.19, 4.42],
     "spider": [7.96, 8.85, 6.19, 5.31, 4.42], "svrg": [8.85, 8.85, 7.08, 6.19, 6.19],
-}
-FIELDS = ["setup", "protocol", "algorithm", "epsilon", "seed", "k", "candidate_epsilon", "eval_ratio", "selected",
+}, "fmnist-pairs": {  # the Fashion-MNIST pairs tables (grid on seed 0, the point on seeds 0-4; PCA pooled)
+    "mbsgd": [6.91, 5.21, 4.59, 4.37, 4.21], "localsgd": [7.42, 4.70, 4.10, 3.90, 3.74],
+    "spider": [5.21, 4.45, 4.21, 4.11, 4.04], "svrg": [4.81, 4.34, 4.19, 4.13, 4.09],
+}}
+FIELDS = ["setup", "protocol", "score", "algorithm", "epsilon", "seed", "k", "candidate_epsilon", "eval_ratio",
+          "selected",
           "val_error", "test_error", "eps_selection_output", "eps_server", "eps_ledger", "candidates", "status",
           "wall_s", "error"]
 #: the ledger cap of a ps selection's node ledger: no refusal, the composition is reported
 PS_LEDGER_CAP = 1e4
 
 
-def grid(algorithm: str) -> list[tuple[float, float, float]]:
-    """The (lr, clip, diff-clip) points of ``algorithm``."""
+def grid(algorithm: str, setup: str = "wbcd") -> list[tuple[float, float, float]]:
+    """The (lr, clip, diff-clip) points of ``algorithm`` in ``setup``'s table."""
     dcs = DIFF_CLIPS if algorithm in ic.DIFF_ALGORITHMS else [0.0]
-    return list(itertools.product(LRS, CLIPS, dcs))
+    return list(itertools.product(SETUP_LRS.get(setup, LRS), CLIPS, dcs))
 
 
 def base_config(setup: str, algorithm: str, point: tuple[float, float, float], seed: int, eps: float,
-                out: Path, name: str) -> dict[str, Any]:
-    """isrl_compare's run config of one candidate (its setup, algorithm settings, validation split)."""
+                out: Path, name: str, score: str = "private") -> dict[str, Any]:
+    """isrl_compare's run config of one candidate (its setup, algorithm settings, validation split);
+    ``score = "public"``: no evaluation request, and the final model kept (checkpoint.npz)."""
     lr, clip, dc = point
     cfg = merged_run_config([]) | ic.SETUPS[setup] | ic.ALGORITHM_SETTINGS[algorithm] | ic.OVERRIDES | {
         "algorithm": algorithm, "lr": lr, "privacy.clip": clip, "seed": seed, "validation-fraction": 0.2,
         "diff-clip": dc, "privacy.epsilon": eps, "privacy.mode": "isrl", "outputs-dir": str(out), "run-name": name,
         "fail-on-client-error": True, "checkpoint": False}
     cfg["eval-every"] = cfg["num-rounds"]  # one (private) evaluation: the final model's
+    if score == "public":  # no silo evaluates anything: the server scores the final model on its own records
+        cfg |= {"eval-every": 0, "checkpoint": True}
     return cfg
+
+
+def node_config(score: str, eval_ratio: float) -> dict[str, Any]:
+    """The silos' node config for the score: a private evaluation, or none at all."""
+    return {"evaluation": "private", "evaluation-noise-ratio": eval_ratio} if score == "private" else {}
 
 
 # ----------------------------------------------------------------------------- curves
@@ -150,38 +169,67 @@ def ledger_curve(releases: list[dict[str, Any]], per: int = 1) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- one selection
 
-def exact_test_error(cfg: dict[str, Any], grid_sent: list[Any]) -> float:
-    """Test error of the run's final model (the last evaluation request's arrays) on every silo's
-    test split, computed here from the records: what an open evaluation reports, without noise."""
+def final_model(cfg: dict[str, Any], grid_sent: list[Any]) -> dict[str, np.ndarray]:
+    """The run's final model: the last evaluation request's arrays, else (a run without
+    evaluation) the model of its last checkpoint."""
+    ev = [m for m in grid_sent if m.metadata.message_type == MessageType.EVALUATE]
+    if ev:
+        return dict(wire.EvaluateRequest.decode(ev[-1].content).arrays)
+    from app.checkpoint import load_checkpoint
+
+    state = load_checkpoint(Path(cfg["outputs-dir"]) / cfg["run-name"] / "checkpoint.npz")
+    return {k: np.asarray(v, dtype=np.float32) for k, v in state["model"].items()}
+
+
+def _errors(cfg: dict[str, Any], arrays: dict[str, np.ndarray], records: list[tuple[Any, Any]]) -> float:
+    """The share of ``records`` ([(x, y), ...]) whose arg-max logit under ``arrays`` is not the label."""
     import torch
 
     from app.config import parse_settings
-    from app.data.federated import build_federated_data, dataset_meta
+    from app.data.federated import dataset_meta
     from app.models import build_model
 
-    ev = [m for m in grid_sent if m.metadata.message_type == MessageType.EVALUATE]
-    arrays = wire.EvaluateRequest.decode(ev[-1].content).arrays
     s = parse_settings(cfg)
     shape, classes = dataset_meta(s)
     model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs)
-    fed = build_federated_data(s, s.seed, s.robust.trust_size)
     live = {k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()}
     errors = count = 0
     with torch.no_grad():
-        for silo in fed.silos:
-            logits = torch.func.functional_call(model, live, (silo.test_x,))
-            errors += int((logits.argmax(1) != silo.test_y).sum())
-            count += len(silo.test_y)
+        for x, y in records:
+            logits = torch.func.functional_call(model, live, (x,))
+            errors += int((logits.argmax(1) != y).sum())
+            count += len(y)
     return errors / count
 
 
-def probe(setup: str, algorithm: str, seed: int, eps: float, ratio: float) -> list[dict[str, Any]]:
+def exact_test_error(cfg: dict[str, Any], arrays: dict[str, np.ndarray]) -> float:
+    """Test error of ``arrays`` on every silo's test split, computed here from the records: what
+    an open evaluation reports, without noise (an evaluation-only statistic, never a score)."""
+    from app.config import parse_settings
+    from app.data.federated import build_federated_data
+
+    s = parse_settings(cfg)
+    fed = build_federated_data(s, s.seed, s.robust.trust_size)
+    return _errors(cfg, arrays, [(silo.test_x, silo.test_y) for silo in fed.silos])
+
+
+def public_error(cfg: dict[str, Any], arrays: dict[str, np.ndarray]) -> float:
+    """Error of ``arrays`` on the server's public sample: the free score (no silo record read)."""
+    from app.config import parse_settings
+    from app.data.federated import public_sample
+
+    s = parse_settings(cfg)
+    pub = public_sample(s, s.seed, s.robust.trust_size)
+    return _errors(cfg, arrays, [(pub.x, pub.y)])
+
+
+def probe(setup: str, algorithm: str, seed: int, eps: float, ratio: float,
+          score: str = "private") -> list[dict[str, Any]]:
     """Each silo's planned releases, n and delta (public: they depend on n, the algorithm and the
     rounds only), from one run's summary; the run's model is not used."""
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = base_config(setup, algorithm, grid(algorithm)[0], seed, eps, Path(tmp) / "out", "probe")
-        run_local(cfg, str(Path(tmp) / "state"), node_config={"evaluation": "private",
-                                                             "evaluation-noise-ratio": ratio})
+        cfg = base_config(setup, algorithm, grid(algorithm, setup)[0], seed, eps, Path(tmp) / "out", "probe", score)
+        run_local(cfg, str(Path(tmp) / "state"), node_config=node_config(score, ratio))
         return json.loads((Path(tmp) / "out" / "probe" / "summary.json").read_text())["silos"]
 
 
@@ -202,7 +250,7 @@ def select_once(setup: str, protocol: str, algorithm: str, eps: float, seed: int
                 rng: np.random.Generator) -> dict[str, Any]:
     """One private selection: draw K and the points, run the candidates on node-scoped ledgers,
     pick the lowest noisy validation error, account each silo."""
-    points = grid(algorithm)
+    points = grid(algorithm, setup)
     if protocol == "compose":
         params: dict[str, float] = {"k": args.k}
         k = args.k
@@ -213,28 +261,32 @@ def select_once(setup: str, protocol: str, algorithm: str, eps: float, seed: int
         k = sample_runs("tnb", params, rng)
         picks = [points[i] for i in rng.integers(len(points), size=k)]
         cap = PS_LEDGER_CAP
-    silos = probe(setup, algorithm, seed, eps, args.eval_ratio)
+    silos = probe(setup, algorithm, seed, eps, args.eval_ratio, args.score)
     run_eps = calibrate(silos, eps, protocol, params)
-    node = {"epsilon-cap": cap, "ledger-scope": "node", "noise-seed": "run", "evaluation": "private",
-            "evaluation-noise-ratio": args.eval_ratio}
-    row: dict[str, Any] = {"setup": setup, "protocol": protocol, "algorithm": algorithm, "epsilon": eps, "seed": seed,
-                           "k": k, "candidate_epsilon": run_eps, "eval_ratio": args.eval_ratio}
+    node = {"epsilon-cap": cap, "ledger-scope": "node", "noise-seed": "run"} | node_config(args.score, args.eval_ratio)
+    row: dict[str, Any] = {"setup": setup, "protocol": protocol, "score": args.score, "algorithm": algorithm,
+                           "epsilon": eps, "seed": seed, "k": k, "candidate_epsilon": run_eps,
+                           "eval_ratio": args.eval_ratio if args.score == "private" else ""}
     cands: list[dict[str, Any]] = []
     best: tuple[float, int] | None = None
     first: list[dict[str, Any]] = []
     last: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for j, point in enumerate(picks):
-            cfg = base_config(setup, algorithm, point, seed, run_eps, Path(tmp) / "out", f"c{j}")
+            cfg = base_config(setup, algorithm, point, seed, run_eps, Path(tmp) / "out", f"c{j}", args.score)
             g = run_local(cfg, str(Path(tmp) / "state"), node_config=node)
             summary = json.loads((Path(tmp) / "out" / f"c{j}" / "summary.json").read_text())
-            if summary["status"] not in FINISHED or summary.get("val_error") is None:
+            if summary["status"] not in FINISHED:
                 raise RuntimeError(f"candidate {j} {point}: {summary['status']} {summary.get('status_reason')}")
-            test = exact_test_error(cfg, g.sent)
+            arrays = final_model(cfg, g.sent)
+            score = summary.get("val_error") if args.score == "private" else public_error(cfg, arrays)
+            if score is None:
+                raise RuntimeError(f"candidate {j} {point}: no validation score in its summary")
+            test = exact_test_error(cfg, arrays)
             cands.append({"lr": point[0], "clip": point[1], "diff_clip": point[2],
-                          "val_error": summary["val_error"], "test_error": test})
-            if best is None or summary["val_error"] < best[0]:
-                best = (summary["val_error"], j)
+                          "val_error": score, "test_error": test})
+            if best is None or score < best[0]:
+                best = (score, j)
             first = first or summary["silos"]
             last = summary["silos"]
     assert best is not None
@@ -260,7 +312,8 @@ def select_once(setup: str, protocol: str, algorithm: str, eps: float, seed: int
 
 # ----------------------------------------------------------------------------- the table
 
-def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[float], protocols: list[str]) -> str:
+def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[float], protocols: list[str],
+          setup: str = "wbcd") -> str:
     """Per algorithm and epsilon: today's non-private tuning, then each protocol's median test
     error over the seeds and the epsilons each silo's guarantee has (max over silos and seeds)."""
     head = "| algorithm | tuning | " + " | ".join(f"ε={e:g}" for e in epsilons) + " |"
@@ -268,9 +321,10 @@ def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[floa
     names = {"compose": "private, K fixed (ε: training + selection, vs server)",
              "ps": "private, PS (ε: output; ε vs server; K)"}
     for algo in algorithms:
-        if algo in DOCS_NONPRIVATE_TUNING and epsilons == EPSILONS:
+        docs = DOCS_NONPRIVATE_TUNING.get(setup, {})
+        if algo in docs and epsilons == EPSILONS:
             lines.append(f"| {algo} | non-private (docs; ε: training only) | "
-                         + " | ".join(f"{v:.2f}%" for v in DOCS_NONPRIVATE_TUNING[algo]) + " |")
+                         + " | ".join(f"{v:.2f}%" for v in docs[algo]) + " |")
         for proto in protocols:
             cells = []
             for eps in epsilons:
@@ -324,10 +378,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-ratio", type=float, default=0.25,
                     help="the private evaluation's noise multiplier over the training releases' (node config "
                          "evaluation-noise-ratio)")
+    ap.add_argument("--score", choices=["private", "public"], default="private",
+                    help="private: each silo's noisy validation error (charged); public: the final model's error "
+                         "on the server's public sample (free; the setup must have one)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ic._check_data(args.setup)
-    out = args.out or Path("outputs") / "reproduce" / f"isrl-private-tuning-{args.setup}"
+    out = args.out or Path("outputs") / "reproduce" / (f"isrl-private-tuning-{args.setup}"
+                                                       + ("-public-score" if args.score == "public" else ""))
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "selections.csv"
     rows: list[dict[str, Any]] = []
@@ -358,8 +416,9 @@ def main(argv: list[str] | None = None) -> None:
               f"K={row.get('k')} run eps {row.get('candidate_epsilon', float('nan')):.3f} -> {row.get('selected')} "
               f"test {row.get('test_error')} eps out {row.get('eps_selection_output')} server {row.get('eps_server')} "
               f"({row['wall_s']}s) {row.get('error') or ''}", flush=True)
-    md = (table(rows, args.algorithms, args.eps, args.protocols) + "\n\nSelected vs the best of the same K candidates "
-          "(median test error of the selected; in brackets, of the best by test error, and how often it was selected):\n\n"
+    md = (table(rows, args.algorithms, args.eps, args.protocols, args.setup)
+          + "\n\nSelected vs the best of the same K candidates (median test error of the selected; in brackets, "
+          "of the best by test error, and how often it was selected):\n\n"
           + score_table(rows, args.algorithms, args.eps, args.protocols))
     (out / "table.md").write_text(md + "\n")
     print(md)
