@@ -385,7 +385,8 @@ def check_silo_sizes(s: Settings, train_sizes: list[int]) -> None:
         if s.batch_size > smallest:
             raise ConfigError(
                 f"batch-size = {s.batch_size} is out of range; allowed: [0, {smallest}] "
-                f"(the smallest silo has n = {smallest} training records; 0 means K = n)"
+                f"(the smallest silo has n = {smallest} training records; 0 means K = n; a batch-size you did "
+                "not set is the dataset's preset, docs/presets.md)"
             )
 
 

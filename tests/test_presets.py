@@ -26,7 +26,7 @@ DATASET_GROUP = ROOT / "conf" / "dataset"
 #: the embedded default's literals before presets existed (pyproject.toml at ab54509)
 OLD_DEFAULTS = {"partition": "label", "num-silos": 2, "silos-per-round": 2, "model": "mlp", "mlp-hidden": "5",
                 "pca": 0, "num-rounds": 25, "lr": 0.5, "batch-size": 0, "local-steps": 1, "privacy.clip": 1.0,
-                "trust.size": 0, "gradbant.noise-aware": False}
+                "trust.size": 0, "gradbant.noise-aware": False, "diff-clip": 0.0}
 
 
 def composed(*overrides: str) -> dict:
@@ -56,11 +56,14 @@ def test_the_sentinel_is_the_default_of_every_preset_key_on_both_paths() -> None
 
 def test_wbcd_preset_is_the_old_embedded_default() -> None:
     """The golden runs (tests/golden/) rely on this: WBCD resolves to the old literals, for every
-    algorithm except the robust loop's trust set (0 was an error there)."""
+    algorithm except the robust loop's trust set (0 was an error there) and, in private runs, the
+    difference-releasing algorithms' diff-clip (chosen by private selection, issue 39; the golden
+    runs pin diff-clip 0)."""
     for algorithm in ALGORITHMS:
         expected = OLD_DEFAULTS | ({"trust.size": 60} if algorithm == "robust" else {})
-        for private in (False, True):
-            assert preset_values("wbcd", algorithm=algorithm, private=private) == expected, algorithm
+        assert preset_values("wbcd", algorithm=algorithm, private=False) == expected, algorithm
+        diff = {"diff-clip": 0.2} if algorithm in ("spider", "spider-alt", "svrg", "plsvrg") else {}
+        assert preset_values("wbcd", algorithm=algorithm, private=True) == expected | diff, algorithm
     s = parse_settings(merged_run_config([]))
     assert s == Settings() == parse_settings(OLD_DEFAULTS | {"dataset": "wbcd"})
 
@@ -95,7 +98,12 @@ def test_model_and_algorithm_choose_their_part_of_the_preset() -> None:
             assert (robust.local_steps, robust.lr, robust.batch_size, robust.robust.trust_size) == (10, 0.2, 64, 500)
         private = parse_settings({"dataset": "fashion-mnist", "algorithm": name})  # ISRL-DP at epsilon 3
         assert (private.local_steps, private.lr, private.batch_size, private.privacy.clip,
-                private.robust.trust_size, private.robust.gradbant_noise_aware) == (10, 0.2, 64, 1.0, 500, True)
+                private.robust.trust_size, private.robust.gradbant_noise_aware) == (10, 1.0, 2048, 1.0, 500, True)
+    # private SPIDER / SVRG clip their differences (private selection's C); off, the paper's bound
+    assert parse_settings({"dataset": "fashion-mnist", "algorithm": "spider"}).diff_clip == 0.05
+    assert parse_settings({"dataset": "fashion-mnist", "algorithm": "svrg", "privacy.mode": "off"}).diff_clip == 0.0
+    assert parse_settings({"dataset": "wbcd", "algorithm": "svrg"}).diff_clip == 0.2
+    assert parse_settings({"dataset": "wbcd", "algorithm": "svrg", "diff-clip": 0.0}).diff_clip == 0.0
     # the preset's noise-aware score only where it applies; a user's value always wins
     private = {"dataset": "fashion-mnist", "algorithm": "robust"}
     for other in ({"aggregator": "fltrust"}, {"sketch.kind": "srft"}, {"privacy.mode": "off"},

@@ -63,7 +63,7 @@ class TrainingOptions:
     local_steps: int = option("local-steps", number(1, 100_000, integer=True), "preset", "Q, local steps per round")
     seed: int = option("seed", number(0, 2**62, integer=True), 0, "the run seed")
     eval_every: int = option("eval-every", number(0, None, integer=True), 1, "evaluate every this many rounds")
-    diff_clip: float = option("diff-clip", number(0, None), 0.0,
+    diff_clip: float = option("diff-clip", number(0, None), "preset",
                               "C_diff > 0 clips each per-record gradient difference at C_diff")
     output: str = option("output", choice(OUTPUTS), "last", "the run's output: the last or a random iterate")
     #: app/algorithms/momentum.py: each silo sends m_t = beta m_{t-1} + (1 - beta) g_t of its own releases
