@@ -49,6 +49,7 @@ torch.set_num_threads(1)
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
+from scripts.reproduce.csv_rows import append_row  # noqa: E402
 
 #: the paper's setups (scaled where stated): data, federation, model, rounds.
 SETUPS: dict[str, dict[str, Any]] = {
@@ -221,25 +222,6 @@ def plot(best: dict[tuple[str, float], dict[str, Any]], algorithms: list[str], e
     plt.close(fig)
 
 
-def _append(csv_path: Path, row: dict[str, Any]) -> None:
-    """Append one run to the CSV under an exclusive lock (header first when the file is new or
-    empty; else in the file's own columns, for a CSV written before a column existed), so
-    processes running other algorithms into the same directory can share the file."""
-    from app.filelock import exclusive_lock
-
-    with exclusive_lock(csv_path.with_name(csv_path.name + ".lock")):
-        new = not csv_path.exists() or csv_path.stat().st_size == 0
-        fields = FIELDS
-        if not new:
-            with csv_path.open() as fh:
-                fields = next(csv.reader(fh), None) or FIELDS
-        with csv_path.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-
-
 def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, setup: str, what: str) -> None:
     """Run the jobs not yet in ``rows``, appending each result to the CSV as it finishes."""
     done = {(r["algorithm"], float(r["epsilon"]), float(r["lr"]), float(r["clip"]), _dc(r), int(r["seed"])) for r in rows}
@@ -249,7 +231,7 @@ def _run_jobs(jobs: list[tuple], rows: list[dict[str, Any]], csv_path: Path, set
     for i, (algo, eps, lr, clip, dc, seed) in enumerate(todo, 1):
         with tempfile.TemporaryDirectory() as tmp:
             row = run_one(setup, algo, eps, lr, clip, seed, Path(tmp), dc)
-        _append(csv_path, row)
+        append_row(csv_path, row, FIELDS)
         rows.append({k: str(v) for k, v in row.items()})
         print(f"[isrl-compare] {i}/{len(todo)} {algo} eps={eps:g} lr={lr:g} L={clip:g} C={dc:g} seed={seed}: "
               f"{row['status']} val {row.get('val_error')} test {row.get('test_error')} ({row['wall_s']}s)", flush=True)

@@ -69,6 +69,7 @@ from app.privacy.selection import (calibrate_selection, epsilon_from_rdp, reveal
                                    selection_rdp, tnb_gamma_for_mean)
 from app.privacy.wor_gaussian import wor_gaussian_rdp  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
+from scripts.reproduce.csv_rows import append_row  # noqa: E402
 
 ALGORITHMS = ["mbsgd", "localsgd", "spider", "svrg"]
 EPSILONS = [0.75, 1.5, 3.0, 6.0, 18.0]
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
             row = {"setup": args.setup, "protocol": proto, "algorithm": algo, "epsilon": eps, "seed": seed,
                    "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
         row["wall_s"] = round(time.perf_counter() - t0, 2)
-        _append(csv_path, row)
+        append_row(csv_path, row, FIELDS)
         if row["status"] == "completed":
             rows.append({k: str(v) for k, v in row.items()})
         print(f"[private-tuning] {i}/{len(todo)} {proto} {algo} eps={eps:g} seed={seed}: {row['status']} "
@@ -423,16 +424,6 @@ def main(argv: list[str] | None = None) -> None:
     (out / "table.md").write_text(md + "\n")
     print(md)
     print(f"[private-tuning] wall {time.perf_counter() - t_all:.0f}s for {len(todo)} selections", flush=True)
-
-
-def _append(csv_path: Path, row: dict[str, Any]) -> None:
-    """One selection's row (header first when the file is new)."""
-    new = not csv_path.exists() or csv_path.stat().st_size == 0
-    with csv_path.open("a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from app.local_grid import run_local  # noqa: E402
 from app.privacy.rdp_orders import RDP_ORDERS  # noqa: E402
 from app.privacy.selection import epsilon_from_rdp  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
+from scripts.reproduce.csv_rows import append_row  # noqa: E402
 from scripts.reproduce.isrl_private_tuning import exact_test_error, final_model, ledger_curve, public_error, \
     release_curve  # noqa: E402
 
@@ -239,12 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # recorded, and the other seeds go on
             row = {"seed": seed, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
         row["wall_s"] = round(time.perf_counter() - t0, 1)
-        new = not csv_path.exists() or csv_path.stat().st_size == 0
-        with csv_path.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        append_row(csv_path, row, FIELDS)
         if row["status"] == "completed":
             rows.append({k: str(v) for k, v in row.items()})
         print(f"[robust-gap-tuning] seed {seed}: {row['status']} {row.get('selected', '')} test accuracy "

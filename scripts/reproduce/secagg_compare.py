@@ -63,6 +63,7 @@ torch.set_num_threads(1)
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
+from scripts.reproduce.csv_rows import append_row  # noqa: E402
 from scripts.reproduce.isrl_compare import ALGORITHM_SETTINGS, SETUPS, _check_data  # noqa: E402
 
 #: the fixed (lr, clip) per data set, from docs/results.md's validation-tuned points; WBCD runs full
@@ -254,20 +255,6 @@ def jobs(algorithms: list[str], epsilons: list[float], seeds: list[int], bits_se
     return out
 
 
-def _append(csv_path: Path, row: dict[str, Any]) -> None:
-    """One run appended to runs.csv (header first when the file is new), under an exclusive lock
-    so that processes running other algorithms into the same directory can share the file."""
-    from app.filelock import exclusive_lock
-
-    with exclusive_lock(csv_path.with_name(csv_path.name + ".lock")):
-        new = not csv_path.exists() or csv_path.stat().st_size == 0
-        with csv_path.open("a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
-
-
 def sweep(setup: str, todo: list[tuple], rows: list[dict[str, Any]], csv_path: Path) -> None:
     done = {(r["algorithm"], r["mode"], float(r["epsilon"]), int(r["seed"])) for r in rows}
     left = [j for j in todo if j not in done]
@@ -290,7 +277,7 @@ def sweep(setup: str, todo: list[tuple], rows: list[dict[str, Any]], csv_path: P
             row, summary = run_one(setup, algo, mode, eps, seed, central, Path(tmp))
         if mode == "isrl" and summary:
             sizes[(algo, seed)] = [int(s["n"]) for s in summary["silos"]]
-        _append(csv_path, row)
+        append_row(csv_path, row, FIELDS)
         rows.append({k: str(v) for k, v in row.items()})
         print(f"[secagg-compare] {i}/{len(left)} {algo} {mode} eps={eps:g} seed={seed} (run at {row['eps_run']:.4g}): "
               f"{row['status']} test {row.get('test_error')} z_agg {row.get('z_agg')} "
