@@ -7,7 +7,8 @@ The robust-anchors setting (conf/experiment/robust-anchors.yaml: Fashion-MNIST, 
 MLP 50-64-10, trust set 500, 10 local steps of 64 records, lr 0.2, clip 1, 20 rounds, SRHT
 k/n = 0.5) on Dirichlet(0.5) silos (``partition = dirichlet``) instead of IID ones.
 
-Part ``momentum``: ARC then trimmed mean (f = 4) and RobAJoL x attack in {none, adaptive ALIE 40%,
+Part ``momentum``: the issue-28 robust table's rules but noise-aware Grad-BANT (which refuses
+client momentum: FLTrust, NNM then Krum, bucketing then median, ARC then trimmed mean, SMEA, RobAJoL) x attack in {none, adaptive ALIE 40%,
 adaptive IPM 40%} at epsilon = 8 on the robust-anchors setting itself (IID silos), client-momentum in
 {0, 0.9}, seeds 0-2.
 
@@ -55,7 +56,16 @@ RULES = {"Grad-BANT noise-aware": {"aggregator": "gradbant", "gradbant.noise-awa
 ARC_TM = {"aggregator": "trimmed-mean", "pre-aggregators": "arc", "byzantine.f": 4, "gradbant.noise-aware": False}
 ATTACKS = {"none": {"attack.kind": "none"}, "Mimic 40%": {"attack.kind": "mimic", "attack.fraction": 0.4},
            "edge-of-score 40%": {"attack.kind": "edge-of-score", "attack.fraction": 0.4}}
-MOMENTUM_RULES = {"ARC∘trimmed mean (f=4)": ARC_TM,
+#: the issue-28 robust table's rules (conf/rule/*.yaml, flat)
+#: (not noise-aware Grad-BANT: its allowance is one release's noise energy, and the run refuses momentum with it)
+MOMENTUM_RULES = {"FLTrust": RULES["FLTrust"],
+                  "NNM∘Krum (f=3)": {"aggregator": "krum", "pre-aggregators": "nnm", "bucketing.size": 2,
+                                     "byzantine.f": 3, "gradbant.noise-aware": False},
+                  "Bucketing∘median (f=2)": {"aggregator": "median", "pre-aggregators": "bucketing",
+                                             "bucketing.size": 2, "byzantine.f": 2, "gradbant.noise-aware": False},
+                  "ARC∘trimmed mean (f=4)": ARC_TM,
+                  "SMEA (f=4)": {"aggregator": "smea", "pre-aggregators": "", "byzantine.f": 4,
+                                 "gradbant.noise-aware": False},
                   "RobAJoL (NNM∘trimmed mean on y, f=4)": RULES["RobAJoL (NNM∘trimmed mean on y, f=4)"]}
 MOMENTUM_ATTACKS = {"none": {"attack.kind": "none"},
                     "ALIE adaptive 40%": {"attack.kind": "alie-adaptive", "attack.fraction": 0.4},
