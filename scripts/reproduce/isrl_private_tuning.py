@@ -90,8 +90,8 @@ DOCS_NONPRIVATE_TUNING = {"wbcd": {
 }}
 FIELDS = ["setup", "protocol", "score", "algorithm", "epsilon", "seed", "k", "candidate_epsilon", "eval_ratio",
           "selected",
-          "val_error", "test_error", "eps_selection_output", "eps_server", "eps_ledger", "candidates", "status",
-          "wall_s", "error"]
+          "val_error", "test_error", "eps_selection_output", "eps_server", "eps_ledger", "eps_covers", "eps_per_silo",
+          "candidates", "status", "wall_s", "error"]
 #: the ledger cap of a ps selection's node ledger: no refusal, the composition is reported
 PS_LEDGER_CAP = 1e4
 
@@ -308,6 +308,12 @@ def select_once(setup: str, protocol: str, algorithm: str, eps: float, seed: int
                                                                        if algorithm in ic.DIFF_ALGORITHMS else ""),
                   "val_error": sel["val_error"], "test_error": sel["test_error"],
                   "eps_selection_output": max(out_eps), "eps_server": max(server_eps), "eps_ledger": max(ledger_eps),
+                  # per silo (its index): what its epsilon covers, and the epsilons of both readings
+                  "eps_covers": ("training + selection, against the server" if protocol == "compose" else
+                                 "training + selection for the published output only; against the server: "
+                                 "the composition of the K runs"),
+                  "eps_per_silo": json.dumps([{"silo": i, "output": o, "server": v, "ledger": g} for i, (o, v, g)
+                                              in enumerate(zip(out_eps, server_eps, ledger_eps))]),
                   "candidates": json.dumps(cands), "status": "completed"}
 
 

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the non-private-tuning row of docs/results.md ("The private + robust gap"): batch 1024, lr 1
 NONPRIVATE_ROW = {"batch-size": 1024, "lr": 1.0, "accuracy": [79.69, 79.53, 79.50]}
 FIELDS = ["seed", "k", "epsilon", "candidate_epsilon", "selected", "score", "test_accuracy", "eps_ledger_max",
-          "eps_composed_max", "candidates", "status", "wall_s", "error"]
+          "eps_composed_max", "eps_covers", "eps_per_silo", "candidates", "status", "wall_s", "error"]
 
 
 def composed(seed: int, experiment: str = "robust-gap",
@@ -172,13 +172,17 @@ def select_once(seed: int, args: argparse.Namespace) -> dict[str, Any]:
                   f"({time.perf_counter() - t1:.0f}s)", flush=True)
     best = min(out, key=lambda c: c["score"])
     # each silo: its ledger's own epsilon (all K runs) and the composition recomputed from its releases
-    ledger = [float(s["eps_spent"]) for s in last if s]
-    recomputed = [epsilon_from_rdp(RDP_ORDERS, ledger_curve(s["releases"]), float(s["delta"])) for s in last if s]
+    silos = [s for s in last if s]
+    ledger = [float(s["eps_spent"]) for s in silos]
+    recomputed = [epsilon_from_rdp(RDP_ORDERS, ledger_curve(s["releases"]), float(s["delta"])) for s in silos]
     return {"seed": seed, "k": len(cands), "epsilon": args.eps, "candidate_epsilon": eps_c,
             "selected": ", ".join(f"{k} {v}" for k, v in best.items()
                                   if k not in ("score", "test_accuracy", "eps_spent", "status", "rounds_done")),
             "score": best["score"],
             "test_accuracy": best["test_accuracy"], "eps_ledger_max": max(ledger), "eps_composed_max": max(recomputed),
+            "eps_covers": "training + selection, against the server (all K candidates composed)",
+            "eps_per_silo": json.dumps([{"silo": s.get("silo"), "ledger": g, "composed": c}
+                                        for s, g, c in zip(silos, ledger, recomputed, strict=True)]),
             "candidates": json.dumps(out), "status": "completed"}
 
 
