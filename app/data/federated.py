@@ -248,16 +248,25 @@ def build_trust_set(data: DataOptions, seed: int, size: int, classes: tuple[int,
             keep = stratified_sample(ty, size, np_rng(seed, "trust-set"))
             tx, ty = tx[keep], ty[keep]
         return _trust_set(seed, classes, shift, tx, ty)
-    _, _, labels, _, _, trust, _ = _splits(data_key(data, seed, size))
+    key = data_key(data, seed, size)
+    trust = _splits(key)[5]
     if not len(trust):
         raise ValueError("trust.size = 0: this run has no trust set")
-    x, scalers, dp_step = _features(data_key(data, seed, size))
+    return _trust_set(seed, classes, shift, *_server_held(key, trust))
+
+
+def _server_held(key: tuple, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(features, labels) of the source's records ``idx`` that the server holds (its trust set or
+    public sample), with the silos' pre-processing: the shared scaler, and under ``dp`` the silos'
+    clipping then the server's own statistics of its own records."""
+    labels = _splits(key)[2]
+    x, scalers, dp_step = _features(key)
     scaler = scalers[0]  # pooled: the one shared scaler (local: silo 0's, none: identity; public/server: shared)
-    tx, ty = scaler.apply(x[trust]).astype(np.float32), labels[trust].astype(np.int64)
-    if dp_step is not None:  # dp: the silos' clipping, then the server's own statistics of its own records
-        tx = clip_records(tx, dp_step.clip)
-        tx = fit_standardizer(tx).apply(tx).astype(np.float32)
-    return _trust_set(seed, classes, shift, tx, ty)
+    hx, hy = scaler.apply(x[idx]).astype(np.float32), labels[idx].astype(np.int64)
+    if dp_step is not None:
+        hx = clip_records(hx, dp_step.clip)
+        hx = fit_standardizer(hx).apply(hx).astype(np.float32)
+    return hx, hy
 
 
 def public_sample(data: DataOptions, seed: int, trust_size: int) -> TrustSet:
@@ -270,15 +279,11 @@ def public_sample(data: DataOptions, seed: int, trust_size: int) -> TrustSet:
     import torch
 
     key = data_key(data, seed, trust_size)
-    _, _, labels, _, _, _, public = _splits(key)
+    public = _splits(key)[6]
     if not len(public):
         raise ValueError("this run has no public sample at the server: it has one with pca-fit = 'public' "
                          "(pca > 0) or standardize = 'server'")
-    x, scalers, dp_step = _features(key)
-    px, py = scalers[0].apply(x[public]).astype(np.float32), labels[public].astype(np.int64)
-    if dp_step is not None:  # dp: the silos' clipping, then the server's own statistics, as for the trust set
-        px = clip_records(px, dp_step.clip)
-        px = fit_standardizer(px).apply(px).astype(np.float32)
+    px, py = _server_held(key, public)
     return TrustSet(torch.from_numpy(np.ascontiguousarray(px)), torch.from_numpy(py))
 
 
