@@ -73,6 +73,7 @@ def _diff_clip(c: float) -> dict[str, Mapping[str, Any]]:
     ``c``: the value private selection (issue 39, docs/presets.md) chose for SPIDER and SVRG."""
     return {a: _frozen({"diff-clip": c}) for a in _DIFF_ALGORITHMS}
 
+
 #: Fashion-MNIST-shaped 28x28 grey images, 10 classes (the same preset for its three copies)
 _MNIST_LIKE = Preset(
     values=_frozen({"partition": "iid", "num-silos": 10, "silos-per-round": 10, "model": "mlp", "mlp-hidden": "64",
@@ -101,7 +102,7 @@ PRESETS: Mapping[str, Preset] = _frozen({
         values=_frozen({"partition": "label", "num-silos": 2, "silos-per-round": 2, "model": "mlp", "mlp-hidden": "5",
                         "pca": 0, "num-rounds": 25, "lr": 0.5, "batch-size": 0, "local-steps": 1,
                         "privacy.clip": 1.0, "trust.size": 0, "gradbant.noise-aware": False,
-                    "diff-clip": 0.0}),
+                        "diff-clip": 0.0}),
         algorithms=_frozen({"robust": _frozen({"trust.size": 60})}),
         # private SPIDER and SVRG: diff-clip 0.2, private selection's choice (issue 39); the golden
         # runs pin diff-clip 0, their recorded setting
@@ -113,7 +114,7 @@ PRESETS: Mapping[str, Preset] = _frozen({
         values=_frozen({"partition": "label", "num-silos": 10, "silos-per-round": 10, "model": "mlp",
                         "mlp-hidden": "64", "pca": 0, "num-rounds": 15, "lr": 1.0, "batch-size": 0,
                         "local-steps": 1, "privacy.clip": 2.0, "trust.size": 0, "gradbant.noise-aware": False,
-                    "diff-clip": 0.0}),
+                        "diff-clip": 0.0}),
         algorithms=_frozen({"localsgd": _frozen({"lr": 0.2, "local-steps": 5}), "robust": _frozen({"trust.size": 100})}),
         origin="conf/dataset/digits.yaml (10 silos of one digit each); MLP 64-64-10, full batches; R, lr and clip "
                "measured for this preset (docs/presets.md)",
@@ -125,7 +126,7 @@ PRESETS: Mapping[str, Preset] = _frozen({
         values=_frozen({"partition": "label", "num-silos": 10, "silos-per-round": 10, "model": "lenet5",
                         "mlp-hidden": "64", "pca": 0, "num-rounds": 50, "lr": 0.1, "batch-size": 64,
                         "local-steps": 1, "privacy.clip": 1.0, "trust.size": 0, "gradbant.noise-aware": False,
-                    "diff-clip": 0.0}),
+                        "diff-clip": 0.0}),
         models=_frozen({"resnet18": _frozen({"lr": 0.05}), "mlp": _frozen({"pca": 50}),
                         "logistic": _frozen({"pca": 50})}),
         algorithms=_frozen({"localsgd": _frozen({"local-steps": 5}), "robust": _frozen({"trust.size": 500})}),
@@ -137,7 +138,7 @@ PRESETS: Mapping[str, Preset] = _frozen({
         values=_frozen({"partition": "iid", "num-silos": 2, "silos-per-round": 2, "model": "mlp", "mlp-hidden": "5",
                         "pca": 0, "num-rounds": 25, "lr": 0.5, "batch-size": 0, "local-steps": 1,
                         "privacy.clip": 1.0, "trust.size": 0, "gradbant.noise-aware": False,
-                    "diff-clip": 0.0}),
+                        "diff-clip": 0.0}),
         algorithms=_frozen({"localsgd": _frozen({"local-steps": 5}), "robust": _frozen({"trust.size": 100})}),
         origin="conf/dataset/synthetic.yaml (2 IID silos); WBCD's model and step size",
     ),
@@ -145,7 +146,7 @@ PRESETS: Mapping[str, Preset] = _frozen({
         values=_frozen({"partition": "iid", "num-silos": 10, "silos-per-round": 10, "model": "lenet5",
                         "mlp-hidden": "64", "pca": 0, "num-rounds": 25, "lr": 0.1, "batch-size": 64,
                         "local-steps": 1, "privacy.clip": 1.0, "trust.size": 0, "gradbant.noise-aware": False,
-                    "diff-clip": 0.0}),
+                        "diff-clip": 0.0}),
         models=_frozen({"resnet18": _frozen({"lr": 0.02}), "mlp": _frozen({"pca": 50}),
                         "logistic": _frozen({"pca": 50})}),
         algorithms=_frozen({"localsgd": _frozen({"local-steps": 5}), "robust": _frozen({"trust.size": 100})}),

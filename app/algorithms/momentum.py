@@ -31,7 +31,6 @@ class ReleaseMomentum:
             raise ValueError(f"beta must be in [0, 1), got {beta}")
         self.beta = float(beta)
         self.m: dict[str, Any] | None = None
-        self.count = 0  # releases averaged so far
 
     def __call__(self, release: Mapping[str, Any]) -> dict[str, Any]:
         """m_t after the release g_t (a new mapping; ``release`` is not changed)."""
@@ -39,8 +38,7 @@ class ReleaseMomentum:
             self.m = {k: v * 1.0 for k, v in release.items()}
         else:
             b = self.beta
-            self.m = {k: b * self.m[k] + (1.0 - b) * release[k] for k, v in release.items()}
-        self.count += 1
+            self.m = {k: b * self.m[k] + (1.0 - b) * release[k] for k in release}
         return dict(self.m)
 
 

@@ -385,6 +385,8 @@ class SecAggSilo:
         self.rejected: dict[int, str] = {}
         self._answered: tuple[frozenset[int], frozenset[int]] | None = None
         self._reply: UnmaskReply | None = None
+        #: (the payloads' digest, what opening them gave): verify() then masked() open them once
+        self._opened: tuple[tuple, tuple] | None = None
 
     @property
     def phase(self) -> str:
@@ -495,7 +497,7 @@ class SecAggSilo:
         assert self._s_sk is not None and self._own_shares is not None
         key = tuple(sorted((int(j), hashlib.sha256(bytes(b)).digest() if isinstance(b, (bytes, bytearray)) else b"?")
                            for j, b in received.items()))
-        cached = getattr(self, "_opened", None)
+        cached = self._opened
         if cached is not None and cached[0] == key:
             held, claims, seeds, rejected = cached[1]
             return dict(held), dict(claims), dict(seeds), dict(rejected)
