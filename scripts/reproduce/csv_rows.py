@@ -1,4 +1,5 @@
-"""One row appended to a reproduction script's CSV (runs.csv, selections.csv), shared by the scripts."""
+"""A reproduction script's CSV (runs.csv, selections.csv): its rows read back, one row appended;
+shared by the scripts."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ def append_row(csv_path: Path, row: Mapping[str, Any], fields: Sequence[str]) ->
             if new:
                 writer.writeheader()
             writer.writerow(row)
+
+
+def read_rows(csv_path: Path) -> list[dict[str, str]]:
+    """Every row of ``csv_path`` (empty when it does not exist)."""
+    if not csv_path.exists():
+        return []
+    with csv_path.open() as fh:
+        return list(csv.DictReader(fh))

@@ -39,6 +39,7 @@ from app.config import ConfigError, parse_settings  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.results import load_rounds  # noqa: E402
+from scripts.reproduce.job_log import load_runs, run_logged  # noqa: E402
 
 #: conf/experiment/robust-anchors.yaml's setting, flat
 BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "num-silos": 10, "silos-per-round": 10, "pca": 50,
@@ -183,24 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "runs.jsonl"
-    results: dict[str, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            results[row["key"]] = row
+    results = load_runs(path)
     jobs = [j for j in plan(args.parts, args.seeds) if j[0] not in results]
     print(f"[edge-of-score] {len(jobs)} runs to do", flush=True)
-    with path.open("a") as fh:
-        for i, (key, overrides) in enumerate(jobs, 1):
-            try:
-                res = run_one(overrides, args.rounds)
-            except Exception as exc:  # recorded; the other runs go on
-                res = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
-            results[key] = {"key": key} | res
-            fh.write(json.dumps(results[key]) + "\n")
-            fh.flush()
-            print(f"[edge-of-score] {i}/{len(jobs)} {key}: {res.get('status')} test error {res.get('test_error')} "
-                  f"({res.get('cpu_s', 0):.0f} CPU s)", flush=True)
+    run_logged(path, results, jobs, lambda overrides: run_one(overrides, args.rounds), "edge-of-score",
+               lambda res: f"test error {res.get('test_error')} ({res.get('cpu_s', 0):.0f} CPU s)")
     md = tables_md(results)
     (args.out / "tables.md").write_text(md + "\n")
     print(md)

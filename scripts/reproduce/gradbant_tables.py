@@ -41,6 +41,7 @@ from app.config import ConfigError, parse_settings  # noqa: E402
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.results import load_rounds  # noqa: E402
+from scripts.reproduce.job_log import load_runs, run_logged  # noqa: E402
 from strategies.options import AGGREGATORS  # noqa: E402
 
 BASE = {"algorithm": "robust", "dataset": "fashion-mnist", "partition": "iid", "num-silos": 10,
@@ -150,25 +151,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "runs.jsonl"
-    results: dict[str, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            results[row["key"]] = row
-    jobs = [j for j in plan(args.tables) if f"{j[0]}|{j[1]}" not in results]
+    results = load_runs(path)
+    jobs = [(f"{table}|{name}", overrides) for table, name, overrides in plan(args.tables)
+            if f"{table}|{name}" not in results]
     print(f"[gradbant-tables] {len(jobs)} runs to do", flush=True)
-    with path.open("a") as fh:
-        for i, (table, name, overrides) in enumerate(jobs, 1):
-            key = f"{table}|{name}"
-            try:
-                res = run_one(overrides, args.rounds)
-            except Exception as exc:  # recorded; the other runs go on
-                res = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
-            results[key] = {"key": key} | res
-            fh.write(json.dumps(results[key]) + "\n")
-            fh.flush()
-            print(f"[gradbant-tables] {i}/{len(jobs)} {key}: {res.get('status')} best acc {res.get('best_acc')} "
-                  f"({res.get('wall_s', 0):.0f}s)", flush=True)
+    run_logged(path, results, jobs, lambda overrides: run_one(overrides, args.rounds), "gradbant-tables",
+               lambda res: f"best acc {res.get('best_acc')} ({res.get('wall_s', 0):.0f}s)")
     md = tables_md(results)
     (args.out / "tables.md").write_text(md + "\n")
     print(md)

@@ -49,7 +49,7 @@ torch.set_num_threads(1)
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
-from scripts.reproduce.csv_rows import append_row  # noqa: E402
+from scripts.reproduce.csv_rows import append_row, read_rows  # noqa: E402
 
 #: the paper's setups (scaled where stated): data, federation, model, rounds.
 SETUPS: dict[str, dict[str, Any]] = {
@@ -284,16 +284,13 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or Path("outputs") / "reproduce" / f"{args.mode}-{tag}"
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
-    rows: list[dict[str, Any]] = []
-    if csv_path.exists():
-        with csv_path.open() as fh:
-            rows = list(csv.DictReader(fh))
-        if args.retry_failed and any(r["status"] not in FINISHED for r in rows):
-            rows = [r for r in rows if r["status"] in FINISHED]
-            with csv_path.open("w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
+    rows: list[dict[str, Any]] = read_rows(csv_path)
+    if args.retry_failed and any(r["status"] not in FINISHED for r in rows):
+        rows = [r for r in rows if r["status"] in FINISHED]
+        with csv_path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
     tune = args.tune_seeds if args.tune_seeds is not None else args.seeds
     grid = [(a, e, lr, c, dc, seed) for a, e, lr, c in itertools.product(args.algorithms, args.eps, args.lr, args.clip)
             for dc in (args.diff_clip if a in DIFF_ALGORITHMS else [0.0]) for seed in tune]

@@ -45,7 +45,6 @@ reruns skip the selections already in selections.csv.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import json
@@ -69,7 +68,7 @@ from app.privacy.selection import (calibrate_selection, epsilon_from_rdp, reveal
                                    selection_rdp, tnb_gamma_for_mean)
 from app.privacy.wor_gaussian import wor_gaussian_rdp  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
-from scripts.reproduce.csv_rows import append_row  # noqa: E402
+from scripts.reproduce.csv_rows import append_row, read_rows  # noqa: E402
 
 ALGORITHMS = ["mbsgd", "localsgd", "spider", "svrg"]
 EPSILONS = [0.75, 1.5, 3.0, 6.0, 18.0]
@@ -183,24 +182,20 @@ def final_model(cfg: dict[str, Any], grid_sent: list[Any]) -> dict[str, np.ndarr
 
 
 def _errors(cfg: dict[str, Any], arrays: dict[str, np.ndarray], records: list[tuple[Any, Any]]) -> float:
-    """The share of ``records`` ([(x, y), ...]) whose arg-max logit under ``arrays`` is not the label."""
+    """The share of ``records`` ([(x, y), ...]) whose arg-max logit under ``arrays`` is not the label
+    (app/server_eval.py ``server_test_metrics`` on them pooled)."""
     import torch
 
     from app.config import parse_settings
     from app.data.federated import dataset_meta
     from app.models import build_model
+    from app.server_eval import server_test_metrics
 
     s = parse_settings(cfg)
     shape, classes = dataset_meta(s)
     model = build_model(s.model, shape, classes, hidden=s.model_hidden, kwargs=s.model_kwargs)
-    live = {k: torch.as_tensor(np.asarray(v)) for k, v in arrays.items()}
-    errors = count = 0
-    with torch.no_grad():
-        for x, y in records:
-            logits = torch.func.functional_call(model, live, (x,))
-            errors += int((logits.argmax(1) != y).sum())
-            count += len(y)
-    return errors / count
+    pooled = (torch.cat([x for x, _ in records]), torch.cat([y for _, y in records]))
+    return server_test_metrics(model, arrays, pooled)["server_test_error"]
 
 
 def exact_test_error(cfg: dict[str, Any], arrays: dict[str, np.ndarray]) -> float:
@@ -319,6 +314,12 @@ def select_once(setup: str, protocol: str, algorithm: str, eps: float, seed: int
 
 # ----------------------------------------------------------------------------- the table
 
+def _cell_rows(rows: list[dict[str, Any]], algo: str, proto: str, eps: float) -> list[dict[str, Any]]:
+    """The completed selections of one table cell (algorithm, protocol, epsilon), over the seeds."""
+    return [r for r in rows if r["algorithm"] == algo and r["protocol"] == proto and float(r["epsilon"]) == eps
+            and r["status"] == "completed"]
+
+
 def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[float], protocols: list[str],
           setup: str = "wbcd") -> str:
     """Per algorithm and epsilon: today's non-private tuning, then each protocol's median test
@@ -327,16 +328,15 @@ def table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: list[floa
     lines = [head, "|---|---|" + "---|" * len(epsilons)]
     names = {"compose": "private, K fixed (ε: training + selection, vs server)",
              "ps": "private, PS (ε: output; ε vs server; K)"}
+    docs = DOCS_NONPRIVATE_TUNING.get(setup, {})
     for algo in algorithms:
-        docs = DOCS_NONPRIVATE_TUNING.get(setup, {})
         if algo in docs and epsilons == EPSILONS:
             lines.append(f"| {algo} | non-private (docs; ε: training only) | "
                          + " | ".join(f"{v:.2f}%" for v in docs[algo]) + " |")
         for proto in protocols:
             cells = []
             for eps in epsilons:
-                done = [r for r in rows if r["algorithm"] == algo and r["protocol"] == proto
-                        and float(r["epsilon"]) == eps and r["status"] == "completed"]
+                done = _cell_rows(rows, algo, proto, eps)
                 if not done:
                     cells.append("n/a")
                     continue
@@ -359,8 +359,7 @@ def score_table(rows: list[dict[str, Any]], algorithms: list[str], epsilons: lis
     for algo, proto in itertools.product(algorithms, protocols):
         cells = []
         for eps in epsilons:
-            done = [r for r in rows if r["algorithm"] == algo and r["protocol"] == proto
-                    and float(r["epsilon"]) == eps and r["status"] == "completed"]
+            done = _cell_rows(rows, algo, proto, eps)
             if not done:
                 cells.append("n/a")
                 continue
@@ -395,10 +394,7 @@ def main(argv: list[str] | None = None) -> None:
                                                        + ("-public-score" if args.score == "public" else ""))
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "selections.csv"
-    rows: list[dict[str, Any]] = []
-    if csv_path.exists():
-        with csv_path.open() as fh:
-            rows = [r for r in csv.DictReader(fh) if r["status"] == "completed"]
+    rows: list[dict[str, Any]] = [r for r in read_rows(csv_path) if r["status"] == "completed"]
     done = {(r["protocol"], r["algorithm"], float(r["epsilon"]), int(r["seed"])) for r in rows}
     jobs = [(p, a, e, s) for p in args.protocols for a in args.algorithms for e in args.eps for s in args.seeds]
     todo = [j for j in jobs if j not in done]

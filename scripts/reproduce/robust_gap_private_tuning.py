@@ -30,7 +30,6 @@ Writes <out>/selections.csv (one row per seed, every candidate in it) and <out>/
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import math
@@ -49,7 +48,7 @@ from app.local_grid import run_local  # noqa: E402
 from app.privacy.rdp_orders import RDP_ORDERS  # noqa: E402
 from app.privacy.selection import epsilon_from_rdp  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
-from scripts.reproduce.csv_rows import append_row  # noqa: E402
+from scripts.reproduce.csv_rows import append_row, read_rows  # noqa: E402
 from scripts.reproduce.isrl_private_tuning import exact_test_error, final_model, ledger_curve, public_error, \
     release_curve  # noqa: E402
 
@@ -87,15 +86,14 @@ def silo_sizes(flat: dict[str, Any]) -> list[int]:
     return [silo.n for silo in build_federated_data(s, s.seed, s.robust.trust_size).silos]
 
 
-def run_curve(flat: dict[str, Any], n: int, eps_c: float) -> np.ndarray:
-    """The Renyi curve (RDP_ORDERS) of one candidate run at ``eps_c`` of a silo with n records: its
-    release plan calibrated as the silo calibrates it (ReleasePlan.calibrate), each kind's releases
-    composed (K of n without replacement, or the full batch)."""
+def run_curve(s: Any, n: int, eps_c: float) -> np.ndarray:
+    """The Renyi curve (RDP_ORDERS) of one candidate run (its parsed settings ``s``) at ``eps_c`` of
+    a silo with n records: its release plan calibrated as the silo calibrates it
+    (ReleasePlan.calibrate), each kind's releases composed (K of n without replacement, or the
+    full batch)."""
     from app.algorithms import get_algorithm
-    from app.config import parse_settings
     from app.privacy.release_plan import ReleasePlan
 
-    s = parse_settings(flat | {"privacy.epsilon": eps_c})
     plan = ReleasePlan.of(get_algorithm(s.algorithm), s.algorithm_options(), n, s.privacy.clip, eps_c,
                           s.privacy.delta_for(n))
     z = plan.calibrate()
@@ -107,8 +105,8 @@ def run_curve(flat: dict[str, Any], n: int, eps_c: float) -> np.ndarray:
     return total
 
 
-def composed_epsilon(cands: list[dict[str, Any]], sizes: list[int], eps_c: float, delta_for: Any) -> float:
-    """The largest over the silos of the K candidates' composed epsilon at eps_c each."""
+def composed_epsilon(cands: list[Any], sizes: list[int], eps_c: float, delta_for: Any) -> float:
+    """The largest over the silos of the K candidates' (parsed settings) composed epsilon at eps_c each."""
     worst = 0.0
     for n in sorted(set(sizes)):
         curve = sum(run_curve(c, n, eps_c) for c in cands)
@@ -118,8 +116,11 @@ def composed_epsilon(cands: list[dict[str, Any]], sizes: list[int], eps_c: float
 
 def calibrate_candidates(cands: list[dict[str, Any]], sizes: list[int], eps: float, delta_for: Any,
                          margin: float = 0.995, iters: int = 14) -> float:
-    """The largest one-run eps_c (geometric bisection) whose K-fold composition over ``cands``
-    stays within ``margin * eps`` for every silo."""
+    """The largest one-run eps_c (geometric bisection) whose K-fold composition over ``cands`` (run
+    configs, parsed once here) stays within ``margin * eps`` for every silo."""
+    from app.config import parse_settings
+
+    cands = [parse_settings(c) for c in cands]
     lo, hi = eps / (4 * len(cands)), eps
     if composed_epsilon(cands, sizes, lo, delta_for) > margin * eps:
         raise ValueError(f"even eps_c = {lo:g} per candidate composes past {eps:g}")
@@ -232,10 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "selections.csv"
-    rows: list[dict[str, Any]] = []
-    if csv_path.exists():
-        with csv_path.open() as fh:
-            rows = [r for r in csv.DictReader(fh) if r["status"] == "completed"]
+    rows: list[dict[str, Any]] = [r for r in read_rows(csv_path) if r["status"] == "completed"]
     done = {int(r["seed"]) for r in rows}
     for seed in [s for s in args.seeds if s not in done]:
         t0 = time.perf_counter()

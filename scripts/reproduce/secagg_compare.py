@@ -44,7 +44,6 @@ Writes <out>/runs.csv (one row per run; reruns skip the runs already there) and 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -63,7 +62,7 @@ torch.set_num_threads(1)
 from app.launch import merged_run_config  # noqa: E402
 from app.local_grid import run_local  # noqa: E402
 from app.run_health import FINISHED  # noqa: E402
-from scripts.reproduce.csv_rows import append_row  # noqa: E402
+from scripts.reproduce.csv_rows import append_row, read_rows  # noqa: E402
 from scripts.reproduce.isrl_compare import ALGORITHM_SETTINGS, SETUPS, _check_data  # noqa: E402
 
 #: the fixed (lr, clip) per data set, from docs/results.md's validation-tuned points; WBCD runs full
@@ -363,10 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or Path("outputs") / "reproduce" / "secagg" / args.setup
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
-    rows: list[dict[str, Any]] = []
-    if csv_path.exists():
-        with csv_path.open() as fh:
-            rows = list(csv.DictReader(fh))
+    rows: list[dict[str, Any]] = read_rows(csv_path)
     if not args.report:
         try:
             _check_data(args.setup)
